@@ -1,0 +1,194 @@
+// The one C++ boundary of the crate: reads what tch does not expose (the CUDA caching allocator's
+// statistics, device properties, runtime and driver versions, CUDA events) from the same libtorch.
+// Every entry point catches every C++ exception: it returns a non-zero status and leaves the
+// message in a thread-local string that the Rust side reads with igl_last_error().
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/headeronly/version.h>
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  return 1;
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+
+c10::DeviceIndex checked_index(int device) {
+  int count = at::detail::getCUDAHooks().deviceCount();
+  if (device < 0 || device >= count) {
+    throw std::runtime_error("CUDA device index " + std::to_string(device) + " does not exist (" +
+                             std::to_string(count) + " visible)");
+  }
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+}  // namespace
+
+extern "C" {
+
+struct igl_memory_stats {
+  int64_t allocated_current, allocated_peak;
+  int64_t reserved_current, reserved_peak;
+  int64_t requested_current, requested_peak;
+  int64_t segments_current, allocations_current;
+  int64_t alloc_retries, ooms;
+};
+
+struct igl_device_properties {
+  char name[256];
+  int32_t major, minor, multiprocessor_count;
+  uint64_t total_memory;
+};
+
+struct igl_versions {
+  char torch[32];
+  int64_t cuda_build;      // CUDART_VERSION libtorch was compiled with, 0 if none
+  int64_t cuda_runtime;    // cudaRuntimeGetVersion of the loaded runtime, 0 if unavailable
+  int64_t cuda_driver_api; // cudaDriverGetVersion, 0 if no driver
+  int64_t cudnn_build;     // cuDNN version libtorch was compiled with, 0 if none
+  int64_t cudnn_runtime;   // cuDNN version loaded at run time, 0 if none
+};
+
+const char* igl_last_error() { return last_error.c_str(); }
+
+int igl_versions(igl_versions* out) {
+  return guarded([&] {
+    std::memset(out, 0, sizeof(*out));
+    std::snprintf(out->torch, sizeof(out->torch), "%s", TORCH_VERSION);
+    // Build and library versions are readable without a GPU; each is optional (0 when unknown).
+    auto optional = [](auto&& read) -> int64_t {
+      try {
+        return static_cast<int64_t>(read());
+      } catch (...) {
+        return 0;
+      }
+    };
+    auto& hooks = at::detail::getCUDAHooks();
+    out->cuda_build = optional([&] { return hooks.versionCUDART(); });
+    int v = 0;
+    if (cudaRuntimeGetVersion(&v) == cudaSuccess) out->cuda_runtime = v;
+    v = 0;
+    if (cudaDriverGetVersion(&v) == cudaSuccess) out->cuda_driver_api = v;
+    if (optional([&] { return hooks.hasCuDNN(); })) {
+      out->cudnn_build = optional([&] { return hooks.versionCuDNN(); });
+      out->cudnn_runtime = optional([&] { return hooks.versionRuntimeCuDNN(); });
+    }
+  });
+}
+
+// Initialises CUDA in this process (the allocator throws until then) and checks the index.
+int igl_init_device(int device) {
+  return guarded([&] {
+    if (!at::detail::getCUDAHooks().hasCUDA()) throw std::runtime_error("CUDA is not available");
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    checked_index(device);
+  });
+}
+
+int igl_memory_stats(int device, igl_memory_stats* out) {
+  return guarded([&] {
+    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(checked_index(device));
+    constexpr auto all = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+    out->allocated_current = s.allocated_bytes[all].current;
+    out->allocated_peak = s.allocated_bytes[all].peak;
+    out->reserved_current = s.reserved_bytes[all].current;
+    out->reserved_peak = s.reserved_bytes[all].peak;
+    out->requested_current = s.requested_bytes[all].current;
+    out->requested_peak = s.requested_bytes[all].peak;
+    out->segments_current = s.segment[all].current;
+    out->allocations_current = s.allocation[all].current;
+    out->alloc_retries = s.num_alloc_retries;
+    out->ooms = s.num_ooms;
+  });
+}
+
+int igl_reset_peak_stats(int device) {
+  return guarded([&] { c10::cuda::CUDACachingAllocator::resetPeakStats(checked_index(device)); });
+}
+
+int igl_synchronize(int device) {
+  return guarded([&] {
+    c10::cuda::CUDAGuard guard(checked_index(device));
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  });
+}
+
+int igl_empty_cache() {
+  return guarded([&] { c10::cuda::CUDACachingAllocator::emptyCache(); });
+}
+
+int igl_mem_get_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  return guarded([&] {
+    c10::cuda::CUDAGuard guard(checked_index(device));
+    size_t f = 0, t = 0;
+    check(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+    *free_bytes = f;
+    *total_bytes = t;
+  });
+}
+
+int igl_device_properties(int device, igl_device_properties* out) {
+  return guarded([&] {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(checked_index(device));
+    std::memset(out, 0, sizeof(*out));
+    std::snprintf(out->name, sizeof(out->name), "%s", p->name);
+    out->major = p->major;
+    out->minor = p->minor;
+    out->multiprocessor_count = p->multiProcessorCount;
+    out->total_memory = p->totalGlobalMem;
+  });
+}
+
+// CUDA events on the device's current stream (the stream libtorch launches on).
+int igl_event_create(void** event) {
+  return guarded([&] {
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "cudaEventCreate");
+    *event = e;
+  });
+}
+
+int igl_event_record(void* event, int device) {
+  return guarded([&] {
+    auto stream = c10::cuda::getCurrentCUDAStream(checked_index(device));
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event), stream.stream()), "cudaEventRecord");
+  });
+}
+
+int igl_event_elapsed_ms(void* start, void* end, float* ms) {
+  return guarded([&] {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(end)), "cudaEventSynchronize");
+    check(cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)),
+          "cudaEventElapsedTime");
+  });
+}
+
+void igl_event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
+}  // extern "C"

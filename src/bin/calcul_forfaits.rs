@@ -1,0 +1,4 @@
+//! `calcul_forfaits --gpu b200 --days 7 --lots 2`: see `iteragpu_lab::cli::calcul_forfaits`.
+fn main() -> std::process::ExitCode {
+    iteragpu_lab::cli::calcul_forfaits::main()
+}

@@ -1,0 +1,58 @@
+//! `calcul_forfaits`: the price of a package of GPU lots and, when given, the cost per accepted
+//! result.
+
+use super::values;
+use crate::catalog::Catalog;
+use crate::quote::quote;
+use anyhow::Result;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Price a rented GPU package from the catalog: total = lot price × lots, in exact cents.
+#[derive(Debug, clap::Parser)]
+#[command(name = "calcul_forfaits", version, allow_negative_numbers = true)]
+pub struct Args {
+    /// Model key from the catalog, e.g. b200 (see --list).
+    #[arg(long, required_unless_present = "list")]
+    pub gpu: Option<String>,
+    /// Package duration: 3, 7 or 30 days.
+    #[arg(long, value_parser = values::days, required_unless_present = "list")]
+    pub days: Option<u32>,
+    /// Number of lots; a lot's price already includes all its GPUs.
+    #[arg(long, value_parser = values::positive_u64, required_unless_present = "list")]
+    pub lots: Option<u64>,
+    /// Distinct useful results actually accepted (no default): gives the cost per result.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub accepted_results: Option<u64>,
+    /// Catalog CSV [default: data/tarifs-forfaits.csv if present, else the built-in copy].
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
+    /// List the catalog instead of pricing a package.
+    #[arg(long, conflicts_with_all = ["gpu", "days", "lots", "accepted_results"])]
+    pub list: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let catalog = Catalog::load(args.catalog.as_deref())?;
+    if args.list {
+        return super::print(&catalog, args.json);
+    }
+    let (Some(gpu), Some(days), Some(lots)) = (&args.gpu, args.days, args.lots) else {
+        unreachable!("clap requires --gpu, --days and --lots without --list");
+    };
+    let q = quote(&catalog, gpu, days, lots, args.accepted_results)?;
+    super::print(&q, args.json)
+}
+
+pub fn main() -> ExitCode {
+    match super::parse::<Args>() {
+        Ok(args) => match run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => crate::exit::report("calcul_forfaits", &e),
+        },
+        Err(code) => code,
+    }
+}

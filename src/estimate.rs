@@ -1,0 +1,198 @@
+//! Weight-memory estimate (seed section 1): parameters × whole bytes per parameter, plus a reserve
+//! that is a stated hypothesis, never a measurement.
+
+use crate::units::{gib_to_bytes, Bytes, ROUNDING_RULE};
+use rust_decimal::Decimal;
+use serde::Serialize;
+use std::fmt;
+
+/// Widest storage accepted, in bits (float64).
+pub const MAX_BITS: u32 = 64;
+
+/// What the estimate leaves out, printed with every result.
+pub const NOT_INCLUDED: [&str; 6] = [
+    "activations",
+    "KV cache",
+    "quantization metadata (scales, zero points)",
+    "gradients",
+    "optimizer states",
+    "libraries, CUDA context and allocator overhead",
+];
+
+/// What the estimate does not claim.
+pub const CAVEAT: &str =
+    "This counts weight storage only; it does not predict whether a real model \
+fits on a given card.";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EstimateError {
+    #[error("--parameters must be a positive integer, got 0")]
+    ZeroParameters,
+    #[error("--bits must be between 1 and {MAX_BITS}, got {0}")]
+    Bits(u32),
+    #[error("--reserve-gib must be zero or positive, got {0}")]
+    NegativeReserve(Decimal),
+    #[error("{0} is too large: the byte count would overflow 64 bits")]
+    Overflow(&'static str),
+}
+
+/// The result of an estimate; every byte figure is exact.
+#[derive(Debug, Clone, Serialize)]
+pub struct WeightEstimate {
+    /// Number of parameters.
+    pub parameters: u64,
+    /// Storage width asked for, in bits.
+    pub bits_per_parameter: u32,
+    /// Bits rounded up to whole bytes.
+    pub bytes_per_parameter: u64,
+    /// parameters × bytes_per_parameter.
+    pub weights: Bytes,
+    /// The reserve as given, in GiB: a hypothesis chosen by the user, not a measured value.
+    pub reserve_gib_hypothesis: Decimal,
+    /// The reserve in bytes (GiB × 2^30, rounded up to a whole byte).
+    pub reserve: Bytes,
+    /// weights + reserve.
+    pub total: Bytes,
+    pub rounding: &'static str,
+    pub not_included: [&'static str; 6],
+    pub caveat: &'static str,
+}
+
+/// Computes the estimate, refusing zero parameters, absurd widths, negative reserves and overflow.
+pub fn estimate(
+    parameters: u64,
+    bits: u32,
+    reserve_gib: Decimal,
+) -> Result<WeightEstimate, EstimateError> {
+    if parameters == 0 {
+        return Err(EstimateError::ZeroParameters);
+    }
+    if bits == 0 || bits > MAX_BITS {
+        return Err(EstimateError::Bits(bits));
+    }
+    if reserve_gib.is_sign_negative() && !reserve_gib.is_zero() {
+        return Err(EstimateError::NegativeReserve(reserve_gib));
+    }
+    let bytes_per_parameter = u64::from(bits.div_ceil(8));
+    let weights = parameters
+        .checked_mul(bytes_per_parameter)
+        .ok_or(EstimateError::Overflow("--parameters"))?;
+    let reserve = gib_to_bytes(reserve_gib).ok_or(EstimateError::Overflow("--reserve-gib"))?;
+    let total = weights
+        .checked_add(reserve)
+        .ok_or(EstimateError::Overflow("--reserve-gib"))?;
+    Ok(WeightEstimate {
+        parameters,
+        bits_per_parameter: bits,
+        bytes_per_parameter,
+        weights: Bytes(weights),
+        reserve_gib_hypothesis: reserve_gib.normalize(),
+        reserve: Bytes(reserve),
+        total: Bytes(total),
+        rounding: ROUNDING_RULE,
+        not_included: NOT_INCLUDED,
+        caveat: CAVEAT,
+    })
+}
+
+impl crate::exit::Classify for EstimateError {
+    fn status(&self) -> crate::exit::Status {
+        crate::exit::Status::Usage
+    }
+}
+
+impl fmt::Display for WeightEstimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Weight-memory estimate")?;
+        writeln!(f, "  parameters            {}", self.parameters)?;
+        writeln!(
+            f,
+            "  storage               {} bits -> {} byte(s) per parameter (bits rounded up to whole bytes)",
+            self.bits_per_parameter, self.bytes_per_parameter
+        )?;
+        writeln!(f, "  weights               {}", self.weights)?;
+        writeln!(
+            f,
+            "  reserve (hypothesis)  {} = {} GiB chosen by you, not measured",
+            self.reserve, self.reserve_gib_hypothesis
+        )?;
+        writeln!(f, "  total                 {}", self.total)?;
+        writeln!(
+            f,
+            "Units: 1 GiB = 2^30 bytes; 1 GB = 10^9 bytes; {}.",
+            self.rounding
+        )?;
+        writeln!(f, "Not included: {}.", self.not_included.join(", "))?;
+        write!(f, "{}", self.caveat)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn est(p: u64, bits: u32, reserve: &str) -> Result<WeightEstimate, EstimateError> {
+        estimate(p, bits, reserve.parse().unwrap())
+    }
+
+    #[test]
+    fn seed_example_7b_at_16_bits_with_4_gib() {
+        let e = est(7_000_000_000, 16, "4").unwrap();
+        assert_eq!(e.bytes_per_parameter, 2);
+        assert_eq!(e.weights.0, 14_000_000_000);
+        assert_eq!(e.weights.gib(2).to_string(), "13.04");
+        assert_eq!(e.weights.gb(2).to_string(), "14.00");
+        assert_eq!(e.reserve.0, 4 * 1024 * 1024 * 1024);
+        assert_eq!(e.total.0, 18_294_967_296);
+        assert_eq!(e.total.gib(2).to_string(), "17.04");
+    }
+
+    #[test]
+    fn bits_round_up_to_whole_bytes() {
+        for (bits, bytes) in [
+            (1, 1),
+            (4, 1),
+            (8, 1),
+            (12, 2),
+            (16, 2),
+            (17, 3),
+            (32, 4),
+            (64, 8),
+        ] {
+            assert_eq!(
+                est(10, bits, "0").unwrap().bytes_per_parameter,
+                bytes,
+                "{bits} bits"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_counts_are_exact_or_refused() {
+        let e = est(u64::MAX, 8, "0").unwrap();
+        assert_eq!(e.weights.0, u64::MAX);
+        assert_eq!(
+            est(u64::MAX, 16, "0").unwrap_err(),
+            EstimateError::Overflow("--parameters")
+        );
+        assert_eq!(
+            est(u64::MAX, 8, "1").unwrap_err(),
+            EstimateError::Overflow("--reserve-gib")
+        );
+        assert_eq!(
+            est(1, 8, "100000000000000000000").unwrap_err(),
+            EstimateError::Overflow("--reserve-gib")
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert_eq!(est(0, 16, "0").unwrap_err(), EstimateError::ZeroParameters);
+        assert_eq!(est(1, 0, "0").unwrap_err(), EstimateError::Bits(0));
+        assert_eq!(est(1, 65, "0").unwrap_err(), EstimateError::Bits(65));
+        assert!(matches!(
+            est(1, 8, "-0.5").unwrap_err(),
+            EstimateError::NegativeReserve(_)
+        ));
+    }
+}

@@ -1,0 +1,30 @@
+//! IteraGPU Lab: how much GPU memory a workload really takes, and what a rented GPU package costs
+//! for the useful work it delivers.
+//!
+//! - [`estimate`]: weight-memory estimate, exact bytes, GiB (2^30) and GB (10^9) kept apart;
+//! - [`environment`]: what libtorch, CUDA, the GPU and the driver are;
+//! - [`measure`]: the bounded phase-by-phase measurement of a synthetic `Linear -> GELU -> Linear`
+//!   network through libtorch, reading the CUDA caching allocator's `allocated` and `reserved`;
+//! - [`catalog`] and [`quote`]: package prices from a CSV catalog, money in exact cents;
+//! - [`files`]: results written atomically, never over an existing file.
+#![deny(unsafe_code)]
+
+pub mod catalog;
+pub mod cli;
+pub mod device;
+pub mod environment;
+pub mod estimate;
+pub mod exit;
+pub mod files;
+pub mod measure;
+pub mod money;
+pub mod quote;
+#[cfg(feature = "torch")]
+pub mod torch;
+pub mod units;
+
+/// SHA-256 of `bytes`, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(bytes))
+}

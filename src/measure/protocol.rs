@@ -1,0 +1,294 @@
+//! The phase protocol, independent of libtorch: for each phase, synchronise, read the baselines,
+//! reset the peaks, run, synchronise, read the ends and the peaks; free the phase's output after
+//! the end reading. Any [`Backend`] can run it; the libtorch one is in `crate::torch`.
+
+use super::MeasureError;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// The caching allocator's counters at one instant, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AllocatorReading {
+    /// Bytes held by live tensors (`torch.cuda.memory_allocated`).
+    pub allocated: u64,
+    /// Bytes held from the driver by the allocator, used or cached (`memory_reserved`).
+    pub reserved: u64,
+    /// Maximum of `allocated` since the last peak reset (`max_memory_allocated`).
+    pub peak_allocated: u64,
+    /// Maximum of `reserved` since the last peak reset (`max_memory_reserved`).
+    pub peak_reserved: u64,
+}
+
+/// What the protocol needs from a device. Every call is synchronous with respect to the host
+/// except the model operations, which may queue work until `synchronize`.
+pub trait Backend {
+    fn synchronize(&mut self) -> Result<(), MeasureError>;
+    fn read_allocator(&mut self) -> Result<AllocatorReading, MeasureError>;
+    fn reset_peaks(&mut self) -> Result<(), MeasureError>;
+    /// Records the GPU-side start of a phase (a CUDA event on the current stream).
+    fn start_gpu_timer(&mut self) -> Result<(), MeasureError>;
+    /// Records the GPU-side end and returns the elapsed GPU time in milliseconds.
+    fn stop_gpu_timer(&mut self) -> Result<f64, MeasureError>;
+    /// Builds and initialises the network on the CPU, then moves it to the GPU.
+    fn load_model(&mut self) -> Result<(), MeasureError>;
+    /// Creates the synthetic input on the GPU.
+    fn create_inputs(&mut self) -> Result<(), MeasureError>;
+    /// One forward pass; its output stays alive until `release_output`.
+    fn forward(&mut self) -> Result<(), MeasureError>;
+    fn release_output(&mut self);
+}
+
+/// The phases, in protocol order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    ModelLoad,
+    Inputs,
+    ColdForward,
+    Warmup,
+    WarmForward,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::ModelLoad => "model_load",
+            Phase::Inputs => "inputs",
+            Phase::ColdForward => "cold_forward",
+            Phase::Warmup => "warmup",
+            Phase::WarmForward => "warm_forward",
+        }
+    }
+}
+
+/// One row of the result: a phase's readings. Baselines, ends and peaks are distinct figures:
+/// `allocated` is part of `reserved` (never add them) and the two peaks are separate maxima
+/// (never subtract them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseRecord {
+    pub phase: Phase,
+    /// 1-based repetition number for `warm_forward`, null for the other phases.
+    pub repetition: Option<u32>,
+    /// Forward passes run in this row (0 for `model_load` and `inputs`).
+    pub passes: u32,
+    pub allocated_baseline_bytes: u64,
+    pub allocated_end_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub reserved_baseline_bytes: u64,
+    pub reserved_end_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Host wall time from after the baseline reading to after the final synchronisation, in ms:
+    /// includes launch overhead, host work and synchronisation, as the original protocol does.
+    pub host_wall_time_ms: f64,
+    /// GPU time of the same span from CUDA events on the current stream, in ms (host-only work,
+    /// such as the CPU part of `model_load`, shows as GPU idle time between the events).
+    pub gpu_event_time_ms: f64,
+}
+
+/// Runs one phase under the protocol.
+fn run_phase<B: Backend>(
+    backend: &mut B,
+    phase: Phase,
+    repetition: Option<u32>,
+    passes: u32,
+    work: impl FnOnce(&mut B) -> Result<(), MeasureError>,
+) -> Result<PhaseRecord, MeasureError> {
+    backend.synchronize()?;
+    let baseline = backend.read_allocator()?;
+    backend.reset_peaks()?;
+    let started = Instant::now();
+    backend.start_gpu_timer()?;
+    work(backend).map_err(|e| e.in_phase(phase))?;
+    let gpu_ms = backend.stop_gpu_timer()?;
+    backend.synchronize().map_err(|e| e.in_phase(phase))?;
+    let host_ms = started.elapsed().as_secs_f64() * 1e3;
+    let end = backend.read_allocator()?;
+    backend.release_output();
+    Ok(PhaseRecord {
+        phase,
+        repetition,
+        passes,
+        allocated_baseline_bytes: baseline.allocated,
+        allocated_end_bytes: end.allocated,
+        peak_allocated_bytes: end.peak_allocated,
+        reserved_baseline_bytes: baseline.reserved,
+        reserved_end_bytes: end.reserved,
+        peak_reserved_bytes: end.peak_reserved,
+        host_wall_time_ms: host_ms,
+        gpu_event_time_ms: gpu_ms,
+    })
+}
+
+/// The whole protocol: model_load, inputs, cold_forward, warmup (all passes in one row), then one
+/// warm_forward row per repetition. `on_phase` is told after each row (for progress display).
+pub fn run_protocol<B: Backend>(
+    backend: &mut B,
+    warmup: u32,
+    repeats: u32,
+    mut on_phase: impl FnMut(&PhaseRecord),
+) -> Result<Vec<PhaseRecord>, MeasureError> {
+    let mut rows = Vec::with_capacity(4 + repeats as usize);
+    let mut push = |row: PhaseRecord, rows: &mut Vec<PhaseRecord>| {
+        on_phase(&row);
+        rows.push(row);
+    };
+    let r = run_phase(backend, Phase::ModelLoad, None, 0, B::load_model)?;
+    push(r, &mut rows);
+    let r = run_phase(backend, Phase::Inputs, None, 0, B::create_inputs)?;
+    push(r, &mut rows);
+    let r = run_phase(backend, Phase::ColdForward, None, 1, B::forward)?;
+    push(r, &mut rows);
+    let r = run_phase(backend, Phase::Warmup, None, warmup, |b| {
+        for _ in 0..warmup {
+            b.release_output();
+            b.forward()?;
+        }
+        Ok(())
+    })?;
+    push(r, &mut rows);
+    for repetition in 1..=repeats {
+        let r = run_phase(backend, Phase::WarmForward, Some(repetition), 1, B::forward)?;
+        push(r, &mut rows);
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A simulated allocator: it counts live bytes and a never-shrinking cache, and logs every
+    /// call, so the protocol's order and bookkeeping can be checked without a GPU.
+    #[derive(Default)]
+    struct Simulated {
+        live: u64,
+        reserved: u64,
+        peak_live: u64,
+        peak_reserved: u64,
+        output: u64,
+        log: Vec<&'static str>,
+        fail_forward_after: Option<usize>,
+        forwards: usize,
+    }
+
+    impl Simulated {
+        fn alloc(&mut self, n: u64) {
+            self.live += n;
+            self.reserved = self.reserved.max(self.live.next_multiple_of(1 << 21));
+            self.peak_live = self.peak_live.max(self.live);
+            self.peak_reserved = self.peak_reserved.max(self.reserved);
+        }
+    }
+
+    impl Backend for Simulated {
+        fn synchronize(&mut self) -> Result<(), MeasureError> {
+            self.log.push("sync");
+            Ok(())
+        }
+        fn read_allocator(&mut self) -> Result<AllocatorReading, MeasureError> {
+            self.log.push("read");
+            Ok(AllocatorReading {
+                allocated: self.live,
+                reserved: self.reserved,
+                peak_allocated: self.peak_live,
+                peak_reserved: self.peak_reserved,
+            })
+        }
+        fn reset_peaks(&mut self) -> Result<(), MeasureError> {
+            self.log.push("reset");
+            self.peak_live = self.live;
+            self.peak_reserved = self.reserved;
+            Ok(())
+        }
+        fn start_gpu_timer(&mut self) -> Result<(), MeasureError> {
+            Ok(())
+        }
+        fn stop_gpu_timer(&mut self) -> Result<f64, MeasureError> {
+            Ok(0.5)
+        }
+        fn load_model(&mut self) -> Result<(), MeasureError> {
+            self.log.push("load");
+            self.alloc(1000);
+            Ok(())
+        }
+        fn create_inputs(&mut self) -> Result<(), MeasureError> {
+            self.log.push("inputs");
+            self.alloc(100);
+            Ok(())
+        }
+        fn forward(&mut self) -> Result<(), MeasureError> {
+            self.log.push("forward");
+            self.forwards += 1;
+            if self.fail_forward_after.is_some_and(|n| self.forwards > n) {
+                return Err(MeasureError::OutOfMemory {
+                    phase: None,
+                    message: "CUDA out of memory".into(),
+                });
+            }
+            self.alloc(400); // hidden activation, freed inside the pass
+            self.live -= 400;
+            self.alloc(100);
+            self.output = 100;
+            Ok(())
+        }
+        fn release_output(&mut self) {
+            self.live -= self.output;
+            self.output = 0;
+        }
+    }
+
+    #[test]
+    fn rows_follow_the_protocol() {
+        let mut sim = Simulated::default();
+        let mut seen = 0;
+        let rows = run_protocol(&mut sim, 3, 2, |_| seen += 1).unwrap();
+        let names: Vec<_> = rows
+            .iter()
+            .map(|r| (r.phase.name(), r.repetition, r.passes))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("model_load", None, 0),
+                ("inputs", None, 0),
+                ("cold_forward", None, 1),
+                ("warmup", None, 3),
+                ("warm_forward", Some(1), 1),
+                ("warm_forward", Some(2), 1)
+            ]
+        );
+        assert_eq!(seen, 6);
+        assert_eq!(&sim.log[..5], ["sync", "read", "reset", "load", "sync"]);
+        // Weights and inputs persist; each output is alive at the end reading and freed after it.
+        let cold = &rows[2];
+        assert_eq!(cold.allocated_baseline_bytes, 1100);
+        assert_eq!(cold.allocated_end_bytes, 1200);
+        assert_eq!(cold.peak_allocated_bytes, 1500);
+        assert_eq!(rows[3].allocated_baseline_bytes, 1100);
+        assert_eq!(rows[4].allocated_baseline_bytes, 1100);
+        assert!(rows
+            .iter()
+            .all(|r| r.peak_reserved_bytes >= r.reserved_end_bytes));
+        assert!(rows
+            .iter()
+            .all(|r| r.peak_allocated_bytes >= r.allocated_end_bytes));
+    }
+
+    #[test]
+    fn warmup_frees_each_output_before_the_next_pass() {
+        let mut sim = Simulated::default();
+        let rows = run_protocol(&mut sim, 5, 1, |_| {}).unwrap();
+        // Two outputs alive at once would make the peak 1600.
+        assert_eq!(rows[3].peak_allocated_bytes, 1500);
+    }
+
+    #[test]
+    fn an_error_names_its_phase() {
+        let mut sim = Simulated {
+            fail_forward_after: Some(2),
+            ..Default::default()
+        };
+        let err = run_protocol(&mut sim, 3, 1, |_| {}).unwrap_err();
+        assert!(err.to_string().contains("warmup"), "{err}");
+    }
+}

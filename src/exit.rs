@@ -47,7 +47,9 @@ pub fn status_of(error: &anyhow::Error) -> Status {
             crate::catalog::CatalogError,
             crate::quote::QuoteError,
             crate::files::WriteError,
-            crate::measure::MeasureError
+            crate::measure::MeasureError,
+            crate::grid::GridError,
+            crate::bundle::BundleError
         );
     }
     Status::Failure

@@ -50,25 +50,70 @@ pub fn check_new_file(path: &Path) -> Result<(), WriteError> {
 /// Writes `bytes` to a new file at `path`, atomically; an existing file is never replaced.
 pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     check_new_file(path)?;
-    let io = |source| WriteError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".iteragpu-")
-        .suffix(".tmp")
-        .tempfile_in(folder_of(path))
-        .map_err(io)?;
-    tmp.write_all(bytes).map_err(io)?;
-    tmp.as_file().sync_all().map_err(io)?;
-    tmp.persist_noclobber(path).map_err(|e| {
+    staged(path, bytes)?.persist_noclobber(path).map_err(|e| {
         if e.error.kind() == std::io::ErrorKind::AlreadyExists {
             WriteError::Exists(path.to_path_buf())
         } else {
-            io(e.error)
+            io_error(path, e.error)
         }
     })?;
     Ok(())
+}
+
+/// Replaces the content of `path` with `bytes` atomically: readers see the old file or the new
+/// one, never a mix, and a killed writer leaves the old file intact.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    staged(path, bytes)?
+        .persist(path)
+        .map_err(|e| io_error(path, e.error))?;
+    Ok(())
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> WriteError {
+    WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `bytes` written and flushed to disk in a temporary file beside `path`, ready to be renamed.
+fn staged(path: &Path, bytes: &[u8]) -> Result<tempfile::NamedTempFile, WriteError> {
+    let io = |source| io_error(path, source);
+    let mut tmp = temporary_beside(path).map_err(io)?;
+    tmp.write_all(bytes).map_err(io)?;
+    tmp.as_file().sync_all().map_err(io)?;
+    Ok(tmp)
+}
+
+/// A temporary file in the folder of `path`, named after it (`.NAME.XXXX.tmp`), so that a
+/// leftover from a killed writer is recognisable (see [`remove_leftovers`]).
+fn temporary_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix(&leftover_prefix(path))
+        .suffix(".tmp")
+        .tempfile_in(folder_of(path))
+}
+
+fn leftover_prefix(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map_or("file".into(), |n| n.to_string_lossy());
+    format!(".{name}.")
+}
+
+/// Removes temporary files a killed writer of `path` left behind. Call it only while holding the
+/// lock that serialises writers of `path`.
+pub fn remove_leftovers(path: &Path) {
+    let prefix = leftover_prefix(path);
+    let Ok(entries) = std::fs::read_dir(folder_of(path)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Pretty JSON with a final newline, written with [`write_new_file`].

@@ -9,6 +9,7 @@
 //! - [`files`]: results written atomically, never over an existing file.
 #![deny(unsafe_code)]
 
+pub mod bundle;
 pub mod catalog;
 pub mod cli;
 pub mod device;
@@ -16,8 +17,10 @@ pub mod environment;
 pub mod estimate;
 pub mod exit;
 pub mod files;
+pub mod grid;
 pub mod measure;
 pub mod money;
+pub mod notebook;
 pub mod quote;
 #[cfg(feature = "torch")]
 pub mod torch;

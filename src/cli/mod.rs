@@ -1,8 +1,10 @@
 //! The command-line programs, defined once with clap and validated once: the binaries in
-//! `src/bin/` only call [`mesure_memoire::main`] and [`calcul_forfaits::main`].
+//! `src/bin/` only call the `main` of their module here.
 
 pub mod calcul_forfaits;
 pub mod mesure_memoire;
+pub mod paquet_lab;
+pub mod resultats_bruts;
 pub mod values;
 
 use crate::exit::Status;

@@ -3,7 +3,7 @@
 
 mod config;
 mod protocol;
-mod report;
+pub mod report;
 
 pub use config::{ConfigError, Dtype, MeasureConfig, SyntheticModel};
 pub use protocol::{run_protocol, AllocatorReading, Backend, Phase, PhaseRecord};

@@ -1,0 +1,78 @@
+//! `paquet_lab build|verify`: the distributable zip and its manifest.
+
+use crate::bundle;
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Build the distributable zip (deterministic, with MANIFEST.json) or verify one against its manifest.
+#[derive(Debug, Parser)]
+#[command(name = "paquet_lab", version)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build the zip: notebooks (refused if any carries outputs), data, protocol, LICENSE, README.
+    Build {
+        /// Project root to read.
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Top folder inside the zip.
+        #[arg(long, default_value = concat!("iteragpu-lab-", env!("CARGO_PKG_VERSION")))]
+        name: String,
+        /// New zip file; an existing file is never overwritten [default: NAME.zip].
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Verify a zip or an extracted folder against its MANIFEST.json (writes nothing).
+    Verify {
+        /// The zip file or the extracted folder.
+        target: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(args: &Args) -> Result<ExitCode> {
+    match &args.command {
+        Command::Build { root, name, output } => {
+            let output = output
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{name}.zip")));
+            let manifest = bundle::build(root, name, &output)?;
+            for f in &manifest.files {
+                println!(
+                    "{:<40} {:>8} {}",
+                    f.path,
+                    f.size.map_or("-".into(), |s| s.to_string()),
+                    f.sha256
+                        .as_deref()
+                        .unwrap_or("(the manifest itself: no hash)")
+                );
+            }
+            println!("Written to {}", output.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify { target, json } => {
+            let v = bundle::verify(target)?;
+            super::print(&v, *json)?;
+            Ok(if v.ok() {
+                ExitCode::SUCCESS
+            } else {
+                crate::exit::Status::DataError.into()
+            })
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    match super::parse::<Args>() {
+        Ok(args) => run(&args).unwrap_or_else(|e| crate::exit::report("paquet_lab", &e)),
+        Err(code) => code,
+    }
+}

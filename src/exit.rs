@@ -27,6 +27,15 @@ impl From<Status> for ExitCode {
     }
 }
 
+impl Classify for crate::measure::report::LoadError {
+    fn status(&self) -> Status {
+        match self {
+            crate::measure::report::LoadError::Io { .. } => Status::Failure,
+            crate::measure::report::LoadError::Invalid { .. } => Status::DataError,
+        }
+    }
+}
+
 /// Library errors say which exit code they deserve.
 pub trait Classify {
     fn status(&self) -> Status;
@@ -49,7 +58,8 @@ pub fn status_of(error: &anyhow::Error) -> Status {
             crate::files::WriteError,
             crate::measure::MeasureError,
             crate::grid::GridError,
-            crate::bundle::BundleError
+            crate::bundle::BundleError,
+            crate::measure::report::LoadError
         );
     }
     Status::Failure

@@ -78,14 +78,12 @@ impl Classify for GridError {
     fn status(&self) -> Status {
         match self {
             GridError::Io { .. } => Status::Failure,
-            GridError::Measurement(LoadError::Io { .. }) => Status::Failure,
+            GridError::Measurement(e) => e.status(),
             GridError::Quote(e) => e.status(),
             GridError::Catalog(e) => e.status(),
             GridError::Write(e) => e.status(),
             GridError::Text { .. } => Status::Usage,
-            GridError::Measurement(_)
-            | GridError::BrokenGrid { .. }
-            | GridError::Duplicate { .. } => Status::DataError,
+            GridError::BrokenGrid { .. } | GridError::Duplicate { .. } => Status::DataError,
         }
     }
 }

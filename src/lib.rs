@@ -13,6 +13,7 @@ pub mod bundle;
 pub mod catalog;
 pub mod cli;
 pub mod device;
+pub mod display;
 pub mod environment;
 pub mod estimate;
 pub mod exit;
@@ -21,6 +22,7 @@ pub mod grid;
 pub mod measure;
 pub mod money;
 pub mod notebook;
+pub mod plot;
 pub mod quote;
 #[cfg(feature = "torch")]
 pub mod torch;

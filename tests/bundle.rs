@@ -35,8 +35,10 @@ fn build(root: &Path, output: &Path) {
         .success();
 }
 
-/// Members (name, bytes, unix mode) of a zip.
-fn members(zip: &Path) -> Vec<(String, Vec<u8>, Option<u32>)> {
+/// A zip member: name, bytes, unix mode.
+type Member = (String, Vec<u8>, Option<u32>);
+
+fn members(zip: &Path) -> Vec<Member> {
     let mut z = zip::ZipArchive::new(std::fs::File::open(zip).unwrap()).unwrap();
     (0..z.len())
         .map(|i| {
@@ -48,7 +50,7 @@ fn members(zip: &Path) -> Vec<(String, Vec<u8>, Option<u32>)> {
         .collect()
 }
 
-fn rezip(path: &Path, entries: &[(String, Vec<u8>, Option<u32>)]) {
+fn rezip(path: &Path, entries: &[Member]) {
     let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
     for (name, bytes, mode) in entries {
         let o = zip::write::SimpleFileOptions::default().unix_permissions(mode.unwrap_or(0o644));
@@ -133,7 +135,7 @@ fn tampered_zips_are_detected() {
     let good = dir.path().join("good.zip");
     build(&project(dir.path()), &good);
     let original = members(&good);
-    let variant = |name: &str, edit: &dyn Fn(&mut Vec<(String, Vec<u8>, Option<u32>)>)| {
+    let variant = |name: &str, edit: &dyn Fn(&mut Vec<Member>)| {
         let mut m = original.clone();
         edit(&mut m);
         let p = dir.path().join(name);

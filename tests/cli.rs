@@ -499,3 +499,29 @@ fn an_unloadable_libtorch_is_exit_2_for_measure_and_a_report_for_environment() {
         .unwrap()
         .contains("system loader"));
 }
+
+#[test]
+fn plot_draws_a_recorded_measurement_without_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("phases.svg");
+    let recorded = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/exemple-mesure-h200-petit-essai.json"
+    );
+    mm().args(["plot", "--measurement", recorded, "--output"])
+        .arg(&svg)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg") && text.contains("NVIDIA H200"));
+    mm().args(["plot", "--measurement", recorded, "--output"])
+        .arg(&svg)
+        .assert()
+        .code(4);
+    mm().args(["plot", "--measurement", "Cargo.toml", "--output"])
+        .arg(dir.path().join("x.svg"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .assert()
+        .code(65)
+        .stderr(contains("not a measurement file"));
+}

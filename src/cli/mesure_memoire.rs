@@ -12,7 +12,7 @@ use crate::device::CudaDevice;
 use crate::environment::{EnvironmentReport, LibtorchInfo};
 use crate::estimate::estimate;
 use crate::files;
-use crate::measure::{self, Dtype, MeasureConfig, MeasureError};
+use crate::measure::{self, Dtype, MeasureConfig, MeasureError, Measurement};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use rust_decimal::Decimal;
@@ -35,6 +35,15 @@ pub enum Command {
     Environment(EnvironmentArgs),
     /// Measure the CUDA caching allocator phase by phase on a synthetic Linear -> GELU -> Linear.
     Measure(MeasureArgs),
+    /// Draw the per-phase chart (SVG) of a measurement file (no GPU needed).
+    Plot {
+        /// Measurement JSON written by `measure`.
+        #[arg(long)]
+        measurement: PathBuf,
+        /// New SVG file; an existing file is never overwritten.
+        #[arg(long)]
+        output: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,6 +103,9 @@ pub struct MeasureArgs {
     /// New JSON result file; an existing file is never overwritten.
     #[arg(long)]
     pub output: PathBuf,
+    /// Also draw the per-phase chart into this new SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// Do not print a line per phase on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -165,10 +177,21 @@ pub fn run(args: &Args, mode: Mode) -> Result<ExitCode> {
             // Flags and the output path are checked before any GPU work, in both processes.
             let config = a.config()?;
             files::check_new_file(&a.output)?;
+            if let Some(plot) = &a.plot {
+                files::check_new_file(plot)?;
+            }
             if delegate {
                 return run_engine().map_err(|why| MeasureError::LibtorchNotLoadable(why).into());
             }
             run_measure(a, &config)?;
+        }
+        Command::Plot {
+            measurement,
+            output,
+        } => {
+            let m = Measurement::load(measurement)?;
+            m.chart().write_new(output)?;
+            println!("Written to {}", output.display());
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -206,6 +229,10 @@ fn run_measure(a: &MeasureArgs, config: &MeasureConfig) -> Result<()> {
     files::write_new_json(&a.output, &result)?;
     println!("{result}");
     println!("Written to {}", a.output.display());
+    if let Some(plot) = &a.plot {
+        result.chart().write_new(plot)?;
+        println!("Chart written to {}", plot.display());
+    }
     Ok(())
 }
 

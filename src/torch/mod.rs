@@ -2,6 +2,7 @@
 //! allocator readings through the shim, and the environment probe.
 
 mod ffi;
+mod probe;
 
 use crate::device::CudaDevice;
 use crate::environment::{
@@ -10,6 +11,7 @@ use crate::environment::{
 use crate::measure::{AllocatorReading, Backend, Dtype, MeasureConfig, MeasureError};
 use crate::units::Bytes;
 pub use ffi::MemoryStats;
+pub use probe::{Probe, Snapshot};
 use tch::{Device, Kind, Tensor};
 
 /// Re-exported so that notebooks can make tensors with the same libtorch.

@@ -1,0 +1,236 @@
+//! Charts as SVG strings, drawn with plotters and no system font: the allocator figures of every
+//! phase of a measurement, and a timeline of allocator readings. The same functions serve the
+//! notebooks (shown inline) and the command line (`--plot FILE.svg`).
+
+use crate::display::Svg;
+use crate::measure::Measurement;
+use plotters::prelude::*;
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// One series of a grouped bar chart.
+struct Series {
+    name: &'static str,
+    color: RGBColor,
+    values: Vec<f64>,
+}
+
+const ALLOCATED: [RGBColor; 3] = [
+    RGBColor(158, 202, 225),
+    RGBColor(66, 146, 198),
+    RGBColor(8, 69, 148),
+];
+const RESERVED: [RGBColor; 3] = [
+    RGBColor(253, 208, 162),
+    RGBColor(241, 105, 19),
+    RGBColor(140, 45, 4),
+];
+
+/// Grouped bars: for each phase row, allocated baseline/end/peak and reserved baseline/end/peak, in MiB.
+pub fn phase_chart(m: &Measurement) -> Svg {
+    let pick = |f: fn(&crate::measure::PhaseRecord) -> u64| -> Vec<f64> {
+        m.phases.iter().map(|p| f(p) as f64 / MIB).collect()
+    };
+    let series = vec![
+        Series {
+            name: "allocated baseline",
+            color: ALLOCATED[0],
+            values: pick(|p| p.allocated_baseline_bytes),
+        },
+        Series {
+            name: "allocated end",
+            color: ALLOCATED[1],
+            values: pick(|p| p.allocated_end_bytes),
+        },
+        Series {
+            name: "allocated peak",
+            color: ALLOCATED[2],
+            values: pick(|p| p.peak_allocated_bytes),
+        },
+        Series {
+            name: "reserved baseline",
+            color: RESERVED[0],
+            values: pick(|p| p.reserved_baseline_bytes),
+        },
+        Series {
+            name: "reserved end",
+            color: RESERVED[1],
+            values: pick(|p| p.reserved_end_bytes),
+        },
+        Series {
+            name: "reserved peak",
+            color: RESERVED[2],
+            values: pick(|p| p.peak_reserved_bytes),
+        },
+    ];
+    let labels: Vec<String> = m
+        .phases
+        .iter()
+        .map(|p| match p.repetition {
+            Some(r) => format!("warm {r}"),
+            None => p.phase.name().replace("_forward", "").replace('_', " "),
+        })
+        .collect();
+    let c = &m.configuration;
+    let gpu = m
+        .environment
+        .device
+        .as_ref()
+        .map_or("GPU", |d| d.name.as_str());
+    let title = format!(
+        "{gpu}: batch {} context {} width {} hidden {} {} (MiB)",
+        c.batch,
+        c.context,
+        c.width,
+        c.hidden,
+        c.dtype.name()
+    );
+    grouped_bars(&title, &labels, &series)
+}
+
+fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, (960, 480)).into_drawing_area();
+        root.fill(&WHITE).expect("drawing to memory");
+        let top = series
+            .iter()
+            .flat_map(|s| s.values.iter().copied())
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.15;
+        let n = labels.len();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(72)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
+            .expect("valid ranges");
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
+                    labels[i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("MiB")
+            .draw()
+            .expect("drawing to memory");
+        let width = 0.84 / series.len() as f64;
+        for (k, s) in series.iter().enumerate() {
+            let color = s.color;
+            chart
+                .draw_series(s.values.iter().enumerate().map(|(i, v)| {
+                    let x0 = i as f64 - 0.42 + k as f64 * width;
+                    Rectangle::new([(x0, 0.0), (x0 + width * 0.92, *v)], color.filled())
+                }))
+                .expect("drawing to memory")
+                .label(s.name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .expect("drawing to memory");
+        root.present().expect("drawing to memory");
+    }
+    Svg(text)
+}
+
+/// Lines over steps: one named series of byte counts per line, shown in MiB.
+pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec<u64>)]) -> Svg {
+    let palette = [
+        ALLOCATED[2],
+        RESERVED[1],
+        RGBColor(90, 90, 90),
+        RGBColor(49, 163, 84),
+    ];
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, (960, 420)).into_drawing_area();
+        root.fill(&WHITE).expect("drawing to memory");
+        let top = lines
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|b| *b as f64 / MIB))
+            .fold(0.0, f64::max)
+            .max(1e-3)
+            * 1.15;
+        let n = steps.len().max(1);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(72)
+            .build_cartesian_2d(0usize..(n - 1).max(1), 0f64..top)
+            .expect("valid ranges");
+        chart
+            .configure_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|i| (i + 1).to_string())
+            .x_desc("step (see the table)")
+            .y_desc("MiB")
+            .draw()
+            .expect("drawing to memory");
+        for (k, (name, values)) in lines.iter().enumerate() {
+            let color = palette[k % palette.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    values.iter().enumerate().map(|(i, b)| (i, *b as f64 / MIB)),
+                    color.stroke_width(2),
+                ))
+                .expect("drawing to memory")
+                .label(*name)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .expect("drawing to memory");
+        root.present().expect("drawing to memory");
+    }
+    Svg(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_measurement_renders() {
+        let m: Measurement = serde_json::from_slice(include_bytes!(
+            "../data/exemple-mesure-h200-petit-essai.json"
+        ))
+        .unwrap();
+        let svg = phase_chart(&m).0;
+        assert!(svg.starts_with("<svg") && svg.contains("NVIDIA H200"));
+        assert!(svg.contains("cold") && svg.contains("warm 2") && svg.contains("reserved peak"));
+        assert_eq!(svg.matches("<rect").count() >= 6 * m.phases.len(), true);
+    }
+
+    #[test]
+    fn a_timeline_renders() {
+        let svg = timeline_chart(
+            "t",
+            &["a".into(), "b".into()],
+            &[("allocated", vec![0, 1 << 20])],
+        )
+        .0;
+        assert!(svg.contains("allocated") && svg.contains("<polyline"));
+    }
+}

@@ -107,7 +107,10 @@ int igl_init_device(int device) {
   return guarded([&] {
     if (!at::detail::getCUDAHooks().hasCUDA()) throw std::runtime_error("CUDA is not available");
     at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-    checked_index(device);
+    // A call into libtorch_cuda on every path to the GPU: it keeps libtorch_cuda.so NEEDED in every
+    // artifact that can reach CUDA (an --as-needed link drops it otherwise, and CUDA is then
+    // silently unavailable).
+    at::cuda::getDeviceProperties(checked_index(device));
   });
 }
 

@@ -10,7 +10,8 @@ DIR holds the release programs from scripts/build (mesure_memoire, mesure_memoir
    figure of every phase, byte for byte;
 3. checks the refusals: out-of-memory (exit 3, no file), missing device (exit 2), existing output
    (exit 4), libtorch not loadable (exit 2, no file);
-4. runs the GPU-gated Rust tests given with --tests;
+4. runs the GPU-gated Rust tests given with --tests, and the notebooks' code cells turned into
+   programs (--notebooks), checking that every cell measured for real (no "no GPU" path taken);
 5. benchmarks whole-process wall time of a small measurement and the warm-pass host overhead
    (host time minus CUDA-event time), Rust against the Python reference.
 It prints a Markdown report (also written to OUT/report.md) and exits non-zero on any difference.
@@ -42,9 +43,9 @@ def flags(cfg, dtype, output):
     return f
 
 
-def run(cmd, env=None):
+def run(cmd, env=None, cwd=None):
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     return p, time.perf_counter() - t0
 
 
@@ -71,6 +72,8 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--tests", nargs="*", default=[])
+    ap.add_argument("--notebooks", nargs="*", default=[],
+                    help="notebook programs from scripts/notebook_program.py")
     a = ap.parse_args()
     bin_dir, out = Path(a.bin), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,6 +160,20 @@ def main():
             for l in tail:
                 say(f"  - {l}")
             failures += p.returncode != 0
+
+    if a.notebooks:
+        say("\n## The notebooks' code cells, run as programs\n")
+        for prog in a.notebooks:
+            p, dt = run([str(Path(prog).resolve())], cwd=HERE.parent / "notebooks")
+            (out / (Path(prog).name + ".out")).write_text(p.stdout + p.stderr)
+            cells = p.stdout.count("=== cell ")
+            outputs = p.stdout.count("EVCXR_BEGIN_CONTENT")
+            fake = [m for m in ("No GPU", "No measurement", "RECORDED ELSEWHERE", "Last step failed")
+                    if m in p.stdout]
+            ok = p.returncode == 0 and not fake
+            say(f"- `{Path(prog).name}`: exit {p.returncode}, {cells} cells, {outputs} rich outputs, "
+                f"{dt:.1f} s, fallback or failure markers: {fake or 'none'} -> {'OK' if ok else 'FAIL'}")
+            failures += not ok
 
     say("\n## Benchmark: Rust against the Python reference, same machine, same call\n")
     small = CONFIGS[0][1]

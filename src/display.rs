@@ -35,6 +35,10 @@ impl Svg {
     pub fn evcxr_display(&self) {
         emit("image/svg+xml", &self.0);
     }
+    /// The image under a line of text, as one HTML output (a notebook shows one form per output).
+    pub fn with_caption(&self, text: &str) -> Html {
+        Html(format!("{}{}", Html::note(text).0, self.0))
+    }
     /// Writes the SVG to a new file (never over an existing one).
     pub fn write_new(&self, path: &std::path::Path) -> Result<(), crate::files::WriteError> {
         crate::files::write_new_file(path, self.0.as_bytes())
@@ -306,6 +310,16 @@ impl GridReport {
             &rows,
         )
     }
+}
+
+/// One grid row as a two-column table (column, value).
+pub fn grid_row(row: &[String]) -> Html {
+    let rows: Vec<Vec<String>> = crate::grid::COLUMNS
+        .iter()
+        .zip(row)
+        .map(|(c, v)| vec![c.to_string(), v.clone()])
+        .collect();
+    table("Row appended to the grid", &["column", "value"], &rows)
 }
 
 /// A measurement's table, or the clear reason why nothing was measured (never a fake figure).

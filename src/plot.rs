@@ -3,7 +3,7 @@
 //! notebooks (shown inline) and the command line (`--plot FILE.svg`).
 
 use crate::display::Svg;
-use crate::measure::Measurement;
+use crate::measure::{Measurement, PhaseRecord};
 use plotters::prelude::*;
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -28,41 +28,27 @@ const RESERVED: [RGBColor; 3] = [
 
 /// Grouped bars: for each phase row, allocated baseline/end/peak and reserved baseline/end/peak, in MiB.
 pub fn phase_chart(m: &Measurement) -> Svg {
-    let pick = |f: fn(&crate::measure::PhaseRecord) -> u64| -> Vec<f64> {
-        m.phases.iter().map(|p| f(p) as f64 / MIB).collect()
-    };
-    let series = vec![
-        Series {
-            name: "allocated baseline",
-            color: ALLOCATED[0],
-            values: pick(|p| p.allocated_baseline_bytes),
-        },
-        Series {
-            name: "allocated end",
-            color: ALLOCATED[1],
-            values: pick(|p| p.allocated_end_bytes),
-        },
-        Series {
-            name: "allocated peak",
-            color: ALLOCATED[2],
-            values: pick(|p| p.peak_allocated_bytes),
-        },
-        Series {
-            name: "reserved baseline",
-            color: RESERVED[0],
-            values: pick(|p| p.reserved_baseline_bytes),
-        },
-        Series {
-            name: "reserved end",
-            color: RESERVED[1],
-            values: pick(|p| p.reserved_end_bytes),
-        },
-        Series {
-            name: "reserved peak",
-            color: RESERVED[2],
-            values: pick(|p| p.peak_reserved_bytes),
-        },
+    type Field = fn(&PhaseRecord) -> u64;
+    let fields: [(&'static str, RGBColor, Field); 6] = [
+        ("allocated baseline", ALLOCATED[0], |p| {
+            p.allocated_baseline_bytes
+        }),
+        ("allocated end", ALLOCATED[1], |p| p.allocated_end_bytes),
+        ("allocated peak", ALLOCATED[2], |p| p.peak_allocated_bytes),
+        ("reserved baseline", RESERVED[0], |p| {
+            p.reserved_baseline_bytes
+        }),
+        ("reserved end", RESERVED[1], |p| p.reserved_end_bytes),
+        ("reserved peak", RESERVED[2], |p| p.peak_reserved_bytes),
     ];
+    let series: Vec<Series> = fields
+        .into_iter()
+        .map(|(name, color, field)| Series {
+            name,
+            color,
+            values: m.phases.iter().map(|p| field(p) as f64 / MIB).collect(),
+        })
+        .collect();
     let labels: Vec<String> = m
         .phases
         .iter()

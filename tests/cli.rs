@@ -75,48 +75,38 @@ fn estimate_json_parses_back() {
 
 #[test]
 fn estimate_refuses_bad_input_naming_the_flag() {
-    let cases: &[(&[&str], &str)] = &[
-        (&["--parameters", "0", "--bits", "16"], "--parameters"),
-        (&["--parameters", "-5", "--bits", "16"], "--parameters"),
-        (&["--parameters", "1.5", "--bits", "16"], "--parameters"),
-        (&["--parameters", "7e9", "--bits", "16"], "--parameters"),
+    let cases = [
+        ("--parameters 0 --bits 16", "--parameters"),
+        ("--parameters -5 --bits 16", "--parameters"),
+        ("--parameters 1.5 --bits 16", "--parameters"),
+        ("--parameters 7e9 --bits 16", "--parameters"),
         (
-            &["--parameters", "99999999999999999999", "--bits", "16"],
-            "--parameters",
-        ),
-        (&["--parameters", "10", "--bits", "0"], "--bits"),
-        (&["--parameters", "10", "--bits", "65"], "--bits"),
-        (&["--parameters", "10", "--bits", "x"], "--bits"),
-        (
-            &["--parameters", "10", "--bits", "8", "--reserve-gib", "-1"],
-            "--reserve-gib",
-        ),
-        (
-            &["--parameters", "10", "--bits", "8", "--reserve-gib", "4GiB"],
-            "--reserve-gib",
-        ),
-        (
-            &["--parameters", "18446744073709551615", "--bits", "16"],
+            "--parameters 99999999999999999999 --bits 16",
             "--parameters",
         ),
         (
-            &[
-                "--parameters",
-                "10",
-                "--bits",
-                "8",
-                "--reserve-gib",
-                "99999999999999999999",
-            ],
+            "--parameters 18446744073709551615 --bits 16",
+            "--parameters",
+        ),
+        ("--parameters 10 --bits 0", "--bits"),
+        ("--parameters 10 --bits 65", "--bits"),
+        ("--parameters 10 --bits x", "--bits"),
+        ("--parameters 10 --bits 8 --reserve-gib -1", "--reserve-gib"),
+        (
+            "--parameters 10 --bits 8 --reserve-gib 4GiB",
+            "--reserve-gib",
+        ),
+        (
+            "--parameters 10 --bits 8 --reserve-gib 99999999999999999999",
             "--reserve-gib",
         ),
     ];
     for (args, flag) in cases {
         mm().arg("estimate")
-            .args(*args)
+            .args(args.split_whitespace())
             .assert()
             .code(USAGE)
-            .stderr(contains(*flag))
+            .stderr(contains(flag))
             .stderr(contains("panicked").not());
     }
 }
@@ -179,93 +169,35 @@ fn quote_unit_cost_is_exact_with_its_rule() {
 
 #[test]
 fn quote_refuses_bad_input_naming_the_flag() {
-    let cases: &[(&[&str], &str, i32)] = &[
+    let cases = [
+        ("--gpu b200 --days 7 --lots 0", "--lots"),
+        ("--gpu b200 --days 7 --lots -2", "--lots"),
+        ("--gpu b200 --days 7 --lots 1.5", "--lots"),
+        ("--gpu b200 --days 5 --lots 1", "--days"),
         (
-            &["--gpu", "b200", "--days", "7", "--lots", "0"],
-            "--lots",
-            USAGE,
-        ),
-        (
-            &["--gpu", "b200", "--days", "7", "--lots", "-2"],
-            "--lots",
-            USAGE,
-        ),
-        (
-            &["--gpu", "b200", "--days", "7", "--lots", "1.5"],
-            "--lots",
-            USAGE,
-        ),
-        (
-            &["--gpu", "b200", "--days", "5", "--lots", "1"],
-            "--days",
-            USAGE,
-        ),
-        (
-            &[
-                "--gpu",
-                "b200",
-                "--days",
-                "7",
-                "--lots",
-                "1",
-                "--accepted-results",
-                "0",
-            ],
+            "--gpu b200 --days 7 --lots 1 --accepted-results 0",
             "--accepted-results",
-            USAGE,
         ),
         (
-            &[
-                "--gpu",
-                "b200",
-                "--days",
-                "7",
-                "--lots",
-                "1",
-                "--accepted-results",
-                "-3",
-            ],
+            "--gpu b200 --days 7 --lots 1 --accepted-results -3",
             "--accepted-results",
-            USAGE,
         ),
         (
-            &[
-                "--gpu",
-                "b200",
-                "--days",
-                "7",
-                "--lots",
-                "1",
-                "--accepted-results",
-                "2.5",
-            ],
+            "--gpu b200 --days 7 --lots 1 --accepted-results 2.5",
             "--accepted-results",
-            USAGE,
         ),
+        ("--gpu tpu-v9 --days 7 --lots 1", "known models: rtx4090"),
         (
-            &["--gpu", "tpu-v9", "--days", "7", "--lots", "1"],
-            "known models: rtx4090",
-            USAGE,
-        ),
-        (
-            &[
-                "--gpu",
-                "b200",
-                "--days",
-                "7",
-                "--lots",
-                "18446744073709551615",
-            ],
+            "--gpu b200 --days 7 --lots 18446744073709551615",
             "overflows",
-            USAGE,
         ),
-        (&["--gpu", "b200", "--days", "7"], "--lots", USAGE),
+        ("--gpu b200 --days 7", "--lots"),
     ];
-    for (args, needle, code) in cases {
-        cf().args(*args)
+    for (args, needle) in cases {
+        cf().args(args.split_whitespace())
             .assert()
-            .code(*code)
-            .stderr(contains(*needle));
+            .code(USAGE)
+            .stderr(contains(needle));
     }
 }
 

@@ -1,0 +1,36 @@
+# Sourced after scripts/env.sh: installs (once) the evcxr Rust kernel and the project's own
+# kernelspec `iteragpu-rust`, whose environment lets a notebook build and load libtorch.
+#   evcxr_jupyter 0.22.0 -> $IGL_CACHE/evcxr/bin; build folder kept in $IGL_CACHE/evcxr-build
+#   kernelspec           -> $IGL_VENV/share/jupyter/kernels/iteragpu-rust
+# evcxr keeps its own build folder: CARGO_TARGET_DIR is not passed on to the kernel.
+IGL_EVCXR_VERSION=0.22.0
+IGL_EVCXR=$IGL_CACHE/evcxr/bin/evcxr_jupyter
+IGL_KERNEL=iteragpu-rust
+
+if ! cargo install --list --root "$IGL_CACHE/evcxr" 2>/dev/null | grep -q "^evcxr_jupyter v$IGL_EVCXR_VERSION:"; then
+    igl_log "installing evcxr_jupyter $IGL_EVCXR_VERSION (once; several minutes)"
+    if command -v rustup >/dev/null; then rustup component add rust-src >&2; fi
+    cargo install --locked --quiet evcxr_jupyter --version "$IGL_EVCXR_VERSION" --root "$IGL_CACHE/evcxr"
+fi
+
+mkdir -p "$IGL_VENV/share/jupyter/kernels/$IGL_KERNEL" "$IGL_CACHE/evcxr-build"
+# The kernel's compiled cells link Rust's standard library dynamically: it must be found too.
+IGL_RUST_LIB=$(rustc --print target-libdir)
+"$IGL_VENV/bin/python" - "$IGL_VENV/share/jupyter/kernels/$IGL_KERNEL/kernel.json" <<PY
+import json, sys
+spec = {
+    "argv": ["$IGL_EVCXR", "--control_file", "{connection_file}"],
+    "display_name": "Rust (IteraGPU Lab)",
+    "language": "rust",
+    "interrupt_mode": "message",
+    "env": {
+        "LIBTORCH_USE_PYTORCH": "1",
+        "VIRTUAL_ENV": "$IGL_VENV",
+        "PATH": "$IGL_VENV/bin:$PATH",
+        "LD_LIBRARY_PATH": "$LD_LIBRARY_PATH:$IGL_RUST_LIB",
+        "EVCXR_TMPDIR": "$IGL_CACHE/evcxr-build",
+    },
+}
+json.dump(spec, open(sys.argv[1], "w"), indent=1)
+PY
+unset CARGO_TARGET_DIR

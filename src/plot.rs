@@ -206,7 +206,7 @@ mod tests {
         let svg = phase_chart(&m).0;
         assert!(svg.starts_with("<svg") && svg.contains("NVIDIA H200"));
         assert!(svg.contains("cold") && svg.contains("warm 2") && svg.contains("reserved peak"));
-        assert_eq!(svg.matches("<rect").count() >= 6 * m.phases.len(), true);
+        assert!(svg.matches("<rect").count() >= 6 * m.phases.len());
     }
 
     #[test]

@@ -51,10 +51,6 @@ impl Bytes {
     pub fn gib_text(self) -> String {
         format!("{} GiB", self.gib(2))
     }
-    /// MiB with two decimals (2^20 bytes), for the small figures of a measurement.
-    pub fn mib_text(self) -> String {
-        format!("{} MiB", ratio_rounded(self.0.into(), 1 << 20, 2))
-    }
 }
 
 impl fmt::Display for Bytes {

@@ -55,19 +55,23 @@ fn small_measurement_is_consistent() {
 )]
 fn allocator_tracks_a_tensor_and_keeps_its_block_after_free() {
     let a = Allocator::open(GPU0).unwrap();
-    let before = a.reading().unwrap();
+    let read = |a: &Allocator| {
+        a.synchronize().unwrap();
+        a.reading().unwrap()
+    };
+    let before = read(&a);
     let t = tch::Tensor::zeros([64 << 20], (tch::Kind::Float, a.device())); // 256 MiB
-    let during = a.reading().unwrap();
+    let during = read(&a);
     assert_eq!(during.allocated - before.allocated, 256 << 20);
     drop(t);
-    let after = a.reading().unwrap();
+    let after = read(&a);
     assert_eq!(after.allocated, before.allocated);
     assert_eq!(
         after.reserved, during.reserved,
         "the cache keeps the freed block"
     );
     a.empty_cache().unwrap();
-    assert!(a.reading().unwrap().reserved < during.reserved);
+    assert!(read(&a).reserved < during.reserved);
 }
 
 #[test]

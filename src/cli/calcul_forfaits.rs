@@ -49,10 +49,9 @@ pub fn run(args: &Args) -> Result<()> {
 
 pub fn main() -> ExitCode {
     match super::parse::<Args>() {
-        Ok(args) => match run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => crate::exit::report("calcul_forfaits", &e),
-        },
+        Ok(args) => run(&args)
+            .map(|()| ExitCode::SUCCESS)
+            .unwrap_or_else(|e| crate::exit::report("calcul_forfaits", &e)),
         Err(code) => code,
     }
 }

@@ -55,11 +55,15 @@ impl Allocator {
     pub fn device(&self) -> Device {
         Device::Cuda(self.device.index as usize)
     }
-    /// All counters, after waiting for the device.
+    /// Waits for all work queued on the device.
+    pub fn synchronize(&self) -> Result<(), MeasureError> {
+        ffi::synchronize(self.device.index).map_err(shim_err)
+    }
+    /// All counters as they stand (call `synchronize` first to include queued work).
     pub fn stats(&self) -> Result<MemoryStats, MeasureError> {
-        ffi::synchronize(self.device.index).map_err(shim_err)?;
         ffi::memory_stats(self.device.index).map_err(shim_err)
     }
+    /// The four counters the protocol reads.
     pub fn reading(&self) -> Result<AllocatorReading, MeasureError> {
         let s = self.stats()?;
         Ok(AllocatorReading {
@@ -148,16 +152,10 @@ fn linear_on(
 
 impl Backend for TorchBackend {
     fn synchronize(&mut self) -> Result<(), MeasureError> {
-        ffi::synchronize(self.config.device.index).map_err(shim_err)
+        self.allocator.synchronize()
     }
     fn read_allocator(&mut self) -> Result<AllocatorReading, MeasureError> {
-        let s = ffi::memory_stats(self.config.device.index).map_err(shim_err)?;
-        Ok(AllocatorReading {
-            allocated: s.allocated_current as u64,
-            reserved: s.reserved_current as u64,
-            peak_allocated: s.allocated_peak as u64,
-            peak_reserved: s.reserved_peak as u64,
-        })
+        self.allocator.reading()
     }
     fn reset_peaks(&mut self) -> Result<(), MeasureError> {
         self.allocator.reset_peaks()

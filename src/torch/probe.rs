@@ -47,14 +47,12 @@ impl Probe {
         p
     }
 
-    pub fn is_live(&self) -> bool {
-        self.gpu.is_ok()
-    }
-
     /// Records the current readings under `step`.
     pub fn record(&mut self, step: &str) -> &mut Self {
         let Ok(gpu) = &self.gpu else { return self };
-        let reading = gpu.stats().and_then(|s| Ok((s, gpu.runtime_free_total()?)));
+        let reading = gpu
+            .synchronize()
+            .and_then(|()| Ok((gpu.stats()?, gpu.runtime_free_total()?)));
         match reading {
             Ok((s, (free, total))) => self.snapshots.push(Snapshot {
                 step: step.into(),

@@ -48,10 +48,7 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 pub fn main() -> ExitCode {
-    match super::parse::<Args>() {
-        Ok(args) => run(&args)
-            .map(|()| ExitCode::SUCCESS)
-            .unwrap_or_else(|e| crate::exit::report("calcul_forfaits", &e)),
-        Err(code) => code,
-    }
+    super::run_main("calcul_forfaits", |args: Args| {
+        run(&args).map(|()| ExitCode::SUCCESS)
+    })
 }

@@ -139,14 +139,7 @@ pub enum Mode {
 pub const ENGINE: &str = "mesure_memoire_torch";
 
 pub fn main(mode: Mode) -> ExitCode {
-    let args = match super::parse::<Args>() {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    match run(&args, mode) {
-        Ok(code) => code,
-        Err(e) => crate::exit::report("mesure_memoire", &e),
-    }
+    super::run_main("mesure_memoire", |args: Args| run(&args, mode))
 }
 
 pub fn run(args: &Args, mode: Mode) -> Result<ExitCode> {

@@ -23,6 +23,17 @@ pub fn parse<P: clap::Parser>() -> Result<P, ExitCode> {
     })
 }
 
+/// A program's whole life: parse the command line, run, report an error with its exit code.
+pub fn run_main<P: clap::Parser>(
+    program: &str,
+    run: impl FnOnce(P) -> anyhow::Result<ExitCode>,
+) -> ExitCode {
+    match parse::<P>() {
+        Ok(args) => run(args).unwrap_or_else(|e| crate::exit::report(program, &e)),
+        Err(code) => code,
+    }
+}
+
 /// Prints `value` as pretty JSON, or its text form.
 pub fn print<T: serde::Serialize + std::fmt::Display>(value: &T, json: bool) -> anyhow::Result<()> {
     use std::io::Write;

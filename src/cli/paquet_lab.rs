@@ -71,8 +71,5 @@ pub fn run(args: &Args) -> Result<ExitCode> {
 }
 
 pub fn main() -> ExitCode {
-    match super::parse::<Args>() {
-        Ok(args) => run(&args).unwrap_or_else(|e| crate::exit::report("paquet_lab", &e)),
-        Err(code) => code,
-    }
+    super::run_main("paquet_lab", |args: Args| run(&args))
 }

@@ -101,8 +101,5 @@ pub fn run(args: &Args) -> Result<ExitCode> {
 }
 
 pub fn main() -> ExitCode {
-    match super::parse::<Args>() {
-        Ok(args) => run(&args).unwrap_or_else(|e| crate::exit::report("resultats_bruts", &e)),
-        Err(code) => code,
-    }
+    super::run_main("resultats_bruts", |args: Args| run(&args))
 }

@@ -4,6 +4,7 @@
 
 use crate::display::Svg;
 use crate::measure::{Measurement, PhaseRecord};
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -75,10 +76,7 @@ pub fn phase_chart(m: &Measurement) -> Svg {
 }
 
 fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
-    let mut text = String::new();
-    {
-        let root = SVGBackend::with_string(&mut text, (960, 480)).into_drawing_area();
-        root.fill(&WHITE).expect("drawing to memory");
+    canvas((960, 480), |root| {
         let top = series
             .iter()
             .flat_map(|s| s.values.iter().copied())
@@ -86,7 +84,7 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
             .max(1e-3)
             * 1.15;
         let n = labels.len();
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(36)
@@ -122,16 +120,8 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
                     Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .expect("drawing to memory");
-        root.present().expect("drawing to memory");
-    }
-    Svg(text)
+        legend(&mut chart);
+    })
 }
 
 /// Lines over steps: one named series of byte counts per line, shown in MiB.
@@ -142,10 +132,7 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
         RGBColor(90, 90, 90),
         RGBColor(49, 163, 84),
     ];
-    let mut text = String::new();
-    {
-        let root = SVGBackend::with_string(&mut text, (960, 420)).into_drawing_area();
-        root.fill(&WHITE).expect("drawing to memory");
+    canvas((960, 420), |root| {
         let top = lines
             .iter()
             .flat_map(|(_, v)| v.iter().map(|b| *b as f64 / MIB))
@@ -153,7 +140,7 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
             .max(1e-3)
             * 1.15;
         let n = steps.len().max(1);
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(36)
@@ -181,16 +168,31 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
                     PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .expect("drawing to memory");
+        legend(&mut chart);
+    })
+}
+
+/// Draws on a white SVG canvas of `size` pixels and returns the SVG text.
+fn canvas(size: (u32, u32), draw: impl FnOnce(&DrawingArea<SVGBackend, Shift>)) -> Svg {
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, size).into_drawing_area();
+        root.fill(&WHITE).expect("drawing to memory");
+        draw(&root);
         root.present().expect("drawing to memory");
     }
     Svg(text)
+}
+
+/// The series legend, in the upper left corner.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>) {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .expect("drawing to memory");
 }
 
 #[cfg(test)]

@@ -135,9 +135,9 @@ pub fn manifest(name: &str, members: &[(String, Vec<u8>)]) -> Manifest {
     }
 }
 
-/// The zip bytes: every member under `name/`, in path order, with fixed time and permissions.
-pub fn zip_bytes(name: &str, members: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let manifest = manifest(name, members);
+/// The zip bytes: every member and `manifest` under `name/`, in path order, with fixed time and
+/// permissions.
+pub fn zip_bytes(name: &str, members: &[(String, Vec<u8>)], manifest: &Manifest) -> Vec<u8> {
     let mut manifest_bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     manifest_bytes.push(b'\n');
     let mut all: Vec<(&str, &[u8])> = members
@@ -162,8 +162,9 @@ pub fn zip_bytes(name: &str, members: &[(String, Vec<u8>)]) -> Vec<u8> {
 /// Builds the bundle of the project at `root` into a new file `output`.
 pub fn build(root: &Path, name: &str, output: &Path) -> Result<Manifest, BundleError> {
     let members = collect(root)?;
-    files::write_new_file(output, &zip_bytes(name, &members))?;
-    Ok(manifest(name, &members))
+    let manifest = manifest(name, &members);
+    files::write_new_file(output, &zip_bytes(name, &members, &manifest))?;
+    Ok(manifest)
 }
 
 /// What verification found.
@@ -383,8 +384,11 @@ mod tests {
     #[test]
     fn zip_is_deterministic_and_lists_itself_without_hash() {
         let members = vec![("a.txt".to_string(), b"alpha".to_vec())];
-        assert_eq!(zip_bytes("top", &members), zip_bytes("top", &members));
         let m = manifest("top", &members);
+        assert_eq!(
+            zip_bytes("top", &members, &m),
+            zip_bytes("top", &members, &m)
+        );
         assert_eq!(m.files.last().unwrap().path, MANIFEST);
         assert_eq!(m.files.last().unwrap().sha256, None);
     }

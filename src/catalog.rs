@@ -179,26 +179,46 @@ impl Catalog {
     }
 }
 
+/// Column titles of a catalog table (text and HTML).
+pub const CATALOG_COLUMNS: [&str; 7] = [
+    "model",
+    "display name",
+    "GPUs/lot",
+    "GiB per GPU",
+    "days",
+    "lot price",
+    "snapshot",
+];
+
+impl CatalogRow {
+    /// The row as table cells, in the order of [`CATALOG_COLUMNS`].
+    pub fn cells(&self) -> [String; 7] {
+        [
+            self.model.clone(),
+            self.display_name.clone(),
+            self.gpus_per_lot.to_string(),
+            self.memory_per_gpu_gib.to_string(),
+            self.duration_days.to_string(),
+            self.lot_price_usd_cents.to_string(),
+            self.snapshot_date.clone(),
+        ]
+    }
+}
+
 impl fmt::Display for Catalog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "Catalog: {}", self.source)?;
-        writeln!(
-            f,
-            "{:<14} {:<36} {:>8} {:>12} {:>5} {:>14} {:<10}",
-            "model", "display name", "GPUs/lot", "GiB per GPU", "days", "lot price", "snapshot"
-        )?;
-        for r in &self.rows {
+        let line = |f: &mut fmt::Formatter<'_>, c: &[&str]| {
             writeln!(
                 f,
                 "{:<14} {:<36} {:>8} {:>12} {:>5} {:>14} {:<10}",
-                r.model,
-                r.display_name,
-                r.gpus_per_lot,
-                r.memory_per_gpu_gib,
-                r.duration_days,
-                r.lot_price_usd_cents.to_string(),
-                r.snapshot_date
-            )?;
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+            )
+        };
+        line(f, &CATALOG_COLUMNS)?;
+        for r in &self.rows {
+            let cells = r.cells();
+            line(f, &cells.each_ref().map(String::as_str))?;
         }
         write!(
             f,

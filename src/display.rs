@@ -1,11 +1,11 @@
 //! Rich display for notebooks: HTML tables and SVG charts that the evcxr kernel shows inline
 //! (inherent `evcxr_display` methods), and that a program can print the same way.
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, CATALOG_COLUMNS};
 use crate::environment::EnvironmentReport;
 use crate::estimate::WeightEstimate;
 use crate::grid::GridReport;
-use crate::measure::{MeasureError, Measurement};
+use crate::measure::{phase_cells, MeasureError, Measurement, PHASE_COLUMNS};
 use crate::quote::Quote;
 use html_escape::encode_text as esc;
 
@@ -174,15 +174,10 @@ impl EnvironmentReport {
 impl Measurement {
     pub fn html(&self) -> Html {
         let c = &self.configuration;
-        let gpu = self
-            .environment
-            .device
-            .as_ref()
-            .map_or("unknown GPU", |d| d.name.as_str());
         let caption = format!(
             "{} {} — [batch {}, context {}, width {}], hidden {}, {}, measured {}",
             c.device,
-            gpu,
+            self.gpu_name(),
             c.batch,
             c.context,
             c.width,
@@ -193,37 +188,9 @@ impl Measurement {
         let rows: Vec<Vec<String>> = self
             .phases
             .iter()
-            .map(|p| {
-                vec![
-                    p.phase.name().to_string(),
-                    p.repetition.map_or(String::new(), |r| r.to_string()),
-                    p.allocated_baseline_bytes.to_string(),
-                    p.allocated_end_bytes.to_string(),
-                    p.peak_allocated_bytes.to_string(),
-                    p.reserved_baseline_bytes.to_string(),
-                    p.reserved_end_bytes.to_string(),
-                    p.peak_reserved_bytes.to_string(),
-                    format!("{:.3}", p.host_wall_time_ms),
-                    format!("{:.3}", p.gpu_event_time_ms),
-                ]
-            })
+            .map(|p| phase_cells(p).to_vec())
             .collect();
-        let mut h = table(
-            &caption,
-            &[
-                "phase",
-                "rep",
-                "allocated base",
-                "allocated end",
-                "allocated peak",
-                "reserved base",
-                "reserved end",
-                "reserved peak",
-                "host ms",
-                "GPU ms",
-            ],
-            &rows,
-        );
+        let mut h = table(&caption, &PHASE_COLUMNS, &rows);
         h.0 += &Html::note(&self.notes.join(" ")).0;
         h
     }
@@ -272,25 +239,8 @@ impl Quote {
 
 impl Catalog {
     pub fn html(&self) -> Html {
-        let rows: Vec<Vec<String>> = self
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.model.clone(),
-                    r.display_name.clone(),
-                    r.gpus_per_lot.to_string(),
-                    r.memory_per_gpu_gib.to_string(),
-                    r.duration_days.to_string(),
-                    r.lot_price_usd_cents.to_string(),
-                ]
-            })
-            .collect();
-        table(
-            &format!("Catalog {}", self.source),
-            &["model", "name", "GPUs/lot", "GiB/GPU", "days", "lot price"],
-            &rows,
-        )
+        let rows: Vec<Vec<String>> = self.rows.iter().map(|r| r.cells().to_vec()).collect();
+        table(&format!("Catalog {}", self.source), &CATALOG_COLUMNS, &rows)
     }
 }
 

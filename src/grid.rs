@@ -158,7 +158,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridE
         file: request.measurement.display().to_string(),
         source,
     })?;
-    let measurement = Measurement::load(&request.measurement)?;
+    let measurement = Measurement::from_bytes(&bytes, &request.measurement.display().to_string())?;
     let catalog = Catalog::load(request.catalog.as_deref())?;
     let q = quote(
         &catalog,
@@ -177,11 +177,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridE
         q.lots.to_string(),
         q.total_gpus.to_string(),
         c.device.to_string(),
-        measurement
-            .environment
-            .device
-            .as_ref()
-            .map_or(String::new(), |d| d.name.clone()),
+        measurement.gpu_name().to_string(),
         c.dtype.name().to_string(),
         c.batch.to_string(),
         c.context.to_string(),
@@ -189,13 +185,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridE
         c.hidden.to_string(),
         request.measurement.display().to_string(),
         sha256_hex(&bytes),
-        measurement
-            .phases
-            .iter()
-            .map(|p| p.peak_allocated_bytes)
-            .max()
-            .unwrap_or(0)
-            .to_string(),
+        measurement.max_peak_allocated().0.to_string(),
         measurement.max_peak_reserved().0.to_string(),
         request.useful_work_unit.trim().to_string(),
         request.acceptance_threshold.trim().to_string(),

@@ -59,11 +59,7 @@ pub fn phase_chart(m: &Measurement) -> Svg {
         })
         .collect();
     let c = &m.configuration;
-    let gpu = m
-        .environment
-        .device
-        .as_ref()
-        .map_or("GPU", |d| d.name.as_str());
+    let gpu = m.gpu_name();
     let title = format!(
         "{gpu}: batch {} context {} width {} hidden {} {} (MiB)",
         c.batch,

@@ -7,7 +7,7 @@ pub mod report;
 
 pub use config::{ConfigError, Dtype, MeasureConfig, SyntheticModel};
 pub use protocol::{run_protocol, AllocatorReading, Backend, Phase, PhaseRecord};
-pub use report::{Measurement, SCHEMA};
+pub use report::{phase_cells, Measurement, PHASE_COLUMNS, SCHEMA};
 
 use crate::exit::{Classify, Status};
 

@@ -71,7 +71,13 @@ impl Measurement {
             file: file.clone(),
             source,
         })?;
-        let m: Measurement = serde_json::from_slice(&bytes).map_err(|e| LoadError::Invalid {
+        Self::from_bytes(&bytes, &file)
+    }
+
+    /// Parses measurement bytes read from `file` and checks the schema tag.
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Measurement, LoadError> {
+        let file = file.to_string();
+        let m: Measurement = serde_json::from_slice(bytes).map_err(|e| LoadError::Invalid {
             file: file.clone(),
             message: e.to_string(),
         })?;
@@ -82,6 +88,25 @@ impl Measurement {
             });
         }
         Ok(m)
+    }
+
+    /// The measured GPU's name, as the environment recorded it.
+    pub fn gpu_name(&self) -> &str {
+        self.environment
+            .device
+            .as_ref()
+            .map_or("unknown GPU", |d| d.name.as_str())
+    }
+
+    /// The largest `peak_allocated_bytes` over all phases.
+    pub fn max_peak_allocated(&self) -> Bytes {
+        Bytes(
+            self.phases
+                .iter()
+                .map(|p| p.peak_allocated_bytes)
+                .max()
+                .unwrap_or(0),
+        )
     }
 
     /// The largest `peak_reserved_bytes` over all phases.
@@ -104,10 +129,7 @@ impl fmt::Display for Measurement {
             f,
             "Measurement on {} ({}), {}",
             c.device,
-            self.environment
-                .device
-                .as_ref()
-                .map_or("unknown GPU", |d| d.name.as_str()),
+            self.gpu_name(),
             self.measured_at
         )?;
         writeln!(
@@ -121,39 +143,80 @@ impl fmt::Display for Measurement {
             m.parameters,
             m.parameter_size()
         )?;
-        writeln!(
-            f,
-            "{:<13} {:>4} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>10} {:>10}",
-            "phase",
-            "rep",
-            "alloc base",
-            "alloc end",
-            "alloc peak",
-            "resv base",
-            "resv end",
-            "resv peak",
-            "host ms",
-            "gpu ms"
-        )?;
+        // The phase name is left-aligned, the figures right-aligned.
+        let line = |f: &mut fmt::Formatter<'_>, cells: &[&str]| {
+            write!(f, "{:<w$}", cells[0], w = COLUMN_WIDTHS[0])?;
+            for (cell, width) in cells[1..].iter().zip(&COLUMN_WIDTHS[1..]) {
+                write!(f, " {cell:>width$}")?;
+            }
+            writeln!(f)
+        };
+        line(f, &PHASE_COLUMNS)?;
         for p in &self.phases {
-            writeln!(
-                f,
-                "{:<13} {:>4} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>10.3} {:>10.3}",
-                p.phase.name(),
-                p.repetition.map_or("-".into(), |r| r.to_string()),
-                p.allocated_baseline_bytes,
-                p.allocated_end_bytes,
-                p.peak_allocated_bytes,
-                p.reserved_baseline_bytes,
-                p.reserved_end_bytes,
-                p.peak_reserved_bytes,
-                p.host_wall_time_ms,
-                p.gpu_event_time_ms
-            )?;
+            let cells = phase_cells(p);
+            line(f, &cells.each_ref().map(String::as_str))?;
         }
         write!(
             f,
             "Bytes are the caching allocator's own counters; see `notes` in the JSON for their scope."
         )
+    }
+}
+
+/// Column titles of a phase table (text and HTML).
+pub const PHASE_COLUMNS: [&str; 10] = [
+    "phase",
+    "rep",
+    "alloc base",
+    "alloc end",
+    "alloc peak",
+    "resv base",
+    "resv end",
+    "resv peak",
+    "host ms",
+    "gpu ms",
+];
+const COLUMN_WIDTHS: [usize; 10] = [13, 4, 14, 14, 14, 14, 14, 14, 10, 10];
+
+/// One phase row as table cells, in the order of [`PHASE_COLUMNS`].
+pub fn phase_cells(p: &PhaseRecord) -> [String; 10] {
+    [
+        p.phase.name().to_string(),
+        p.repetition.map_or("-".into(), |r| r.to_string()),
+        p.allocated_baseline_bytes.to_string(),
+        p.allocated_end_bytes.to_string(),
+        p.peak_allocated_bytes.to_string(),
+        p.reserved_baseline_bytes.to_string(),
+        p.reserved_end_bytes.to_string(),
+        p.peak_reserved_bytes.to_string(),
+        format!("{:.3}", p.host_wall_time_ms),
+        format!("{:.3}", p.gpu_event_time_ms),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_measurement_reads_back_and_prints_every_phase() {
+        let bytes = include_bytes!("../../data/exemple-mesure-h200-petit-essai.json");
+        let m = Measurement::from_bytes(bytes, "example").unwrap();
+        assert_eq!(m.gpu_name(), "NVIDIA H200");
+        assert_eq!(m.max_peak_reserved().0, 35_651_584);
+        let text = m.to_string();
+        assert!(text.contains("phase          rep"), "{text}");
+        assert!(
+            text.contains("cold_forward     -         136704       34743808"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("warm_forward"))
+                .count(),
+            2
+        );
+        let err = Measurement::from_bytes(b"{}", "x.json").unwrap_err();
+        assert!(err.to_string().contains("x.json is not a measurement file"));
     }
 }

@@ -2,7 +2,7 @@
 //! record, after each step, what the allocator and the CUDA runtime report. Without a GPU every
 //! step is skipped and the display says why: no figure is ever made up.
 
-use super::{tch, Allocator};
+use super::{tch, torch_err, Allocator};
 use crate::device::CudaDevice;
 use crate::display::{table, Html, Svg};
 use crate::measure::MeasureError;
@@ -90,7 +90,7 @@ impl Probe {
     pub fn allocate(&mut self, name: &str, bytes: u64) -> &mut Self {
         self.step(format!("allocate {name} ({bytes} B)"), |p| {
             let device = p.gpu.as_ref().expect("live").device();
-            let t = Tensor::f_empty([bytes as i64], (Kind::Uint8, device)).map_err(torch)?;
+            let t = Tensor::f_empty([bytes as i64], (Kind::Uint8, device)).map_err(torch_err)?;
             p.tensors.insert(name.into(), t);
             Ok(())
         })
@@ -109,8 +109,8 @@ impl Probe {
     pub fn matmul(&mut self, name: &str, n: i64) -> &mut Self {
         self.step(format!("{name} = A·B, {n}×{n} float32"), |p| {
             let device = p.gpu.as_ref().expect("live").device();
-            let a = Tensor::f_ones([n, n], (Kind::Float, device)).map_err(torch)?;
-            let c = a.f_matmul(&a).map_err(torch)?;
+            let a = Tensor::f_ones([n, n], (Kind::Float, device)).map_err(torch_err)?;
+            let c = a.f_matmul(&a).map_err(torch_err)?;
             drop(a);
             p.tensors.insert(name.into(), c);
             Ok(())
@@ -218,8 +218,4 @@ impl Probe {
         );
         Html(svg)
     }
-}
-
-fn torch(e: tch::TchError) -> MeasureError {
-    MeasureError::from_torch_message(&e.to_string())
 }

@@ -4,10 +4,10 @@
 //! deterministic: same tree, byte-identical zip. Verification checks a zip or an extracted folder
 //! against its manifest, rejects unsafe paths and links, and writes nothing.
 
-use crate::exit::{Classify, Status};
 use crate::files::{self, WriteError};
 use crate::notebook::unstripped_cells;
 use crate::sha256_hex;
+use crate::status::{Classify, Status};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;

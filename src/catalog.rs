@@ -45,18 +45,18 @@ pub enum CatalogError {
     },
     #[error("{file}: {message}")]
     Structure { file: String, message: String },
-    #[error("unknown --gpu `{requested}`; known models: {}", known.join(", "))]
+    #[error("unknown model `{requested}`; the catalog's models: {}", known.join(", "))]
     UnknownModel {
         requested: String,
         known: Vec<String>,
     },
-    #[error("--days must be one of 3, 7 or 30 (no conversion, no proration), got {0}")]
+    #[error("a duration is 3, 7 or 30 days (no conversion, no proration), got {0}")]
     UnknownDuration(u32),
 }
 
-impl crate::exit::Classify for CatalogError {
-    fn status(&self) -> crate::exit::Status {
-        use crate::exit::Status;
+impl crate::status::Classify for CatalogError {
+    fn status(&self) -> crate::status::Status {
+        use crate::status::Status;
         match self {
             CatalogError::Io { .. } => Status::Failure,
             CatalogError::Invalid { .. } | CatalogError::Structure { .. } => Status::DataError,
@@ -477,7 +477,7 @@ mod tests {
         let c = Catalog::parse(BUILTIN_CSV, "builtin").unwrap();
         let e = c.offer("tpu", 7).unwrap_err().to_string();
         assert!(
-            e.contains("unknown --gpu `tpu`") && e.contains("b200") && e.contains("h200"),
+            e.contains("unknown model `tpu`") && e.contains("b200") && e.contains("h200"),
             "{e}"
         );
         assert!(matches!(

@@ -3,13 +3,15 @@
 //! Without a GPU (or without libtorch) it is still a valid report that says so.
 
 use crate::device::CudaDevice;
+use crate::markup::{rows_text, Rows};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct LibtorchInfo {
-    /// Whether this program was built with the `torch` feature.
+    /// Whether the program that wrote this report links libtorch (the companion
+    /// `mesure_memoire_torch` and the notebooks' backend do; `mesure_memoire` itself does not).
     pub built_with: bool,
     /// Why libtorch could not be loaded, when it could not.
     pub load_error: Option<String>,
@@ -77,7 +79,8 @@ impl EnvironmentReport {
     /// A report with the build facts only: no libtorch call is made.
     pub fn without_libtorch(requested: Option<CudaDevice>, libtorch: LibtorchInfo) -> Self {
         let unavailable = if !libtorch.built_with {
-            "this program was built without libtorch (feature `torch`)".to_string()
+            "this program does not link libtorch and no GPU companion was found beside it"
+                .to_string()
         } else {
             format!(
                 "libtorch could not be loaded: {}",
@@ -100,18 +103,6 @@ impl EnvironmentReport {
             },
             unavailable: Some(unavailable),
             notes: vec![NOTE_RUNTIME.into(), NOTE_PRIVACY.into()],
-        }
-    }
-
-    /// Collects the full report through libtorch (or the build facts alone without it).
-    pub fn collect(requested: Option<CudaDevice>) -> Self {
-        #[cfg(feature = "torch")]
-        {
-            crate::torch::environment(requested)
-        }
-        #[cfg(not(feature = "torch"))]
-        {
-            Self::without_libtorch(requested, LibtorchInfo::default())
         }
     }
 }
@@ -141,63 +132,69 @@ fn parse_kernel_module_version(text: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-impl fmt::Display for EnvironmentReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl EnvironmentReport {
+    /// The report as label/value rows: its text and HTML forms are both drawn from them.
+    pub fn rows(&self) -> Rows {
         let or = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         let t = &self.libtorch;
-        writeln!(f, "Environment")?;
-        writeln!(f, "  tool                   {}", self.tool)?;
-        writeln!(f, "  built with             {}", self.rust_version)?;
-        writeln!(f, "  system                 {} {}", self.os, self.arch)?;
-        writeln!(
-            f,
-            "  libtorch               {}",
-            if !t.built_with {
-                "not built in".to_string()
-            } else if let Some(e) = &t.load_error {
-                format!("NOT LOADABLE: {e}")
-            } else {
-                or(&t.version)
-            }
-        )?;
-        writeln!(f, "  CUDA build of libtorch {}", or(&t.cuda_build))?;
-        writeln!(f, "  CUDA runtime loaded    {}", or(&t.cuda_runtime))?;
-        writeln!(
-            f,
-            "  cuDNN build / loaded   {} / {}",
-            or(&t.cudnn_build),
-            or(&t.cudnn_runtime)
-        )?;
-        writeln!(f, "  CUDA available         {}", self.cuda_available)?;
-        writeln!(f, "  CUDA devices           {}", self.device_count)?;
+        let libtorch = if !t.built_with {
+            "not linked by this program".to_string()
+        } else if let Some(e) = &t.load_error {
+            format!("NOT LOADABLE: {e}")
+        } else {
+            or(&t.version)
+        };
+        let mut rows: Rows = vec![
+            ("tool", self.tool.clone()),
+            ("built with", self.rust_version.clone()),
+            ("system", format!("{} {}", self.os, self.arch)),
+            ("libtorch", libtorch),
+            ("CUDA build of libtorch", or(&t.cuda_build)),
+            ("CUDA runtime loaded", or(&t.cuda_runtime)),
+            (
+                "cuDNN build / loaded",
+                format!("{} / {}", or(&t.cudnn_build), or(&t.cudnn_runtime)),
+            ),
+            ("CUDA available", self.cuda_available.to_string()),
+            ("CUDA devices", self.device_count.to_string()),
+        ];
         if let Some(d) = &self.device {
-            writeln!(f, "  device                 cuda:{} {}", d.index, d.name)?;
-            writeln!(
-                f,
-                "  compute capability     {} ({} multiprocessors)",
-                d.compute_capability, d.multiprocessors
-            )?;
-            writeln!(f, "  total memory           {}", d.total_memory)?;
-            writeln!(
-                f,
-                "  runtime free / total   {} / {}",
-                d.runtime_free.gib_text(),
-                d.runtime_total.gib_text()
-            )?;
+            rows.push(("device", format!("cuda:{} {}", d.index, d.name)));
+            rows.push((
+                "compute capability",
+                format!(
+                    "{} ({} multiprocessors)",
+                    d.compute_capability, d.multiprocessors
+                ),
+            ));
+            rows.push(("total memory", d.total_memory.to_string()));
+            rows.push((
+                "runtime free / total",
+                format!(
+                    "{} / {}",
+                    d.runtime_free.gib_text(),
+                    d.runtime_total.gib_text()
+                ),
+            ));
         }
         if let Some(why) = &self.unavailable {
-            writeln!(f, "  GPU                    unavailable: {why}")?;
+            rows.push(("GPU", format!("unavailable: {why}")));
         }
-        writeln!(
-            f,
-            "  driver (CUDA API)      {}",
-            or(&self.driver.cuda_driver_api_version)
-        )?;
-        writeln!(
-            f,
-            "  driver (kernel module) {}",
-            or(&self.driver.kernel_module_version)
-        )?;
+        rows.push((
+            "driver (CUDA API)",
+            or(&self.driver.cuda_driver_api_version),
+        ));
+        rows.push((
+            "driver (kernel module)",
+            or(&self.driver.kernel_module_version),
+        ));
+        rows
+    }
+}
+
+impl fmt::Display for EnvironmentReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        rows_text(f, "Environment", &self.rows(), 22)?;
         write!(f, "{}", self.notes.join("\n"))
     }
 }
@@ -230,6 +227,16 @@ mod tests {
     fn a_report_without_libtorch_is_valid_and_says_why() {
         let r = EnvironmentReport::without_libtorch(None, LibtorchInfo::default());
         assert!(!r.cuda_available);
-        assert!(r.unavailable.unwrap().contains("without libtorch"));
+        assert!(r
+            .unavailable
+            .as_deref()
+            .unwrap()
+            .contains("does not link libtorch"));
+        let text = r.to_string();
+        assert!(
+            text.contains("  libtorch               not linked by this program"),
+            "{text}"
+        );
+        assert!(text.contains("  system                 "), "{text}");
     }
 }

@@ -1,6 +1,7 @@
 //! Weight-memory estimate (seed section 1): parameters × whole bytes per parameter, plus a reserve
 //! that is a stated hypothesis, never a measurement.
 
+use crate::markup::{rows_text, Rows};
 use crate::units::{gib_to_bytes, Bytes, ROUNDING_RULE};
 use rust_decimal::Decimal;
 use serde::Serialize;
@@ -26,11 +27,11 @@ fits on a given card.";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EstimateError {
-    #[error("--parameters must be a positive integer, got 0")]
+    #[error("the parameter count must be a positive integer, got 0")]
     ZeroParameters,
-    #[error("--bits must be between 1 and {MAX_BITS}, got {0}")]
+    #[error("the storage width must be between 1 and {MAX_BITS} bits, got {0}")]
     Bits(u32),
-    #[error("--reserve-gib must be zero or positive, got {0}")]
+    #[error("the reserve must be zero or positive GiB, got {0}")]
     NegativeReserve(Decimal),
     #[error("{0} is too large: the byte count would overflow 64 bits")]
     Overflow(&'static str),
@@ -76,11 +77,11 @@ pub fn estimate(
     let bytes_per_parameter = u64::from(bits.div_ceil(8));
     let weights = parameters
         .checked_mul(bytes_per_parameter)
-        .ok_or(EstimateError::Overflow("--parameters"))?;
-    let reserve = gib_to_bytes(reserve_gib).ok_or(EstimateError::Overflow("--reserve-gib"))?;
+        .ok_or(EstimateError::Overflow("the parameter count"))?;
+    let reserve = gib_to_bytes(reserve_gib).ok_or(EstimateError::Overflow("the reserve"))?;
     let total = weights
         .checked_add(reserve)
-        .ok_or(EstimateError::Overflow("--reserve-gib"))?;
+        .ok_or(EstimateError::Overflow("the reserve"))?;
     Ok(WeightEstimate {
         parameters,
         bits_per_parameter: bits,
@@ -95,28 +96,40 @@ pub fn estimate(
     })
 }
 
-impl crate::exit::Classify for EstimateError {
-    fn status(&self) -> crate::exit::Status {
-        crate::exit::Status::Usage
+impl crate::status::Classify for EstimateError {
+    fn status(&self) -> crate::status::Status {
+        crate::status::Status::Usage
+    }
+}
+
+impl WeightEstimate {
+    /// The estimate as label/value rows: its text and HTML forms are both drawn from them.
+    pub fn rows(&self) -> Rows {
+        vec![
+            ("parameters", self.parameters.to_string()),
+            (
+                "storage",
+                format!(
+                    "{} bits -> {} byte(s) per parameter (bits rounded up to whole bytes)",
+                    self.bits_per_parameter, self.bytes_per_parameter
+                ),
+            ),
+            ("weights", self.weights.to_string()),
+            (
+                "reserve (hypothesis)",
+                format!(
+                    "{} = {} GiB chosen by you, not measured",
+                    self.reserve, self.reserve_gib_hypothesis
+                ),
+            ),
+            ("total", self.total.to_string()),
+        ]
     }
 }
 
 impl fmt::Display for WeightEstimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "Weight-memory estimate")?;
-        writeln!(f, "  parameters            {}", self.parameters)?;
-        writeln!(
-            f,
-            "  storage               {} bits -> {} byte(s) per parameter (bits rounded up to whole bytes)",
-            self.bits_per_parameter, self.bytes_per_parameter
-        )?;
-        writeln!(f, "  weights               {}", self.weights)?;
-        writeln!(
-            f,
-            "  reserve (hypothesis)  {} = {} GiB chosen by you, not measured",
-            self.reserve, self.reserve_gib_hypothesis
-        )?;
-        writeln!(f, "  total                 {}", self.total)?;
+        rows_text(f, "Weight-memory estimate", &self.rows(), 21)?;
         writeln!(
             f,
             "Units: 1 GiB = 2^30 bytes; 1 GB = 10^9 bytes; {}.",
@@ -173,15 +186,15 @@ mod tests {
         assert_eq!(e.weights.0, u64::MAX);
         assert_eq!(
             est(u64::MAX, 16, "0").unwrap_err(),
-            EstimateError::Overflow("--parameters")
+            EstimateError::Overflow("the parameter count")
         );
         assert_eq!(
             est(u64::MAX, 8, "1").unwrap_err(),
-            EstimateError::Overflow("--reserve-gib")
+            EstimateError::Overflow("the reserve")
         );
         assert_eq!(
             est(1, 8, "100000000000000000000").unwrap_err(),
-            EstimateError::Overflow("--reserve-gib")
+            EstimateError::Overflow("the reserve")
         );
     }
 

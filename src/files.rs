@@ -1,7 +1,7 @@
 //! Result files: written whole or not at all (temporary file in the same folder, then an atomic
 //! rename that refuses to replace an existing file), so no partial or overwritten result can exist.
 
-use crate::exit::{Classify, Status};
+use crate::status::{Classify, Status};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

@@ -1,48 +1,109 @@
-//! The results grid `data/resultats-bruts.csv`: one row per actual run, tying a measurement file
+//! The results grid `data/resultats-bruts.csv` (columns documented in `data/protocole-qualite.md`):
+//! one row per actual run, tying a measurement file
 //! and a package quote to the protocol's useful work, threshold and accepted results. Rows are
 //! appended under a lock and atomically, existing rows are never rewritten, and a grid (also one
 //! edited by hand) can be checked row by row.
 
 use crate::catalog::{is_iso_date, Catalog, CatalogError, DURATIONS_DAYS};
 use crate::device::CudaDevice;
-use crate::exit::{Classify, Status};
 use crate::files::{self, WriteError};
 use crate::measure::{report::LoadError, Measurement};
 use crate::quote::{quote, unit_cost, QuoteError};
 use crate::sha256_hex;
+use crate::status::{Classify, Status};
 use serde::Serialize;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// The grid's columns, in order; `docs/resultats-bruts.md` documents each one.
-pub const COLUMNS: [&str; 26] = [
-    "measured_at_utc",
-    "gpu_model",
-    "package_display_name",
-    "duration_days",
-    "lots",
-    "total_gpus",
-    "device",
-    "gpu_name",
-    "dtype",
-    "batch",
-    "context",
-    "width",
-    "hidden",
-    "measurement_file",
-    "measurement_sha256",
-    "max_peak_allocated_bytes",
-    "max_peak_reserved_bytes",
-    "useful_work_unit",
-    "acceptance_threshold",
-    "accepted_results",
-    "total_price_usd_cents",
-    "unit_cost_usd",
-    "catalog_file",
-    "catalog_sha256",
-    "catalog_illustrative",
-    "notes",
-];
+/// Defines the row struct and the column list from one list of fields, so that the header, the
+/// written cells and the checks can never disagree on names or order.
+macro_rules! grid_columns {
+    ($($(#[doc = $doc:literal])* $field:ident,)*) => {
+        /// One row of the grid, every cell as the text written in the file (a grid edited by hand
+        /// is read without losing a cell, then checked field by field). `data/protocole-qualite.md`
+        /// documents the columns for the people who fill them.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        pub struct GridRow {
+            $($(#[doc = $doc])* pub $field: String,)*
+        }
+
+        /// The grid's columns, in order: the header line, derived from [`GridRow`].
+        pub const COLUMNS: &[&str] = &[$(stringify!($field)),*];
+
+        impl GridRow {
+            /// The cells in column order.
+            pub fn cells(&self) -> Vec<&str> {
+                vec![$(self.$field.as_str()),*]
+            }
+        }
+    };
+}
+
+grid_columns! {
+    /// When the measurement finished (RFC 3339, UTC), from the measurement file.
+    measured_at_utc,
+    /// Catalog key of the rented package, e.g. `b200`.
+    gpu_model,
+    /// The package's display name in the catalog.
+    package_display_name,
+    /// Package duration: 3, 7 or 30.
+    duration_days,
+    /// Lots rented.
+    lots,
+    /// lots × GPUs per lot.
+    total_gpus,
+    /// The measured device, `cuda:N`.
+    device,
+    /// The measured GPU's name, from the measurement's environment.
+    gpu_name,
+    /// float32, float16 or bfloat16.
+    dtype,
+    /// Input batch of the measurement.
+    batch,
+    /// Input context of the measurement.
+    context,
+    /// Network width of the measurement.
+    width,
+    /// Hidden features of the measurement.
+    hidden,
+    /// The measurement file as given.
+    measurement_file,
+    /// SHA-256 of the measurement file's bytes: a measurement is tied to one row.
+    measurement_sha256,
+    /// Largest allocated peak over the phases.
+    max_peak_allocated_bytes,
+    /// Largest reserved peak over the phases.
+    max_peak_reserved_bytes,
+    /// The useful work unit, fixed before the run.
+    useful_work_unit,
+    /// The acceptance threshold, fixed before the run.
+    acceptance_threshold,
+    /// Distinct useful results accepted under that threshold.
+    accepted_results,
+    /// Package price: lot price × lots, whole cents.
+    total_price_usd_cents,
+    /// total / accepted results, exact, rounded half away from zero to 6 decimals.
+    unit_cost_usd,
+    /// The catalog read.
+    catalog_file,
+    /// SHA-256 of the catalog's bytes.
+    catalog_sha256,
+    /// true when the catalog's prices are illustrative.
+    catalog_illustrative,
+    /// Free text, one line.
+    notes,
+}
+
+impl GridRow {
+    /// (column, cell) pairs in column order.
+    pub fn named_cells(&self) -> Vec<(&'static str, String)> {
+        COLUMNS
+            .iter()
+            .copied()
+            .zip(self.cells().into_iter().map(String::from))
+            .collect()
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GridError {
@@ -59,8 +120,8 @@ pub enum GridError {
     Catalog(#[from] CatalogError),
     #[error(transparent)]
     Write(#[from] WriteError),
-    #[error("--{flag} must be non-empty text on one line, got {value:?}")]
-    Text { flag: &'static str, value: String },
+    #[error("the {} must be {} on one line, got {value:?}", field.name(), if *field == TextField::Notes { "text" } else { "non-empty text" })]
+    Text { field: TextField, value: String },
     #[error("{file} has problems; nothing was appended:\n{report}")]
     BrokenGrid { file: String, report: GridReport },
     #[error(
@@ -84,6 +145,24 @@ impl Classify for GridError {
             GridError::Write(e) => e.status(),
             GridError::Text { .. } => Status::Usage,
             GridError::BrokenGrid { .. } | GridError::Duplicate { .. } => Status::DataError,
+        }
+    }
+}
+
+/// The free-text fields a user supplies to a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextField {
+    UsefulWorkUnit,
+    AcceptanceThreshold,
+    Notes,
+}
+
+impl TextField {
+    pub fn name(self) -> &'static str {
+        match self {
+            TextField::UsefulWorkUnit => "useful work unit",
+            TextField::AcceptanceThreshold => "acceptance threshold",
+            TextField::Notes => "notes",
         }
     }
 }
@@ -141,15 +220,19 @@ pub struct AppendRequest {
 
 /// Appends one row built from `request` to the grid at `grid`: validated, refused if the grid is
 /// broken or already holds this measurement, written under a lock and atomically. Returns the row.
-pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridError> {
-    for (flag, value, required) in [
-        ("useful-work-unit", &request.useful_work_unit, true),
-        ("threshold", &request.acceptance_threshold, true),
-        ("notes", &request.notes, false),
+pub fn append(grid: &Path, request: &AppendRequest) -> Result<GridRow, GridError> {
+    for (field, value, required) in [
+        (TextField::UsefulWorkUnit, &request.useful_work_unit, true),
+        (
+            TextField::AcceptanceThreshold,
+            &request.acceptance_threshold,
+            true,
+        ),
+        (TextField::Notes, &request.notes, false),
     ] {
         if (required && value.trim().is_empty()) || value.chars().any(char::is_control) {
             return Err(GridError::Text {
-                flag,
+                field,
                 value: value.clone(),
             });
         }
@@ -169,34 +252,34 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridE
     )?;
     let c = &measurement.configuration;
     let unit = q.unit_cost.as_ref().expect("accepted results were given");
-    let row = vec![
-        measurement.measured_at.clone(),
-        q.model.clone(),
-        q.display_name.clone(),
-        q.duration_days.to_string(),
-        q.lots.to_string(),
-        q.total_gpus.to_string(),
-        c.device.to_string(),
-        measurement.gpu_name().to_string(),
-        c.dtype.name().to_string(),
-        c.batch.to_string(),
-        c.context.to_string(),
-        c.width.to_string(),
-        c.hidden.to_string(),
-        request.measurement.display().to_string(),
-        sha256_hex(&bytes),
-        measurement.max_peak_allocated().0.to_string(),
-        measurement.max_peak_reserved().0.to_string(),
-        request.useful_work_unit.trim().to_string(),
-        request.acceptance_threshold.trim().to_string(),
-        request.accepted_results.to_string(),
-        q.total_usd_cents.0.to_string(),
-        unit.usd.to_string(),
-        q.catalog.file.clone(),
-        q.catalog.sha256.clone(),
-        q.catalog.illustrative.to_string(),
-        request.notes.trim().to_string(),
-    ];
+    let row = GridRow {
+        measured_at_utc: measurement.measured_at.clone(),
+        gpu_model: q.model.clone(),
+        package_display_name: q.display_name.clone(),
+        duration_days: q.duration_days.to_string(),
+        lots: q.lots.to_string(),
+        total_gpus: q.total_gpus.to_string(),
+        device: c.device.to_string(),
+        gpu_name: measurement.gpu_name().to_string(),
+        dtype: c.dtype.name().to_string(),
+        batch: c.batch.to_string(),
+        context: c.context.to_string(),
+        width: c.width.to_string(),
+        hidden: c.hidden().to_string(),
+        measurement_file: request.measurement.display().to_string(),
+        measurement_sha256: sha256_hex(&bytes),
+        max_peak_allocated_bytes: measurement.max_peak_allocated().0.to_string(),
+        max_peak_reserved_bytes: measurement.max_peak_reserved().0.to_string(),
+        useful_work_unit: request.useful_work_unit.trim().to_string(),
+        acceptance_threshold: request.acceptance_threshold.trim().to_string(),
+        accepted_results: request.accepted_results.to_string(),
+        total_price_usd_cents: q.total_usd_cents.0.to_string(),
+        unit_cost_usd: unit.usd.to_string(),
+        catalog_file: q.catalog.file.clone(),
+        catalog_sha256: q.catalog.sha256.clone(),
+        catalog_illustrative: q.catalog.illustrative.to_string(),
+        notes: request.notes.trim().to_string(),
+    };
 
     let _lock = lock(grid)?;
     files::remove_leftovers(grid);
@@ -209,10 +292,10 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridE
     if !report.problems.is_empty() {
         return Err(GridError::BrokenGrid { file, report });
     }
-    if let Some(line) = find_measurement(&current, &row[14]) {
+    if let Some(line) = find_measurement(&current, &row.measurement_sha256) {
         return Err(GridError::Duplicate {
             file,
-            sha256: row[14].clone(),
+            sha256: row.measurement_sha256.clone(),
             line,
         });
     }
@@ -220,9 +303,26 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<Vec<String>, GridE
     if !next.is_empty() && !next.ends_with(b"\n") {
         next.push(b'\n');
     }
-    next.extend_from_slice(&csv_line(&row));
+    next.extend_from_slice(&csv_line(&row.cells()));
     files::replace_file(grid, &next)?;
     Ok(row)
+}
+
+/// Copies the blank grid `blank` into a new temporary folder and returns the copy's path: a
+/// scratch grid for demonstrations, so that the shipped grid stays blank.
+pub fn scratch_copy(blank: &Path) -> Result<PathBuf, GridError> {
+    let io = |source| GridError::Io {
+        file: blank.display().to_string(),
+        source,
+    };
+    let folder = tempfile::Builder::new()
+        .prefix("iteragpu-grid-")
+        .tempdir()
+        .map_err(io)?
+        .keep();
+    let copy = folder.join(blank.file_name().unwrap_or("resultats-bruts.csv".as_ref()));
+    std::fs::copy(blank, &copy).map_err(io)?;
+    Ok(copy)
 }
 
 /// Holds an exclusive lock on `.NAME.lock` beside the grid until dropped (the grid itself is
@@ -246,7 +346,7 @@ fn lock(grid: &Path) -> Result<std::fs::File, GridError> {
     Ok(file)
 }
 
-fn csv_line(fields: &[String]) -> Vec<u8> {
+fn csv_line(fields: &[&str]) -> Vec<u8> {
     let mut w = csv::WriterBuilder::new()
         .terminator(csv::Terminator::Any(b'\n'))
         .from_writer(Vec::new());
@@ -256,15 +356,19 @@ fn csv_line(fields: &[String]) -> Vec<u8> {
 
 /// The blank grid: the header line alone.
 pub fn header_line() -> Vec<u8> {
-    csv_line(&COLUMNS.map(String::from))
+    csv_line(COLUMNS)
 }
 
 fn find_measurement(bytes: &[u8], sha256: &str) -> Option<u64> {
     let mut reader = csv::Reader::from_reader(bytes);
-    reader
-        .records()
-        .flatten()
-        .find_map(|r| (r.get(14) == Some(sha256)).then(|| r.position().map_or(0, |p| p.line())))
+    let mut record = csv::StringRecord::new();
+    while reader.read_record(&mut record).ok()? {
+        let row: Option<GridRow> = record.deserialize(None).ok();
+        if row.is_some_and(|r| r.measurement_sha256 == sha256) {
+            return Some(record.position().map_or(0, |p| p.line()));
+        }
+    }
+    None
 }
 
 /// Checks the grid file at `path`.
@@ -322,10 +426,17 @@ pub fn check_bytes(bytes: &[u8], file: &str) -> GridReport {
             );
             continue;
         }
-        for (column, message) in check_row(&record) {
+        let row: GridRow = match record.deserialize(None) {
+            Ok(row) => row,
+            Err(e) => {
+                report(line, "(row)", e.to_string());
+                continue;
+            }
+        };
+        for (column, message) in check_row(&row) {
             report(line, column, message);
         }
-        if let Some(first) = seen.insert(record[14].to_string(), line) {
+        if let Some(first) = seen.insert(row.measurement_sha256.clone(), line) {
             report(
                 line,
                 "measurement_sha256",
@@ -341,13 +452,14 @@ pub fn check_bytes(bytes: &[u8], file: &str) -> GridReport {
 }
 
 /// The problems of one complete row, as (column, message).
-fn check_row(r: &csv::StringRecord) -> Vec<(&'static str, String)> {
+fn check_row(r: &GridRow) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
-    let field = |name: &str| {
-        &r[COLUMNS
+    let named = r.named_cells();
+    let field = |name: &str| -> &str {
+        named
             .iter()
-            .position(|c| *c == name)
-            .expect("known column")]
+            .find(|(c, _)| *c == name)
+            .map_or("", |(_, v)| v.as_str())
     };
     let positive = |name: &'static str, out: &mut Vec<(&'static str, String)>| -> Option<u64> {
         match field(name).parse::<u64>() {
@@ -358,9 +470,9 @@ fn check_row(r: &csv::StringRecord) -> Vec<(&'static str, String)> {
             }
         }
     };
-    for (i, value) in r.iter().enumerate() {
+    for (column, value) in &named {
         if value.chars().any(char::is_control) {
-            out.push((COLUMNS[i], "contains a control character".into()));
+            out.push((*column, "contains a control character".into()));
         }
     }
     let at = field("measured_at_utc");

@@ -5,27 +5,35 @@
 //! - [`environment`]: what libtorch, CUDA, the GPU and the driver are;
 //! - [`measure`]: the bounded phase-by-phase measurement of a synthetic `Linear -> GELU -> Linear`
 //!   network through libtorch, reading the CUDA caching allocator's `allocated` and `reserved`;
+//! - [`allocator`]: an exact model of PyTorch's CUDA caching allocator that predicts every figure
+//!   of a measurement and names every block;
 //! - [`catalog`] and [`quote`]: package prices from a CSV catalog, money in exact cents;
-//! - [`files`]: results written atomically, never over an existing file.
+//! - [`files`]: results written atomically, never over an existing file;
+//! - [`status`]: the exit status every library error names for itself.
+//!
+//! This crate never links libtorch: the GPU backend is the crate `iteragpu-torch` (folder
+//! `torch/`), which implements [`measure::Gpu`]. The command lines live in [`cli`], behind the
+//! default feature `cli`; notebooks use the library without it (`default-features = false`).
 #![deny(unsafe_code)]
 
+pub mod allocator;
 pub mod bundle;
 pub mod catalog;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod device;
 pub mod display;
 pub mod environment;
 pub mod estimate;
-pub mod exit;
 pub mod files;
 pub mod grid;
+pub mod markup;
 pub mod measure;
 pub mod money;
 pub mod notebook;
 pub mod plot;
 pub mod quote;
-#[cfg(feature = "torch")]
-pub mod torch;
+pub mod status;
 pub mod units;
 
 /// SHA-256 of `bytes`, lowercase hex.

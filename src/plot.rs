@@ -2,8 +2,8 @@
 //! phase of a measurement, and a timeline of allocator readings. The same functions serve the
 //! notebooks (shown inline) and the command line (`--plot FILE.svg`).
 
-use crate::display::Svg;
-use crate::measure::{Measurement, PhaseRecord};
+use crate::markup::Svg;
+use crate::measure::{Measurement, PhaseRecord, StepLog, StepReading};
 use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
@@ -65,7 +65,7 @@ pub fn phase_chart(m: &Measurement) -> Svg {
         c.batch,
         c.context,
         c.width,
-        c.hidden,
+        c.hidden(),
         c.dtype.name()
     );
     grouped_bars(&title, &labels, &series)
@@ -118,6 +118,21 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
         }
         legend(&mut chart);
     })
+}
+
+/// Allocated, reserved and GPU-used (runtime) over the steps of a log, in MiB.
+pub fn step_chart(log: &StepLog) -> Svg {
+    let steps: Vec<String> = log.steps.iter().map(|s| s.step.clone()).collect();
+    let series = |f: fn(&StepReading) -> u64| log.steps.iter().map(f).collect::<Vec<u64>>();
+    timeline_chart(
+        "Allocator and runtime over the steps (MiB)",
+        &steps,
+        &[
+            ("allocated", series(|s| s.allocated)),
+            ("reserved", series(|s| s.reserved)),
+            ("GPU used (runtime)", series(|s| s.runtime_used)),
+        ],
+    )
 }
 
 /// Lines over steps: one named series of byte counts per line, shown in MiB.

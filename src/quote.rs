@@ -2,6 +2,7 @@
 //! accepted result only when the user gives the number of distinct accepted results.
 
 use crate::catalog::{Catalog, CatalogError, CatalogSource};
+use crate::markup::{rows_text, Rows};
 use crate::money::Cents;
 use crate::units::{ratio_is_exact, ratio_rounded};
 use rust_decimal::Decimal;
@@ -18,19 +19,19 @@ computed exactly on integer cents and rounded half away from zero to 6 decimals 
 pub enum QuoteError {
     #[error(transparent)]
     Catalog(#[from] CatalogError),
-    #[error("--lots must be a positive integer, got 0")]
+    #[error("the number of lots must be a positive integer, got 0")]
     ZeroLots,
-    #[error("--accepted-results must be a positive integer, got 0")]
+    #[error("the number of accepted results must be a positive integer, got 0")]
     ZeroAcceptedResults,
     #[error("the total price overflows: {lots} lots × {lot}")]
     Overflow { lots: u64, lot: Cents },
 }
 
-impl crate::exit::Classify for QuoteError {
-    fn status(&self) -> crate::exit::Status {
+impl crate::status::Classify for QuoteError {
+    fn status(&self) -> crate::status::Status {
         match self {
-            QuoteError::Catalog(e) => crate::exit::Classify::status(e),
-            _ => crate::exit::Status::Usage,
+            QuoteError::Catalog(e) => crate::status::Classify::status(e),
+            _ => crate::status::Status::Usage,
         }
     }
 }
@@ -125,61 +126,87 @@ pub fn unit_cost(total: Cents, accepted_results: u64) -> UnitCost {
     }
 }
 
-impl fmt::Display for Quote {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "Package quote")?;
-        writeln!(f, "  catalog           {}", self.catalog)?;
-        writeln!(
-            f,
-            "  model             {} ({}), snapshot {}",
-            self.model, self.display_name, self.snapshot_date
-        )?;
-        writeln!(
-            f,
-            "  duration          {} days (no proration)",
-            self.duration_days
-        )?;
-        writeln!(
-            f,
-            "  lots              {} × {} GPU(s) per lot = {} GPU(s), {} GiB each",
-            self.lots, self.gpus_per_lot, self.total_gpus, self.memory_per_gpu_gib
-        )?;
-        writeln!(
-            f,
-            "  lot price         {} (includes the lot's {} GPU(s))",
-            self.lot_price_usd_cents, self.gpus_per_lot
-        )?;
-        writeln!(
-            f,
-            "  total             {} = {} × {}",
-            self.total_usd_cents, self.lots, self.lot_price_usd_cents
-        )?;
+/// What a quote from illustrative prices says, in every form.
+pub const ILLUSTRATIVE_BANNER: &str =
+    "ILLUSTRATIVE: these prices are stand-ins, not a real offer; \
+load a real catalog with its file (--catalog on the command line).";
+/// What a quote from published prices says, in every form.
+pub const PUBLISHED_BANNER: &str = "Check the live offer before any purchase.";
+
+impl Quote {
+    /// The quote as label/value rows: its text and HTML forms are both drawn from them.
+    pub fn rows(&self) -> Rows {
+        let mut rows: Rows = vec![
+            ("catalog", self.catalog.to_string()),
+            (
+                "model",
+                format!(
+                    "{} ({}), snapshot {}",
+                    self.model, self.display_name, self.snapshot_date
+                ),
+            ),
+            (
+                "duration",
+                format!("{} days (no proration)", self.duration_days),
+            ),
+            (
+                "lots",
+                format!(
+                    "{} × {} GPU(s) per lot = {} GPU(s), {} GiB each",
+                    self.lots, self.gpus_per_lot, self.total_gpus, self.memory_per_gpu_gib
+                ),
+            ),
+            (
+                "lot price",
+                format!(
+                    "{} (includes the lot's {} GPU(s))",
+                    self.lot_price_usd_cents, self.gpus_per_lot
+                ),
+            ),
+            (
+                "total",
+                format!(
+                    "{} = {} × {}",
+                    self.total_usd_cents, self.lots, self.lot_price_usd_cents
+                ),
+            ),
+        ];
         match &self.unit_cost {
-            None => write!(
-                f,
-                "  unit cost         not computed (give --accepted-results with the number of \
-                 distinct accepted results)"
-            )?,
+            None => rows.push((
+                "unit cost",
+                "not computed (give the number of distinct accepted results)".into(),
+            )),
             Some(u) => {
-                writeln!(
-                    f,
-                    "  unit cost         USD {} per accepted result ({} / {} results){}",
-                    u.usd,
-                    self.total_usd_cents,
-                    u.denominator,
-                    if u.exact { ", exact" } else { ", rounded" }
-                )?;
-                write!(f, "  rounding          {}", u.rounding)?;
+                rows.push((
+                    "unit cost",
+                    format!(
+                        "USD {} per accepted result ({} / {} results){}",
+                        u.usd,
+                        self.total_usd_cents,
+                        u.denominator,
+                        if u.exact { ", exact" } else { ", rounded" }
+                    ),
+                ));
+                rows.push(("rounding", u.rounding.to_string()));
             }
         }
+        rows
+    }
+
+    /// The banner every form of the quote ends with.
+    pub fn banner(&self) -> &'static str {
         if self.catalog.illustrative {
-            write!(
-                f,
-                "\nILLUSTRATIVE: these prices are stand-ins, not a real offer; load a real catalog \
-                 with --catalog."
-            )?;
+            ILLUSTRATIVE_BANNER
+        } else {
+            PUBLISHED_BANNER
         }
-        Ok(())
+    }
+}
+
+impl fmt::Display for Quote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        rows_text(f, "Package quote", &self.rows(), 17)?;
+        write!(f, "{}", self.banner())
     }
 }
 

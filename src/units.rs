@@ -47,6 +47,22 @@ impl Bytes {
     pub fn gb(self, decimals: u32) -> Decimal {
         ratio_rounded(self.0.into(), GB.into(), decimals)
     }
+    /// MiB (2^20 bytes) with two decimals, for block and segment sizes.
+    pub fn mib_text(self) -> String {
+        format!("{} MiB", ratio_rounded(self.0.into(), 1 << 20, 2))
+    }
+    /// The exact count with its digits grouped by three (`34 743 808 B`).
+    pub fn grouped(self) -> String {
+        let digits = self.0.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(' ');
+            }
+            out.push(c);
+        }
+        out + " B"
+    }
     /// GiB with two decimals, for tables and labels.
     pub fn gib_text(self) -> String {
         format!("{} GiB", self.gib(2))

@@ -1,17 +1,13 @@
 //! The bundle through `paquet_lab`: deterministic builds, verification of zips and folders, and
 //! every tampering detected (altered byte, extra, missing, traversal, absolute path, link).
 
-use assert_cmd::Command;
+mod common;
+
+use common::{paquet_lab as pl, DATA_ERROR, OUTPUT_EXISTS, ROOT};
 use predicates::str::contains;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const NOTEBOOK: &str = r#"{"cells":[{"cell_type":"code","execution_count":null,"metadata":{},"outputs":[],"source":["1 + 1"]}],"metadata":{},"nbformat":4,"nbformat_minor":5}"#;
-
-fn pl() -> Command {
-    Command::cargo_bin("paquet_lab").unwrap()
-}
 
 /// A project tree with the shipped files and one stripped notebook.
 fn project(dir: &Path) -> PathBuf {
@@ -69,7 +65,7 @@ fn verify_fails(target: &Path, what: &str) {
     pl().arg("verify")
         .arg(target)
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stdout(contains(what));
 }
 
@@ -106,7 +102,7 @@ fn two_builds_are_byte_identical_and_verify() {
         .arg("--output")
         .arg(&a)
         .assert()
-        .code(4);
+        .code(OUTPUT_EXISTS);
 }
 
 #[test]
@@ -124,7 +120,7 @@ fn notebooks_with_outputs_are_refused() {
         .arg("--output")
         .arg(&out)
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stderr(contains("essai.ipynb is shipped with outputs"));
     assert!(!out.exists());
 }

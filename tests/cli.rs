@@ -1,35 +1,26 @@
 //! Command-line tests of `mesure_memoire` and `calcul_forfaits`: the seed's command lines, JSON
 //! read back, every refusal with its documented exit code, and files never overwritten.
 
+mod common;
+
 use assert_cmd::Command;
+use common::{
+    calcul_forfaits as cf, json_of, mesure_memoire as mm, DATA_ERROR, FAILURE, OUTPUT_EXISTS,
+    UNAVAILABLE, USAGE,
+};
 use predicates::prelude::*;
 use predicates::str::contains;
 use serde_json::Value;
 use std::path::Path;
 
-const USAGE: i32 = 64;
-const DATA_ERROR: i32 = 65;
-
-fn mm() -> Command {
-    Command::cargo_bin("mesure_memoire").unwrap()
-}
-
-fn cf() -> Command {
-    let mut c = Command::cargo_bin("calcul_forfaits").unwrap();
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
-
-fn json_of(cmd: &mut Command) -> Value {
-    let out = cmd.assert().success().get_output().stdout.clone();
-    serde_json::from_slice(&out).expect("stdout is JSON")
-}
-
 #[test]
 fn clap_definitions_are_consistent() {
     use clap::CommandFactory;
-    iteragpu_lab::cli::mesure_memoire::Args::command().debug_assert();
-    iteragpu_lab::cli::calcul_forfaits::Args::command().debug_assert();
+    use iteragpu_lab::cli;
+    cli::mesure_memoire::Args::command().debug_assert();
+    cli::calcul_forfaits::Args::command().debug_assert();
+    cli::resultats_bruts::Args::command().debug_assert();
+    cli::paquet_lab::Args::command().debug_assert();
 }
 
 #[test]
@@ -186,7 +177,7 @@ fn quote_refuses_bad_input_naming_the_flag() {
             "--gpu b200 --days 7 --lots 1 --accepted-results 2.5",
             "--accepted-results",
         ),
-        ("--gpu tpu-v9 --days 7 --lots 1", "known models: rtx4090"),
+        ("--gpu tpu-v9 --days 7 --lots 1", "models: rtx4090"),
         (
             "--gpu b200 --days 7 --lots 18446744073709551615",
             "overflows",
@@ -268,7 +259,7 @@ fn broken_catalogs_are_refused_with_file_line_and_column() {
     }
     cf().args(["--catalog", "tests/fixtures/absent.csv", "--list"])
         .assert()
-        .code(1)
+        .code(FAILURE)
         .stderr(contains("tests/fixtures/absent.csv"));
 }
 
@@ -335,7 +326,7 @@ fn measure_without_a_gpu_exits_2_and_writes_nothing() {
     let out = dir.path().join("mesures.json");
     mm().args(measure_args(&out))
         .assert()
-        .code(2)
+        .code(UNAVAILABLE)
         .stderr(contains("nothing was measured, no file written"));
     assert!(!out.exists());
     assert_eq!(
@@ -352,7 +343,7 @@ fn measure_refuses_an_existing_output_untouched() {
     std::fs::write(&out, "previous result").unwrap();
     mm().args(measure_args(&out))
         .assert()
-        .code(4)
+        .code(OUTPUT_EXISTS)
         .stderr(contains("already exists"));
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "previous result");
 }
@@ -396,13 +387,12 @@ fn measure_validates_every_flag() {
 
 /// The front program explains a companion that the system loader refuses. The loader's refusal
 /// is stood in for by a companion that exits 127, as `ld.so` does; the real refusal is shown on
-/// the GPU machine by scripts/gpu_proof.py (LD_LIBRARY_PATH unset).
+/// the GPU machine by scripts/gpu/proof.py (LD_LIBRARY_PATH unset).
 #[test]
 fn an_unloadable_libtorch_is_exit_2_for_measure_and_a_report_for_environment() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let front = dir.path().join("mesure_memoire");
-    std::fs::copy(assert_cmd::cargo::cargo_bin("mesure_memoire"), &front).unwrap();
+    let front = common::copy_program("mesure_memoire", dir.path());
     let engine = dir.path().join("mesure_memoire_torch");
     std::fs::write(
         &engine,
@@ -414,7 +404,7 @@ fn an_unloadable_libtorch_is_exit_2_for_measure_and_a_report_for_environment() {
     Command::new(&front)
         .args(measure_args(&out))
         .assert()
-        .code(2)
+        .code(UNAVAILABLE)
         .stderr(contains("libtorch could not be loaded"));
     assert!(!out.exists());
     let out = Command::new(&front)
@@ -430,6 +420,28 @@ fn an_unloadable_libtorch_is_exit_2_for_measure_and_a_report_for_environment() {
         .as_str()
         .unwrap()
         .contains("system loader"));
+}
+
+/// Without its companion the front program cannot reach a GPU: exit 2, nothing written, and
+/// `environment` still reports why.
+#[test]
+fn without_a_companion_measure_exits_2_and_environment_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let front = common::copy_program("mesure_memoire", dir.path());
+    let out = dir.path().join("m.json");
+    Command::new(&front)
+        .args(measure_args(&out))
+        .assert()
+        .code(UNAVAILABLE)
+        .stderr(contains("mesure_memoire_torch"))
+        .stderr(contains("nothing was measured, no file written"));
+    assert!(!out.exists());
+    let v = json_of(Command::new(&front).args(["environment", "--json"]));
+    assert_eq!(v["libtorch"]["built_with"], false);
+    assert!(v["unavailable"]
+        .as_str()
+        .unwrap()
+        .contains("does not link libtorch"));
 }
 
 #[test]
@@ -449,11 +461,10 @@ fn plot_draws_a_recorded_measurement_without_a_gpu() {
     mm().args(["plot", "--measurement", recorded, "--output"])
         .arg(&svg)
         .assert()
-        .code(4);
+        .code(OUTPUT_EXISTS);
     mm().args(["plot", "--measurement", "Cargo.toml", "--output"])
         .arg(dir.path().join("x.svg"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stderr(contains("not a measurement file"));
 }

@@ -1,19 +1,11 @@
 //! The results grid through `resultats_bruts`: append from a real measurement file, refusals,
 //! duplicates, concurrent writers, killed writers, and checks of hand-edited grids.
 
-use assert_cmd::Command;
+mod common;
+
+use common::{resultats_bruts as rb, DATA_ERROR, RECORDED, ROOT, USAGE};
 use predicates::str::contains;
 use std::path::{Path, PathBuf};
-
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-/// A measurement recorded on an NVIDIA H200 by `mesure_memoire measure` (see docs/benchmarks.md).
-const RECORDED: &str = "data/exemple-mesure-h200-petit-essai.json";
-
-fn rb() -> Command {
-    let mut c = Command::cargo_bin("resultats_bruts").unwrap();
-    c.current_dir(ROOT);
-    c
-}
 
 /// A fresh blank grid in a temporary folder.
 fn blank_grid(dir: &Path) -> PathBuf {
@@ -99,27 +91,27 @@ fn append_refuses_bad_input_and_duplicates_and_keeps_the_grid() {
     let before = std::fs::read(&grid).unwrap();
     rb().args(append_args(&grid, &m))
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stderr(contains("already has a row for measurement"));
     let mut bad = append_args(&grid, &m);
     let i = bad.iter().position(|a| a == "--accepted-results").unwrap();
     bad[i + 1] = "0".into();
     rb().args(&bad)
         .assert()
-        .code(64)
+        .code(USAGE)
         .stderr(contains("--accepted-results"));
     let mut bad = append_args(&grid, &m);
     let i = bad.iter().position(|a| a == "--threshold").unwrap();
     bad[i + 1] = "two\nlines".into();
     rb().args(&bad)
         .assert()
-        .code(64)
+        .code(USAGE)
         .stderr(contains("--threshold"));
     let not_json = dir.path().join("not.json");
     std::fs::write(&not_json, "{}").unwrap();
     rb().args(append_args(&grid, &not_json))
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stderr(contains("not a measurement file"));
     assert_eq!(
         std::fs::read(&grid).unwrap(),
@@ -209,7 +201,7 @@ fn check_reports_each_bad_row_by_line_and_column() {
     std::fs::write(&grid, lines.join("\n") + "\n").unwrap();
     rb().args(["check", "--grid", grid.to_str().unwrap()])
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stdout(contains("line 2, column `unit_cost_usd`: `1042.67` but 312800 cents / 3 results gives 1042.666667"))
         .stdout(contains("line 3, column `gpu_model`: must not be empty"))
         .stdout(contains("line 3, column `dtype`"))
@@ -219,6 +211,6 @@ fn check_reports_each_bad_row_by_line_and_column() {
     let extra = measurement_copies(&subfolder(dir.path(), "y"), 1).remove(0);
     rb().args(append_args(&grid, &extra))
         .assert()
-        .code(65)
+        .code(DATA_ERROR)
         .stderr(contains("nothing was appended"));
 }

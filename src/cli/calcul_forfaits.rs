@@ -1,10 +1,9 @@
 //! `calcul_forfaits`: the price of a package of GPU lots and, when given, the cost per accepted
 //! result.
 
-use super::values;
+use super::{values, Context, Outcome};
 use crate::catalog::Catalog;
 use crate::quote::quote;
-use anyhow::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -35,20 +34,22 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: &Args) -> Result<()> {
+pub fn run(args: &Args) -> Outcome {
     let catalog = Catalog::load(args.catalog.as_deref())?;
     if args.list {
-        return super::print(&catalog, args.json);
+        super::print(&catalog, args.json)?;
+        return Ok(ExitCode::SUCCESS);
     }
     let (Some(gpu), Some(days), Some(lots)) = (&args.gpu, args.days, args.lots) else {
         unreachable!("clap requires --gpu, --days and --lots without --list");
     };
-    let q = quote(&catalog, gpu, days, lots, args.accepted_results)?;
-    super::print(&q, args.json)
+    let q = quote(&catalog, gpu, days, lots, args.accepted_results).context(format!(
+        "cannot price --gpu {gpu} --days {days} --lots {lots}"
+    ))?;
+    super::print(&q, args.json)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn main() -> ExitCode {
-    super::run_main("calcul_forfaits", |args: Args| {
-        run(&args).map(|()| ExitCode::SUCCESS)
-    })
+    super::run_main("calcul_forfaits", |args: Args| run(&args))
 }

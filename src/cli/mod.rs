@@ -1,5 +1,10 @@
 //! The command-line programs, defined once with clap and validated once: the binaries in
-//! `src/bin/` only call the `main` of their module here.
+//! `src/bin/` (and the companion in `torch/src/bin/`) only call the `main` of their module here.
+//! Flag vocabulary lives in this layer alone; library errors name values and fields.
+//!
+//! Errors reach a program's exit through [`Failure`], which accepts only errors that implement
+//! [`Classify`]: an error type without an exit status does not compile here. Output goes through
+//! [`print`] and [`say`], which stop quietly on a closed pipe without changing the exit status.
 
 pub mod calcul_forfaits;
 pub mod mesure_memoire;
@@ -7,8 +12,53 @@ pub mod paquet_lab;
 pub mod resultats_bruts;
 pub mod values;
 
-use crate::exit::Status;
+use crate::status::{Classify, Status};
+use std::fmt::Display;
+use std::io::Write;
 use std::process::ExitCode;
+
+/// A command that failed: the exit status its error chose, and the error with its context.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: Status,
+    pub error: anyhow::Error,
+}
+
+impl<E> From<E> for Failure
+where
+    E: Classify + std::error::Error + Send + Sync + 'static,
+{
+    fn from(e: E) -> Failure {
+        Failure {
+            status: e.status(),
+            error: e.into(),
+        }
+    }
+}
+
+impl Failure {
+    /// Adds what was being done, keeping the status.
+    pub fn context(self, what: impl Display + Send + Sync + 'static) -> Failure {
+        Failure {
+            status: self.status,
+            error: self.error.context(what),
+        }
+    }
+}
+
+/// `.context(..)` on any result whose error can become a [`Failure`].
+pub trait Context<T> {
+    fn context(self, what: impl Display + Send + Sync + 'static) -> Result<T, Failure>;
+}
+
+impl<T, E: Into<Failure>> Context<T> for Result<T, E> {
+    fn context(self, what: impl Display + Send + Sync + 'static) -> Result<T, Failure> {
+        self.map_err(|e| e.into().context(what))
+    }
+}
+
+/// What a program's `run` returns.
+pub type Outcome = Result<ExitCode, Failure>;
 
 /// Parses the command line; help and version exit 0, any other clap error exits
 /// [`Status::Usage`] (64), so that exit code 2 keeps its one meaning: libtorch or the GPU is missing.
@@ -24,25 +74,59 @@ pub fn parse<P: clap::Parser>() -> Result<P, ExitCode> {
 }
 
 /// A program's whole life: parse the command line, run, report an error with its exit code.
-pub fn run_main<P: clap::Parser>(
-    program: &str,
-    run: impl FnOnce(P) -> anyhow::Result<ExitCode>,
-) -> ExitCode {
+pub fn run_main<P: clap::Parser>(program: &str, run: impl FnOnce(P) -> Outcome) -> ExitCode {
     match parse::<P>() {
-        Ok(args) => run(args).unwrap_or_else(|e| crate::exit::report(program, &e)),
+        Ok(args) => run(args).unwrap_or_else(|f| report(program, &f)),
         Err(code) => code,
     }
 }
 
-/// Prints `value` as pretty JSON, or its text form.
-pub fn print<T: serde::Serialize + std::fmt::Display>(value: &T, json: bool) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer_pretty(&mut out, value)?;
-        writeln!(out)?;
-    } else {
-        writeln!(out, "{value}")?;
+/// Whether an error chain was caused by writing into a closed pipe (`| head`), directly or
+/// through serde_json.
+pub fn is_closed_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == Some(std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Prints the failure with its causes on stderr and returns its exit code. A closed pipe while
+/// writing a result ends the program quietly with status 0: the reader asked for no more.
+pub fn report(program: &str, failure: &Failure) -> ExitCode {
+    if is_closed_pipe(&failure.error) {
+        return Status::Ok.into();
     }
-    Ok(())
+    eprintln!("{program}: error: {:#}", failure.error);
+    failure.status.into()
+}
+
+/// Writes to stdout; a closed pipe stops the output quietly (`Ok`), any other error is returned.
+fn write_stdout(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match write(&mut out).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Prints a line on stdout (see [`write_stdout`] for a closed pipe).
+pub fn say(line: impl Display) -> Result<(), Failure> {
+    write_stdout(|out| writeln!(out, "{line}"))
+}
+
+/// Prints `value` as pretty JSON, or its text form (see [`write_stdout`] for a closed pipe).
+pub fn print<T: serde::Serialize + Display>(value: &T, json: bool) -> Result<(), Failure> {
+    write_stdout(|out| {
+        if json {
+            serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+        } else {
+            write!(out, "{value}")?;
+        }
+        writeln!(out)
+    })
 }

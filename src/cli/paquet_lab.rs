@@ -1,7 +1,8 @@
 //! `paquet_lab build|verify`: the distributable zip and its manifest.
 
+use super::{say, Outcome};
 use crate::bundle;
-use anyhow::Result;
+use crate::status::Status;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,7 +39,7 @@ pub enum Command {
     },
 }
 
-pub fn run(args: &Args) -> Result<ExitCode> {
+pub fn run(args: &Args) -> Outcome {
     match &args.command {
         Command::Build { root, name, output } => {
             let output = output
@@ -46,16 +47,16 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 .unwrap_or_else(|| PathBuf::from(format!("{name}.zip")));
             let manifest = bundle::build(root, name, &output)?;
             for f in &manifest.files {
-                println!(
+                say(format_args!(
                     "{:<40} {:>8} {}",
                     f.path,
                     f.size.map_or("-".into(), |s| s.to_string()),
                     f.sha256
                         .as_deref()
                         .unwrap_or("(the manifest itself: no hash)")
-                );
+                ))?;
             }
-            println!("Written to {}", output.display());
+            say(format_args!("Written to {}", output.display()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify { target, json } => {
@@ -64,7 +65,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             Ok(if v.ok() {
                 ExitCode::SUCCESS
             } else {
-                crate::exit::Status::DataError.into()
+                Status::DataError.into()
             })
         }
     }

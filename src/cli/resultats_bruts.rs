@@ -1,8 +1,8 @@
 //! `resultats_bruts append|check`: fill and check the results grid.
 
-use super::values;
-use crate::grid::{self, AppendRequest};
-use anyhow::Result;
+use super::{say, values, Failure, Outcome};
+use crate::grid::{self, AppendRequest, GridError, TextField};
+use crate::status::Status;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -65,7 +65,7 @@ pub struct AppendArgs {
     pub notes: String,
 }
 
-pub fn run(args: &Args) -> Result<ExitCode> {
+pub fn run(args: &Args) -> Outcome {
     match &args.command {
         Command::Append(a) => {
             let row = grid::append(
@@ -81,11 +81,12 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                     catalog: a.catalog.clone(),
                     notes: a.notes.clone(),
                 },
-            )?;
-            for (column, value) in grid::COLUMNS.iter().zip(&row) {
-                println!("{column:<26} {value}");
+            )
+            .map_err(with_flag)?;
+            for (column, value) in row.named_cells() {
+                say(format_args!("{column:<26} {value}"))?;
             }
-            println!("Appended to {}", a.grid.display());
+            say(format_args!("Appended to {}", a.grid.display()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { grid, json } => {
@@ -94,9 +95,26 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             Ok(if report.problems.is_empty() {
                 ExitCode::SUCCESS
             } else {
-                crate::exit::Status::DataError.into()
+                Status::DataError.into()
             })
         }
+    }
+}
+
+/// Names the flag behind a refused text field.
+fn with_flag(e: GridError) -> Failure {
+    let flag = match &e {
+        GridError::Text { field, .. } => Some(match field {
+            TextField::UsefulWorkUnit => "--useful-work-unit",
+            TextField::AcceptanceThreshold => "--threshold",
+            TextField::Notes => "--notes",
+        }),
+        _ => None,
+    };
+    let failure = Failure::from(e);
+    match flag {
+        Some(flag) => failure.context(format!("invalid {flag}")),
+        None => failure,
     }
 }
 

@@ -67,6 +67,17 @@ pub fn gib(s: &str) -> Result<Decimal, String> {
     Ok(d)
 }
 
+/// An element type: float32, float16 or bfloat16.
+pub fn dtype(s: &str) -> Result<crate::measure::Dtype, String> {
+    s.parse()
+}
+
+/// A GPU architecture the allocator model knows, e.g. 9.0.
+pub fn compute_capability(s: &str) -> Result<crate::allocator::ComputeCapability, String> {
+    s.parse()
+        .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())
+}
+
 /// A rental duration: 3, 7 or 30 days.
 pub fn days(s: &str) -> Result<u32, String> {
     let n = positive_u32(s)?;

@@ -6,7 +6,7 @@ use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// Element types a measurement runs in; weights and inputs share it (no autocast).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     Float32,
@@ -15,6 +15,9 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Every dtype, in the order the help text lists them.
+    pub const ALL: [Dtype; 3] = [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16];
+
     pub fn bytes(self) -> u64 {
         match self {
             Dtype::Float32 => 4,
@@ -30,21 +33,51 @@ impl Dtype {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Dtype, String> {
+        Dtype::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown dtype `{s}`; expected float32, float16 or bfloat16"))
+    }
+}
+
+/// The most warm-up passes or repetitions one bounded measurement accepts.
+pub const MAX_PASSES: u32 = 10_000;
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("--{0} must be a positive integer, got 0")]
+    #[error("{0} must be a positive integer, got 0")]
     Zero(&'static str),
-    #[error("--repeats must be at least 1")]
+    #[error("repeats must be at least 1")]
     NoRepeats,
+    #[error("{field} must be at most {MAX_PASSES} (a measurement is bounded), got {value}")]
+    TooManyPasses { field: &'static str, value: u32 },
     #[error(
         "the requested sizes overflow: {what} would need more than 2^62 elements or bytes; \
-             reduce --batch, --context, --width or --hidden"
+         reduce batch, context, width or hidden"
     )]
     TooLarge { what: &'static str },
 }
 
-/// Everything that defines one measurement run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+impl crate::status::Classify for ConfigError {
+    fn status(&self) -> crate::status::Status {
+        crate::status::Status::Usage
+    }
+}
+
+/// Everything that defines one measurement run. The default is the seed's first, small run
+/// (`--batch 1 --context 16 --width 64 --dtype float32 --warmup 1 --repeats 2` on `cuda:0`);
+/// change fields by name and call [`MeasureConfig::validated`]:
+/// `MeasureConfig { width: 1024, ..Default::default() }.validated()?`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeasureConfig {
     /// The measured GPU, `cuda:N`.
     pub device: CudaDevice,
@@ -54,14 +87,30 @@ pub struct MeasureConfig {
     pub context: u64,
     /// Input and output features of the network.
     pub width: u64,
-    /// Hidden features between the two linear layers (default 4 × width).
-    pub hidden: u64,
+    /// Hidden features between the two linear layers; `None` means 4 × width, and a validated
+    /// configuration always holds the number.
+    pub hidden: Option<u64>,
     /// Element type of weights, inputs and outputs.
     pub dtype: Dtype,
     /// Warm-up passes, measured together in one `warmup` row (0 allowed: the row then runs none).
     pub warmup: u32,
     /// Timed warm passes, one `warm_forward` row each.
     pub repeats: u32,
+}
+
+impl Default for MeasureConfig {
+    fn default() -> MeasureConfig {
+        MeasureConfig {
+            device: CudaDevice { index: 0 },
+            batch: 1,
+            context: 16,
+            width: 64,
+            hidden: None,
+            dtype: Dtype::Float32,
+            warmup: 1,
+            repeats: 2,
+        }
+    }
 }
 
 /// The synthetic network's shape and size.
@@ -91,54 +140,49 @@ fn mul(a: u64, b: u64, what: &'static str) -> Result<u64, ConfigError> {
 }
 
 impl MeasureConfig {
-    /// Validates sizes; `hidden` defaults to 4 × `width`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        device: CudaDevice,
-        batch: u64,
-        context: u64,
-        width: u64,
-        hidden: Option<u64>,
-        dtype: Dtype,
-        warmup: u32,
-        repeats: u32,
-    ) -> Result<MeasureConfig, ConfigError> {
-        for (flag, v) in [("batch", batch), ("context", context), ("width", width)] {
+    /// Checks every field and fills `hidden` (4 × width when unset).
+    pub fn validated(mut self) -> Result<MeasureConfig, ConfigError> {
+        for (field, v) in [
+            ("batch", self.batch),
+            ("context", self.context),
+            ("width", self.width),
+        ] {
             if v == 0 {
-                return Err(ConfigError::Zero(flag));
+                return Err(ConfigError::Zero(field));
             }
         }
-        if hidden == Some(0) {
+        if self.hidden == Some(0) {
             return Err(ConfigError::Zero("hidden"));
         }
-        if repeats == 0 {
+        if self.repeats == 0 {
             return Err(ConfigError::NoRepeats);
         }
-        let hidden = match hidden {
-            Some(h) => h,
-            None => mul(width, 4, "the default hidden size (4 × width)")?,
-        };
-        let config = MeasureConfig {
-            device,
-            batch,
-            context,
-            width,
-            hidden,
-            dtype,
-            warmup,
-            repeats,
-        };
-        config.model()?;
-        Ok(config)
+        for (field, value) in [("warmup", self.warmup), ("repeats", self.repeats)] {
+            if value > MAX_PASSES {
+                return Err(ConfigError::TooManyPasses { field, value });
+            }
+        }
+        if self.hidden.is_none() {
+            self.hidden = Some(mul(self.width, 4, "the default hidden size (4 × width)")?);
+        }
+        self.model()?;
+        Ok(self)
+    }
+
+    /// Hidden features: the number given, else 4 × width (saturating; validation refuses overflow).
+    pub fn hidden(&self) -> u64 {
+        self.hidden.unwrap_or(self.width.saturating_mul(4))
     }
 
     /// The network this configuration builds, with exact sizes (checked for overflow).
     pub fn model(&self) -> Result<SyntheticModel, ConfigError> {
         let e = self.dtype.bytes();
-        let weights = mul(self.width, self.hidden, "a weight matrix (width × hidden)")?;
+        let hidden = self.hidden();
+        let weights = mul(self.width, hidden, "a weight matrix (width × hidden)")?;
         let parameters = weights
             .checked_mul(2)
-            .and_then(|w| w.checked_add(self.hidden + self.width))
+            .and_then(|w| w.checked_add(hidden))
+            .and_then(|w| w.checked_add(self.width))
             .filter(|v| *v <= LIMIT)
             .ok_or(ConfigError::TooLarge {
                 what: "the parameter count",
@@ -147,14 +191,14 @@ impl MeasureConfig {
         Ok(SyntheticModel {
             architecture: "Linear(width -> hidden) -> GELU -> Linear(hidden -> width)".into(),
             in_features: self.width,
-            hidden_features: self.hidden,
+            hidden_features: hidden,
             out_features: self.width,
             parameters,
             parameter_bytes: mul(parameters, e, "the parameter bytes")?,
             dtype: self.dtype,
             input_bytes: mul(mul(rows, self.width, "the input")?, e, "the input bytes")?,
             hidden_activation_bytes: mul(
-                mul(rows, self.hidden, "the hidden activation")?,
+                mul(rows, hidden, "the hidden activation")?,
                 e,
                 "the hidden activation bytes",
             )?,
@@ -173,12 +217,21 @@ mod tests {
     use super::*;
 
     fn cfg(b: u64, c: u64, w: u64, h: Option<u64>) -> Result<MeasureConfig, ConfigError> {
-        MeasureConfig::new(CudaDevice { index: 0 }, b, c, w, h, Dtype::Float32, 1, 2)
+        MeasureConfig {
+            batch: b,
+            context: c,
+            width: w,
+            hidden: h,
+            ..Default::default()
+        }
+        .validated()
     }
 
     #[test]
     fn seed_small_configuration_sizes() {
-        let m = cfg(1, 16, 64, None).unwrap().model().unwrap();
+        let c = MeasureConfig::default().validated().unwrap();
+        assert_eq!(c.hidden, Some(256));
+        let m = c.model().unwrap();
         assert_eq!(m.hidden_features, 256);
         assert_eq!(m.parameters, 64 * 256 * 2 + 256 + 64);
         assert_eq!(m.parameter_bytes, m.parameters * 4);
@@ -206,7 +259,27 @@ mod tests {
             cfg(1 << 40, 1 << 30, 2, None),
             Err(ConfigError::TooLarge { .. })
         ));
-        let r = MeasureConfig::new(CudaDevice { index: 0 }, 1, 1, 1, None, Dtype::Float16, 0, 0);
-        assert_eq!(r.unwrap_err(), ConfigError::NoRepeats);
+        let no_repeats = MeasureConfig {
+            warmup: 0,
+            repeats: 0,
+            ..Default::default()
+        };
+        assert_eq!(no_repeats.validated().unwrap_err(), ConfigError::NoRepeats);
+        let unbounded = MeasureConfig {
+            warmup: MAX_PASSES + 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            unbounded.validated().unwrap_err().to_string(),
+            "warmup must be at most 10000 (a measurement is bounded), got 10001"
+        );
+    }
+
+    #[test]
+    fn dtypes_read_and_print_their_names() {
+        for d in Dtype::ALL {
+            assert_eq!(d.name().parse::<Dtype>(), Ok(d));
+        }
+        assert!("float64".parse::<Dtype>().unwrap_err().contains("float64"));
     }
 }

@@ -4,20 +4,26 @@
 mod config;
 mod protocol;
 pub mod report;
+mod steps;
 
-pub use config::{ConfigError, Dtype, MeasureConfig, SyntheticModel};
-pub use protocol::{run_protocol, AllocatorReading, Backend, Phase, PhaseRecord};
-pub use report::{phase_cells, Measurement, PHASE_COLUMNS, SCHEMA};
+pub use config::{ConfigError, Dtype, MeasureConfig, SyntheticModel, MAX_PASSES};
+pub use protocol::{
+    run_protocol, AllocatorReading, Backend, Phase, PhaseBlocks, PhaseRecord, RowPrediction,
+};
+pub use report::{phase_cells, Measurement, Shown, PHASE_COLUMNS, SCHEMA};
+pub use steps::{StepLog, StepReading};
 
-use crate::exit::{Classify, Status};
+use crate::device::CudaDevice;
+use crate::environment::EnvironmentReport;
+use crate::status::{Classify, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {
     #[error(
-        "this program was built without libtorch, so it cannot measure; build it with \
-         `--features torch` (scripts/lab does) — nothing was measured, no file written"
+        "this program does not link libtorch and its GPU companion `{companion}` was not found \
+         beside it; build both with scripts/build — nothing was measured, no file written"
     )]
-    TorchNotBuilt,
+    NoCompanion { companion: String },
     #[error("libtorch could not be loaded: {0} — nothing was measured, no file written")]
     LibtorchNotLoadable(String),
     #[error("no usable GPU: {0} — nothing was measured, no file written, no CPU fallback")]
@@ -83,7 +89,7 @@ impl MeasureError {
 impl Classify for MeasureError {
     fn status(&self) -> Status {
         match self {
-            MeasureError::TorchNotBuilt
+            MeasureError::NoCompanion { .. }
             | MeasureError::LibtorchNotLoadable(_)
             | MeasureError::NoGpu(_)
             | MeasureError::DeviceMissing { .. } => Status::Unavailable,
@@ -94,25 +100,18 @@ impl Classify for MeasureError {
     }
 }
 
-/// Measures `config` on its GPU through libtorch and returns the full result (not yet written).
-/// `on_phase` is told after each phase row.
-#[cfg(feature = "torch")]
-pub fn measure(
-    config: &MeasureConfig,
-    on_phase: impl FnMut(&PhaseRecord),
-) -> Result<Measurement, MeasureError> {
-    let mut backend = crate::torch::TorchBackend::open(config)?;
-    let phases = run_protocol(&mut backend, config.warmup, config.repeats, on_phase)?;
-    drop(backend);
-    let environment = crate::environment::EnvironmentReport::collect(Some(config.device));
-    Ok(Measurement::new(environment, config.clone(), phases)?)
-}
-
-/// Without the `torch` feature there is nothing to measure with: always exit code 2.
-#[cfg(not(feature = "torch"))]
-pub fn measure(
-    _config: &MeasureConfig,
-    _on_phase: impl FnMut(&PhaseRecord),
-) -> Result<Measurement, MeasureError> {
-    Err(MeasureError::TorchNotBuilt)
+/// A way to reach a GPU: the libtorch backend (crate `iteragpu-torch`) implements it, and the
+/// program that links it hands it to the command line. This crate never links libtorch.
+pub trait Gpu {
+    /// The environment report, with the GPU `device` when it is usable.
+    fn environment(&self, device: Option<CudaDevice>) -> EnvironmentReport;
+    /// Runs the protocol for a validated `config` and returns the full result (not yet written);
+    /// with `blocks`, each row also holds the allocator's block map at its end and its peak.
+    /// `on_phase` is told after each phase row.
+    fn measure(
+        &self,
+        config: &MeasureConfig,
+        blocks: bool,
+        on_phase: &mut dyn FnMut(&PhaseRecord),
+    ) -> Result<Measurement, MeasureError>;
 }

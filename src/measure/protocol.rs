@@ -3,6 +3,7 @@
 //! the end reading. Any [`Backend`] can run it; the libtorch one is in `crate::torch`.
 
 use super::MeasureError;
+use crate::allocator::simulator::SegmentView;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -36,6 +37,11 @@ pub trait Backend {
     /// One forward pass; its output stays alive until `release_output`.
     fn forward(&mut self) -> Result<(), MeasureError>;
     fn release_output(&mut self);
+    /// The block map of the phase that just ended, when this backend records one (read after
+    /// the end reading, outside the measured span). The peak map starts over at `reset_peaks`.
+    fn blocks(&mut self) -> Result<Option<PhaseBlocks>, MeasureError> {
+        Ok(None)
+    }
 }
 
 /// The phases, in protocol order.
@@ -83,6 +89,44 @@ pub struct PhaseRecord {
     /// GPU time of the same span from CUDA events on the current stream, in ms (host-only work,
     /// such as the CPU part of `model_load`, shows as GPU idle time between the events).
     pub gpu_event_time_ms: f64,
+    /// The allocator model's figures for this row and the residual (measured − predicted);
+    /// absent when no prediction was made (see `Measurement::model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<RowPrediction>,
+    /// The allocator's block map at the end reading and at the peak (`measure --blocks`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<PhaseBlocks>,
+}
+
+/// The model's figures for one measured row, and how far the measurement is from them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowPrediction {
+    pub figures: crate::allocator::Figures,
+    /// measured − predicted, per figure, in bytes.
+    pub residual: crate::allocator::predict::Residual,
+}
+
+/// The allocator's own map (its snapshot) of one phase, every allocated block named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseBlocks {
+    /// At the end reading (the phase's output alive).
+    pub at_end: Vec<SegmentView>,
+    /// When `allocated` peaked during the phase (read after each operation of a pass).
+    pub at_peak: Vec<SegmentView>,
+}
+
+impl PhaseRecord {
+    /// The six allocator figures of the row.
+    pub fn figures(&self) -> crate::allocator::Figures {
+        crate::allocator::Figures {
+            allocated_baseline_bytes: self.allocated_baseline_bytes,
+            allocated_end_bytes: self.allocated_end_bytes,
+            peak_allocated_bytes: self.peak_allocated_bytes,
+            reserved_baseline_bytes: self.reserved_baseline_bytes,
+            reserved_end_bytes: self.reserved_end_bytes,
+            peak_reserved_bytes: self.peak_reserved_bytes,
+        }
+    }
 }
 
 /// Runs one phase under the protocol.
@@ -103,6 +147,7 @@ fn run_phase<B: Backend>(
     backend.synchronize().map_err(|e| e.in_phase(phase))?;
     let host_ms = started.elapsed().as_secs_f64() * 1e3;
     let end = backend.read_allocator()?;
+    let blocks = backend.blocks()?;
     backend.release_output();
     Ok(PhaseRecord {
         phase,
@@ -116,6 +161,8 @@ fn run_phase<B: Backend>(
         peak_reserved_bytes: end.peak_reserved,
         host_wall_time_ms: host_ms,
         gpu_event_time_ms: gpu_ms,
+        prediction: None,
+        blocks,
     })
 }
 

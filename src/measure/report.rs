@@ -1,7 +1,7 @@
 //! The measurement result file: environment, configuration, synthetic model and phase rows, with a
 //! schema tag; written once, atomically, never over an existing file.
 
-use super::{ConfigError, MeasureConfig, PhaseRecord, SyntheticModel};
+use super::{ConfigError, MeasureConfig, PhaseRecord, RowPrediction, SyntheticModel};
 use crate::environment::EnvironmentReport;
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,26 @@ pub struct Measurement {
     pub synthetic_model: SyntheticModel,
     pub phases: Vec<PhaseRecord>,
     pub notes: Vec<String>,
+    /// The allocator model the phases' `prediction` blocks come from, or why none was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelComparison>,
+}
+
+/// Which model predicted the figures recorded beside the measurement, and the verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelComparison {
+    /// The model and its scope (`allocator::predict::MODEL`).
+    pub model: String,
+    /// The architecture the prediction used, from the measured GPU.
+    pub compute_capability: Option<String>,
+    /// The workspaces the prediction used.
+    pub workspaces: Option<crate::allocator::Workspaces>,
+    /// Why no prediction was made (unknown architecture, a setting the model does not cover).
+    pub not_predicted: Option<String>,
+    /// Phase rows whose six figures all match the prediction to the byte.
+    pub exact_rows: usize,
+    /// Phase rows in all.
+    pub rows: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +64,15 @@ pub enum LoadError {
     },
     #[error("{file} is not a measurement file: {message}")]
     Invalid { file: String, message: String },
+}
+
+impl crate::status::Classify for LoadError {
+    fn status(&self) -> crate::status::Status {
+        match self {
+            LoadError::Io { .. } => crate::status::Status::Failure,
+            LoadError::Invalid { .. } => crate::status::Status::DataError,
+        }
+    }
 }
 
 impl Measurement {
@@ -61,7 +90,68 @@ impl Measurement {
             configuration,
             phases,
             notes: SCOPE_NOTES.iter().map(|s| s.to_string()).collect(),
+            model: None,
         })
+    }
+
+    /// Predicts every row with the allocator model for the measured GPU's architecture and
+    /// `settings` (those of the process that measured), and records, per row, the prediction and
+    /// the residual. Without a prediction it records why: a residual is never hidden or invented.
+    pub fn attach_prediction(
+        &mut self,
+        settings: Result<
+            crate::allocator::WorkspaceSettings,
+            crate::allocator::workspace::WorkspaceError,
+        >,
+    ) {
+        use crate::allocator::{predict, ComputeCapability, Workspaces};
+        let cc = self
+            .environment
+            .device
+            .as_ref()
+            .map(|d| d.compute_capability.clone());
+        let outcome = (|| -> Result<_, String> {
+            let cc: ComputeCapability = cc
+                .as_deref()
+                .ok_or("the measured GPU's architecture is not in the environment")?
+                .parse()
+                .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())?;
+            let workspaces = Workspaces::for_gpu(cc, &settings.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            let p = predict(&self.configuration, cc, workspaces).map_err(|e| e.to_string())?;
+            Ok((workspaces, p))
+        })();
+        let rows = self.phases.len();
+        self.model = Some(match outcome {
+            Ok((workspaces, p)) => {
+                for (row, predicted) in self.phases.iter_mut().zip(&p.phases) {
+                    row.prediction = Some(RowPrediction {
+                        figures: predicted.figures,
+                        residual: row.figures().residual(&predicted.figures),
+                    });
+                }
+                ModelComparison {
+                    model: p.model,
+                    compute_capability: cc,
+                    workspaces: Some(workspaces),
+                    not_predicted: None,
+                    exact_rows: self
+                        .phases
+                        .iter()
+                        .filter(|r| r.prediction.as_ref().is_some_and(|p| p.residual.is_zero()))
+                        .count(),
+                    rows,
+                }
+            }
+            Err(why) => ModelComparison {
+                model: crate::allocator::predict::MODEL.into(),
+                compute_capability: cc,
+                workspaces: None,
+                not_predicted: Some(why),
+                exact_rows: 0,
+                rows,
+            },
+        });
     }
 
     /// Reads a measurement file written by `measure` and checks its schema tag.
@@ -109,6 +199,11 @@ impl Measurement {
         )
     }
 
+    /// The per-phase chart.
+    pub fn chart(&self) -> crate::markup::Svg {
+        crate::plot::phase_chart(self)
+    }
+
     /// The largest `peak_reserved_bytes` over all phases.
     pub fn max_peak_reserved(&self) -> Bytes {
         Bytes(
@@ -118,6 +213,70 @@ impl Measurement {
                 .max()
                 .unwrap_or(0),
         )
+    }
+}
+
+/// A measurement to show, and where it comes from: made just now, or read from a file recorded
+/// on another machine (then said so, in the words of [`crate::markup::labels`]).
+#[derive(Debug, Clone)]
+pub struct Shown {
+    pub measurement: Measurement,
+    /// The recorded file, when the measurement was not made here.
+    pub recorded_file: Option<std::path::PathBuf>,
+}
+
+impl Shown {
+    /// The measurement `result` holds, else the one recorded in `recorded`.
+    pub fn or_recorded(
+        result: &Result<Measurement, super::MeasureError>,
+        recorded: &Path,
+    ) -> Result<Shown, LoadError> {
+        Ok(match result {
+            Ok(m) => Shown {
+                measurement: m.clone(),
+                recorded_file: None,
+            },
+            Err(_) => Shown {
+                measurement: Measurement::load(recorded)?,
+                recorded_file: Some(recorded.to_path_buf()),
+            },
+        })
+    }
+
+    /// One line saying what is shown and where it was measured.
+    pub fn origin(&self) -> String {
+        let m = &self.measurement;
+        let whence = match &self.recorded_file {
+            None => "measured just now on this machine".to_string(),
+            Some(file) => format!(
+                "{} ({}), not measured on this machine",
+                crate::markup::labels::RECORDED_ELSEWHERE,
+                file.display()
+            ),
+        };
+        format!(
+            "{} on {}, {}: {whence}",
+            m.configuration.device,
+            m.gpu_name(),
+            m.measured_at
+        )
+    }
+
+    /// The per-phase chart under its origin line.
+    pub fn chart(&self) -> crate::markup::Html {
+        self.measurement.chart().with_caption(&self.origin())
+    }
+
+    /// A file holding this measurement, for the results grid: the recorded file itself, or a new
+    /// file written in `folder`.
+    pub fn file_in(&self, folder: &Path) -> Result<std::path::PathBuf, crate::files::WriteError> {
+        if let Some(file) = &self.recorded_file {
+            return Ok(file.clone());
+        }
+        let m = &self.measurement;
+        let path = folder.join(format!("mesures-{}.json", m.measured_at.replace(':', "")));
+        crate::files::write_new_json(&path, m)?;
+        Ok(path)
     }
 }
 
@@ -138,7 +297,7 @@ impl fmt::Display for Measurement {
             c.batch,
             c.context,
             c.width,
-            c.hidden,
+            c.hidden(),
             c.dtype.name(),
             m.parameters,
             m.parameter_size()
@@ -155,6 +314,30 @@ impl fmt::Display for Measurement {
         for p in &self.phases {
             let cells = phase_cells(p);
             line(f, &cells.each_ref().map(String::as_str))?;
+            if let Some(pred) = &p.prediction {
+                for (label, values) in [
+                    (
+                        "  predicted",
+                        pred.figures.named().map(|(_, v)| v.to_string()),
+                    ),
+                    ("  residual", pred.residual.values().map(|v| v.to_string())),
+                ] {
+                    let mut cells = vec![label, ""];
+                    cells.extend(values.iter().map(String::as_str));
+                    cells.extend(["", ""]);
+                    line(f, &cells)?;
+                }
+            }
+        }
+        if let Some(m) = &self.model {
+            match &m.not_predicted {
+                None => writeln!(
+                    f,
+                    "Model ({}): {} of {} rows exact to the byte; residual = measured − predicted.",
+                    m.model, m.exact_rows, m.rows
+                )?,
+                Some(why) => writeln!(f, "Model ({}): no prediction: {why}", m.model)?,
+            }
         }
         write!(
             f,

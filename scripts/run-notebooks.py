@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Executes notebooks headless under the project's Rust kernel and fails on any cell error.
 
-    python3 scripts/run_notebooks.py [--kernel iteragpu-rust] NOTEBOOK...
+    python3 scripts/run-notebooks.py [--kernel iteragpu-rust] NOTEBOOK...
 
 Each notebook runs from its own folder (as under Jupyter) on an in-memory copy: nothing is written
 back (unless --save names a folder for executed copies). Prints, per notebook, the time from kernel start to the first output and to the end, and

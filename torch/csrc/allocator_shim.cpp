@@ -1,7 +1,9 @@
-// The one C++ boundary of the crate: reads what tch does not expose (the CUDA caching allocator's
+// The one C++ boundary of the crate (its C interface is declared in allocator_shim.h): reads what tch does not expose (the CUDA caching allocator's
 // statistics, device properties, runtime and driver versions, CUDA events) from the same libtorch.
 // Every entry point catches every C++ exception: it returns a non-zero status and leaves the
 // message in a thread-local string that the Rust side reads with igl_last_error().
+#include "allocator_shim.h"
+
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -11,7 +13,9 @@
 #include <cuda_runtime_api.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <sstream>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -19,6 +23,7 @@
 namespace {
 
 thread_local std::string last_error;
+thread_local std::string snapshot_text;
 
 template <typename F>
 int guarded(F&& body) {
@@ -52,32 +57,9 @@ c10::DeviceIndex checked_index(int device) {
 
 extern "C" {
 
-struct igl_memory_stats {
-  int64_t allocated_current, allocated_peak;
-  int64_t reserved_current, reserved_peak;
-  int64_t requested_current, requested_peak;
-  int64_t segments_current, allocations_current;
-  int64_t alloc_retries, ooms;
-};
-
-struct igl_device_properties {
-  char name[256];
-  int32_t major, minor, multiprocessor_count;
-  uint64_t total_memory;
-};
-
-struct igl_versions {
-  char torch[32];
-  int64_t cuda_build;      // CUDART_VERSION libtorch was compiled with, 0 if none
-  int64_t cuda_runtime;    // cudaRuntimeGetVersion of the loaded runtime, 0 if unavailable
-  int64_t cuda_driver_api; // cudaDriverGetVersion, 0 if no driver
-  int64_t cudnn_build;     // cuDNN version libtorch was compiled with, 0 if none
-  int64_t cudnn_runtime;   // cuDNN version loaded at run time, 0 if none
-};
-
 const char* igl_last_error() { return last_error.c_str(); }
 
-int igl_versions(igl_versions* out) {
+int igl_versions(struct igl_versions* out) {
   return guarded([&] {
     std::memset(out, 0, sizeof(*out));
     std::snprintf(out->torch, sizeof(out->torch), "%s", TORCH_VERSION);
@@ -114,20 +96,24 @@ int igl_init_device(int device) {
   });
 }
 
-int igl_memory_stats(int device, igl_memory_stats* out) {
+int igl_memory_stats(int device, struct igl_memory_stats* out) {
   return guarded([&] {
     auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(checked_index(device));
     constexpr auto all = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
-    out->allocated_current = s.allocated_bytes[all].current;
-    out->allocated_peak = s.allocated_bytes[all].peak;
-    out->reserved_current = s.reserved_bytes[all].current;
-    out->reserved_peak = s.reserved_bytes[all].peak;
-    out->requested_current = s.requested_bytes[all].current;
-    out->requested_peak = s.requested_bytes[all].peak;
-    out->segments_current = s.segment[all].current;
-    out->allocations_current = s.allocation[all].current;
-    out->alloc_retries = s.num_alloc_retries;
-    out->ooms = s.num_ooms;
+    // PyTorch keeps these as signed integers that never go below zero: converted once, here.
+    auto u = [](int64_t v) { return v < 0 ? uint64_t{0} : static_cast<uint64_t>(v); };
+    out->allocated_current = u(s.allocated_bytes[all].current);
+    out->allocated_peak = u(s.allocated_bytes[all].peak);
+    out->reserved_current = u(s.reserved_bytes[all].current);
+    out->reserved_peak = u(s.reserved_bytes[all].peak);
+    out->requested_current = u(s.requested_bytes[all].current);
+    out->requested_peak = u(s.requested_bytes[all].peak);
+    out->segments_current = u(s.segment[all].current);
+    out->allocations_current = u(s.allocation[all].current);
+    out->alloc_retries = u(s.num_alloc_retries);
+    out->ooms = u(s.num_ooms);
+    out->inactive_split_current = u(s.inactive_split[all].current);
+    out->inactive_split_bytes_current = u(s.inactive_split_bytes[all].current);
   });
 }
 
@@ -156,7 +142,7 @@ int igl_mem_get_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
   });
 }
 
-int igl_device_properties(int device, igl_device_properties* out) {
+int igl_device_properties(int device, struct igl_device_properties* out) {
   return guarded([&] {
     const cudaDeviceProp* p = at::cuda::getDeviceProperties(checked_index(device));
     std::memset(out, 0, sizeof(*out));
@@ -193,5 +179,29 @@ int igl_event_elapsed_ms(void* start, void* end, float* ms) {
 }
 
 void igl_event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
+int igl_snapshot(int device, const char** text) {
+  return guarded([&] {
+    const auto index = checked_index(device);
+    // Host-side bookkeeping only: reading the map allocates nothing on the device.
+    auto info = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, false);
+    std::sort(info.segments.begin(), info.segments.end(),
+              [](const auto& a, const auto& b) { return a.address < b.address; });
+    std::ostringstream out;
+    for (const auto& segment : info.segments) {
+      if (segment.device != index) continue;
+      out << "S " << segment.address << ' ' << segment.total_size << ' ' << (segment.is_large ? 1 : 0)
+          << ' ' << reinterpret_cast<uintptr_t>(segment.stream) << '\n';
+      size_t address = segment.address;
+      for (const auto& block : segment.blocks) {
+        out << "B " << address << ' ' << block.size << ' ' << block.requested_size << ' '
+            << (block.allocated ? 1 : 0) << '\n';
+        address += block.size;
+      }
+    }
+    snapshot_text = out.str();
+    *text = snapshot_text.c_str();
+  });
+}
 
 }  // extern "C"

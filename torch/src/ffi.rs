@@ -1,6 +1,7 @@
-//! The only `unsafe` code of the crate: declarations of `csrc/allocator_shim.cpp` and safe
+//! The only `unsafe` code of the crate: the declarations of `csrc/allocator_shim.h` and safe
 //! wrappers. Every shim call returns a status; a non-zero status carries the C++ exception's
-//! message, read here and returned as an `Err`.
+//! message, read here and returned as an `Err`. The structs' sizes and offsets are asserted below
+//! with the same numbers as the header's `static_assert`s.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -8,16 +9,18 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MemoryStats {
-    pub allocated_current: i64,
-    pub allocated_peak: i64,
-    pub reserved_current: i64,
-    pub reserved_peak: i64,
-    pub requested_current: i64,
-    pub requested_peak: i64,
-    pub segments_current: i64,
-    pub allocations_current: i64,
-    pub alloc_retries: i64,
-    pub ooms: i64,
+    pub allocated_current: u64,
+    pub allocated_peak: u64,
+    pub reserved_current: u64,
+    pub reserved_peak: u64,
+    pub requested_current: u64,
+    pub requested_peak: u64,
+    pub segments_current: u64,
+    pub allocations_current: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
+    pub inactive_split_current: u64,
+    pub inactive_split_bytes_current: u64,
 }
 
 #[repr(C)]
@@ -40,6 +43,18 @@ pub struct Versions {
     pub cudnn_runtime: i64,
 }
 
+// The layout `csrc/allocator_shim.h` asserts on the C++ side.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<MemoryStats>() == 96 && offset_of!(MemoryStats, ooms) == 72);
+    assert!(offset_of!(MemoryStats, inactive_split_bytes_current) == 88);
+    assert!(size_of::<DeviceProperties>() == 280);
+    assert!(offset_of!(DeviceProperties, major) == 256);
+    assert!(offset_of!(DeviceProperties, total_memory) == 272);
+    assert!(size_of::<Versions>() == 72 && offset_of!(Versions, cuda_build) == 32);
+    assert!(offset_of!(Versions, cudnn_runtime) == 64);
+};
+
 extern "C" {
     fn igl_last_error() -> *const c_char;
     fn igl_versions(out: *mut Versions) -> c_int;
@@ -54,6 +69,7 @@ extern "C" {
     fn igl_event_record(event: *mut c_void, device: c_int) -> c_int;
     fn igl_event_elapsed_ms(start: *mut c_void, end: *mut c_void, ms: *mut f32) -> c_int;
     fn igl_event_destroy(event: *mut c_void);
+    fn igl_snapshot(device: c_int, text: *mut *const c_char) -> c_int;
 }
 
 /// Turns a shim status into a Result, taking the message of a caught C++ exception.
@@ -148,6 +164,17 @@ pub fn device_properties(device: u32) -> Result<Properties, String> {
         multiprocessors: u32::try_from(p.multiprocessor_count).unwrap_or(0),
         total_memory: p.total_memory,
     })
+}
+
+/// The caching allocator's map of `device`, as the text the shim writes (see `allocator_shim.h`).
+pub fn snapshot(device: u32) -> Result<String, String> {
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: `text` is a valid out-pointer; on success it points at the shim's thread-local
+    // string, valid until the next call on this thread, and is copied at once.
+    checked(unsafe { igl_snapshot(index(device), &mut text) })?;
+    Ok(unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// A CUDA event, destroyed on drop.

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Renders the output of a notebook program (scripts/notebook_program.py) as Markdown: each cell's
+"""Renders the output of a notebook program (scripts/notebook-program.py) as Markdown: each cell's
 HTML tables become Markdown tables, paragraphs become text, SVG charts are counted, not embedded.
 
-    python3 scripts/render_cells.py PROGRAM_OUTPUT > OUTPUT.md
+    python3 scripts/gpu/render-cells.py PROGRAM_OUTPUT > OUTPUT.md
 """
 import html
 import re

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """GPU proof of `mesure_memoire measure`, to run on a machine with an NVIDIA GPU and PyTorch.
 
-    python3 scripts/gpu_proof.py --bin DIR --out DIR [--tests TEST_BINARY ...]
+    python3 scripts/gpu/proof.py --bin DIR --out DIR [--tests TEST_BINARY ...]
 
 DIR holds the release programs from scripts/build (mesure_memoire, mesure_memoire_torch). It:
 1. runs the seed's two command lines and `environment`;
 2. for 3 configurations (one of several GB) × float32/float16/bfloat16, runs the Rust program and
-   scripts/reference_measure.py (PyTorch's Python API) side by side and compares every allocator
+   scripts/gpu/reference-measure.py (PyTorch's Python API) side by side and compares every allocator
    figure of every phase, byte for byte;
 3. checks the refusals: out-of-memory (exit 3, no file), missing device (exit 2), existing output
    (exit 4), libtorch not loadable (exit 2, no file);
@@ -26,6 +26,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+def fallback_labels():
+    """The words that mark a figure not measured here, read from their one definition in
+    src/markup.rs (module `labels`), so that this check and the notebooks cannot drift apart."""
+    import re
+    text = (ROOT / "src" / "markup.rs").read_text()
+    block = text[text.index("pub mod labels"):]
+    block = block[:block.index("\n}")]
+    return re.findall(r'pub const \w+: &str = "([^"]+)";', block)
 FIELDS = ["allocated_baseline_bytes", "allocated_end_bytes", "peak_allocated_bytes",
           "reserved_baseline_bytes", "reserved_end_bytes", "peak_reserved_bytes"]
 CONFIGS = [
@@ -73,12 +84,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--tests", nargs="*", default=[])
     ap.add_argument("--notebooks", nargs="*", default=[],
-                    help="notebook programs from scripts/notebook_program.py")
+                    help="notebook programs from scripts/notebook-program.py")
     a = ap.parse_args()
     bin_dir, out = Path(a.bin), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     mm = str(bin_dir / "mesure_memoire")
-    ref = [sys.executable, str(HERE / "reference_measure.py")]
+    ref = [sys.executable, str(HERE / "reference-measure.py")]
     report, failures = [], 0
 
     def say(line=""):
@@ -164,12 +175,11 @@ def main():
     if a.notebooks:
         say("\n## The notebooks' code cells, run as programs\n")
         for prog in a.notebooks:
-            p, dt = run([str(Path(prog).resolve())], cwd=HERE.parent / "notebooks")
+            p, dt = run([str(Path(prog).resolve())], cwd=ROOT / "notebooks")
             (out / (Path(prog).name + ".out")).write_text(p.stdout + p.stderr)
             cells = p.stdout.count("=== cell ")
             outputs = p.stdout.count("EVCXR_BEGIN_CONTENT")
-            fake = [m for m in ("No GPU", "No measurement", "RECORDED ELSEWHERE", "Last step failed")
-                    if m in p.stdout]
+            fake = [m for m in fallback_labels() if m in p.stdout]
             ok = p.returncode == 0 and not fake
             say(f"- `{Path(prog).name}`: exit {p.returncode}, {cells} cells, {outputs} rich outputs, "
                 f"{dt:.1f} s, fallback or failure markers: {fake or 'none'} -> {'OK' if ok else 'FAIL'}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference: the same measurement protocol through PyTorch's own Python API.
 
-Used by scripts/gpu-proof to check, byte for byte, the allocator figures that `mesure_memoire
+Used by scripts/gpu/proof.py to check, byte for byte, the allocator figures that `mesure_memoire
 measure` reads through libtorch, and as the baseline of the speed benchmark. Same phases, same
 network (nn.Sequential(Linear, GELU, Linear) built on the CPU in float32, then moved), same
 readings: memory_allocated, memory_reserved, max_memory_allocated, max_memory_reserved after

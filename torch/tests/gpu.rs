@@ -1,11 +1,9 @@
-//! GPU tests: real measurements on a CUDA device. They are compiled with the `torch` feature and
-//! run only with `--features gpu-tests` (on a GPU machine, see scripts/gpu_proof.py); elsewhere
-//! cargo lists them as ignored, with the reason.
-#![cfg(feature = "torch")]
+//! GPU tests: real measurements on a CUDA device. They run only with `--features gpu-tests` (on a
+//! GPU machine, see scripts/gpu/proof.py); elsewhere cargo lists them as ignored, with the reason.
 
 use iteragpu_lab::device::CudaDevice;
-use iteragpu_lab::measure::{measure, Dtype, MeasureConfig, Phase};
-use iteragpu_lab::torch::{tch, Allocator};
+use iteragpu_lab::measure::{MeasureConfig, Phase};
+use iteragpu_torch::{measure, tch, Allocator};
 
 const GPU0: CudaDevice = CudaDevice { index: 0 };
 
@@ -15,8 +13,8 @@ const GPU0: CudaDevice = CudaDevice { index: 0 };
     ignore = "needs a CUDA GPU: run with --features gpu-tests"
 )]
 fn small_measurement_is_consistent() {
-    let config = MeasureConfig::new(GPU0, 1, 16, 64, None, Dtype::Float32, 1, 2).unwrap();
-    let m = measure(&config, |_| {}).unwrap();
+    let config = MeasureConfig::default().validated().unwrap();
+    let m = measure(&config).unwrap();
     let names: Vec<_> = m.phases.iter().map(|p| p.phase).collect();
     assert_eq!(
         names,

@@ -1,0 +1,32 @@
+//! A log of allocator readings taken after named steps (allocate, free, a matrix product,
+//! `empty_cache`...): what the notebooks' live lessons record. The libtorch backend fills it;
+//! `display` and `plot` draw it. Without a GPU it holds the reason and no figure.
+
+use serde::{Deserialize, Serialize};
+
+/// Readings after one step, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepReading {
+    pub step: String,
+    pub allocated: u64,
+    pub reserved: u64,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    /// Bytes the code asked for, before the allocator's rounding.
+    pub requested: u64,
+    /// Device memory segments the allocator holds.
+    pub segments: u64,
+    /// Device memory in use on the whole GPU, from `cudaMemGetInfo` (total − free): what
+    /// `nvidia-smi` shows, all processes included.
+    pub runtime_used: u64,
+}
+
+/// The readings of a sequence of steps, or why there are none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLog {
+    pub steps: Vec<StepReading>,
+    /// Why no GPU could be used: then `steps` stays empty.
+    pub unavailable: Option<String>,
+    /// The last step's error, if one failed.
+    pub error: Option<String>,
+}

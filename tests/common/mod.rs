@@ -1,0 +1,71 @@
+//! What every command-line test file shares: the programs, the repository root, the exit codes
+//! by name, and reading JSON from a successful run.
+#![allow(dead_code)]
+
+use assert_cmd::Command;
+use iteragpu_lab::status::Status;
+
+/// The repository root (tests run the programs from here where they read `data/`).
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A measurement recorded on an NVIDIA H200 by `mesure_memoire measure` (see docs/benchmarks.md).
+pub const RECORDED: &str = "data/exemple-mesure-h200-petit-essai.json";
+
+/// An exit status's code, as `assert_cmd` compares them.
+pub const fn code(status: Status) -> i32 {
+    status as i32
+}
+pub const FAILURE: i32 = code(Status::Failure);
+pub const UNAVAILABLE: i32 = code(Status::Unavailable);
+pub const OUTPUT_EXISTS: i32 = code(Status::OutputExists);
+pub const USAGE: i32 = code(Status::Usage);
+pub const DATA_ERROR: i32 = code(Status::DataError);
+
+fn program(name: &str) -> Command {
+    let mut c = Command::cargo_bin(name).unwrap();
+    c.current_dir(ROOT);
+    c
+}
+
+/// `mesure_memoire`, run from the repository root.
+pub fn mesure_memoire() -> Command {
+    program("mesure_memoire")
+}
+
+/// `calcul_forfaits`, run from the repository root.
+pub fn calcul_forfaits() -> Command {
+    program("calcul_forfaits")
+}
+
+/// `resultats_bruts`, run from the repository root.
+pub fn resultats_bruts() -> Command {
+    program("resultats_bruts")
+}
+
+/// `paquet_lab`, run from the repository root.
+pub fn paquet_lab() -> Command {
+    program("paquet_lab")
+}
+
+/// The JSON a successful run printed.
+pub fn json_of(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.assert().success().get_output().stdout.clone();
+    serde_json::from_slice(&out).expect("stdout is JSON")
+}
+
+/// Copies the program `name` into `dir` (to run it without its companion, or beside a stand-in)
+/// and waits until it can be started: while another test thread forks, the copy's write handle
+/// may live on in the child for a moment and the kernel answers "text file busy".
+pub fn copy_program(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let dest = dir.join(name);
+    std::fs::copy(assert_cmd::cargo::cargo_bin(name), &dest).unwrap();
+    for _ in 0..100 {
+        match std::process::Command::new(&dest).arg("--version").output() {
+            Err(e) if e.raw_os_error() == Some(26) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            _ => return dest,
+        }
+    }
+    panic!("{} stays busy", dest.display());
+}

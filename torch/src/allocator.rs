@@ -1,0 +1,70 @@
+//! Direct access to the CUDA caching allocator of one GPU: its counters, peaks, cache and the
+//! runtime's view of the device, through the shim.
+
+use crate::{ffi, shim_err};
+use iteragpu_lab::device::CudaDevice;
+use iteragpu_lab::measure::{AllocatorReading, MeasureError};
+use iteragpu_lab::units::Bytes;
+use tch::Device;
+
+/// Checks that CUDA works and `device` exists, then initialises CUDA in this process.
+pub fn open_device(device: CudaDevice) -> Result<(), MeasureError> {
+    if !tch::Cuda::is_available() {
+        return Err(MeasureError::NoGpu(
+            "libtorch reports CUDA unavailable (no NVIDIA driver or no visible GPU)".into(),
+        ));
+    }
+    let count = u32::try_from(tch::Cuda::device_count()).unwrap_or(0);
+    if device.index >= count {
+        return Err(MeasureError::DeviceMissing {
+            index: device.index,
+            count,
+        });
+    }
+    ffi::init_device(device.index).map_err(MeasureError::NoGpu)
+}
+
+/// Direct access to the caching allocator of one GPU, for notebooks and checks.
+pub struct Allocator {
+    device: CudaDevice,
+}
+
+impl Allocator {
+    pub fn open(device: CudaDevice) -> Result<Allocator, MeasureError> {
+        open_device(device)?;
+        Ok(Allocator { device })
+    }
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.device.index as usize)
+    }
+    /// Waits for all work queued on the device.
+    pub fn synchronize(&self) -> Result<(), MeasureError> {
+        ffi::synchronize(self.device.index).map_err(shim_err)
+    }
+    /// All counters as they stand (call `synchronize` first to include queued work).
+    pub fn stats(&self) -> Result<ffi::MemoryStats, MeasureError> {
+        ffi::memory_stats(self.device.index).map_err(shim_err)
+    }
+    /// The four counters the protocol reads.
+    pub fn reading(&self) -> Result<AllocatorReading, MeasureError> {
+        let s = self.stats()?;
+        Ok(AllocatorReading {
+            allocated: s.allocated_current,
+            reserved: s.reserved_current,
+            peak_allocated: s.allocated_peak,
+            peak_reserved: s.reserved_peak,
+        })
+    }
+    pub fn reset_peaks(&self) -> Result<(), MeasureError> {
+        ffi::reset_peak_stats(self.device.index).map_err(shim_err)
+    }
+    /// Returns cached, unused blocks to the driver (`torch.cuda.empty_cache`).
+    pub fn empty_cache(&self) -> Result<(), MeasureError> {
+        ffi::empty_cache().map_err(shim_err)
+    }
+    /// (free, total) as the CUDA runtime reports them for the whole device.
+    pub fn runtime_free_total(&self) -> Result<(Bytes, Bytes), MeasureError> {
+        let (free, total) = ffi::mem_get_info(self.device.index).map_err(shim_err)?;
+        Ok((Bytes(free), Bytes(total)))
+    }
+}

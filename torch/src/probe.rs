@@ -1,0 +1,145 @@
+//! A live look at the caching allocator: allocate and free tensors on a GPU step by step and
+//! record, after each step, what the allocator and the CUDA runtime report, into a
+//! [`StepLog`] that the library draws. Without a GPU every step is skipped and the log says why:
+//! no figure is ever made up.
+
+use crate::{torch_err, Allocator};
+use iteragpu_lab::device::CudaDevice;
+use iteragpu_lab::markup::Html;
+use iteragpu_lab::measure::{MeasureError, StepLog, StepReading};
+use std::collections::BTreeMap;
+use tch::{Kind, Tensor};
+
+pub struct Probe {
+    gpu: Option<Allocator>,
+    tensors: BTreeMap<String, Tensor>,
+    /// Every reading so far, or why there is none.
+    pub log: StepLog,
+}
+
+impl Probe {
+    /// Opens `device` and records the starting point.
+    pub fn open(device: CudaDevice) -> Probe {
+        let (gpu, unavailable) = match Allocator::open(device) {
+            Ok(a) => (Some(a), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let mut p = Probe {
+            gpu,
+            tensors: BTreeMap::new(),
+            log: StepLog {
+                unavailable,
+                ..Default::default()
+            },
+        };
+        p.record("start");
+        p
+    }
+
+    /// Records the current readings under `step`.
+    pub fn record(&mut self, step: &str) -> &mut Self {
+        let Some(gpu) = &self.gpu else { return self };
+        let reading = gpu
+            .synchronize()
+            .and_then(|()| Ok((gpu.stats()?, gpu.runtime_free_total()?)));
+        match reading {
+            Ok((s, (free, total))) => self.log.steps.push(StepReading {
+                step: step.into(),
+                allocated: s.allocated_current,
+                reserved: s.reserved_current,
+                peak_allocated: s.allocated_peak,
+                peak_reserved: s.reserved_peak,
+                requested: s.requested_current,
+                segments: s.segments_current,
+                runtime_used: total.0.saturating_sub(free.0),
+            }),
+            Err(e) => self.log.error = Some(e.to_string()),
+        }
+        self
+    }
+
+    fn step(
+        &mut self,
+        label: String,
+        work: impl FnOnce(&mut Self) -> Result<(), MeasureError>,
+    ) -> &mut Self {
+        if self.gpu.is_none() {
+            return self;
+        }
+        match work(self) {
+            Ok(()) => self.record(&label),
+            Err(e) => {
+                self.log.error = Some(format!("{label}: {e}"));
+                self
+            }
+        }
+    }
+
+    fn device(&self) -> tch::Device {
+        self.gpu
+            .as_ref()
+            .expect("steps run only with a GPU")
+            .device()
+    }
+
+    /// Keeps a new tensor of `bytes` bytes (uninitialised uint8) on the GPU under `name`.
+    pub fn allocate(&mut self, name: &str, bytes: u64) -> &mut Self {
+        self.step(format!("allocate {name} ({bytes} B)"), |p| {
+            let t =
+                Tensor::f_empty([bytes as i64], (Kind::Uint8, p.device())).map_err(torch_err)?;
+            p.tensors.insert(name.into(), t);
+            Ok(())
+        })
+    }
+
+    /// Drops the tensor `name`: its block goes back to the allocator's cache, not to the driver.
+    pub fn free(&mut self, name: &str) -> &mut Self {
+        self.step(format!("free {name}"), |p| {
+            p.tensors.remove(name);
+            Ok(())
+        })
+    }
+
+    /// Squares a new n×n float32 matrix A (A·A), keeping the product as `name`; the first matrix
+    /// product of a process also makes cuBLAS allocate its workspace through the allocator.
+    pub fn matmul(&mut self, name: &str, n: i64) -> &mut Self {
+        self.step(format!("{name} = A·A, {n}×{n} float32"), |p| {
+            let a = Tensor::f_ones([n, n], (Kind::Float, p.device())).map_err(torch_err)?;
+            let c = a.f_matmul(&a).map_err(torch_err)?;
+            drop(a);
+            p.tensors.insert(name.into(), c);
+            Ok(())
+        })
+    }
+
+    pub fn reset_peaks(&mut self) -> &mut Self {
+        self.step("reset peaks".into(), |p| {
+            p.gpu.as_ref().expect("live").reset_peaks()
+        })
+    }
+
+    /// Returns cached blocks that hold no tensor to the driver (`torch.cuda.empty_cache`).
+    pub fn empty_cache(&mut self) -> &mut Self {
+        self.step("empty cache".into(), |p| {
+            p.gpu.as_ref().expect("live").empty_cache()
+        })
+    }
+
+    /// The last `n` steps (see [`StepLog::last`]).
+    pub fn last(&self, n: usize) -> Html {
+        self.log.last(n)
+    }
+
+    pub fn html(&self) -> Html {
+        self.log.html()
+    }
+
+    pub fn evcxr_display(&self) {
+        self.log.evcxr_display()
+    }
+
+    /// The chart of every step (see [`StepLog::chart`]).
+    pub fn chart(&self) -> Html {
+        self.log.chart()
+    }
+}

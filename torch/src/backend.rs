@@ -118,13 +118,17 @@ impl Backend for TorchBackend {
         let (c, gpu, k) = (&self.config, self.gpu(), kind(self.config.dtype));
         let (w1, b1) = linear_on(c.width, c.hidden(), gpu, k).map_err(torch_err)?;
         let (w2, b2) = linear_on(c.hidden(), c.width, gpu, k).map_err(torch_err)?;
-        for (t, name) in [
-            (&w1, "linear1.weight"),
-            (&b1, "linear1.bias"),
-            (&w2, "linear2.weight"),
-            (&b2, "linear2.bias"),
-        ] {
-            self.made(t, name)?;
+        if let Some(r) = self.recorder.as_mut() {
+            // All four exist once both layers are built: name them, then read the map.
+            for (t, name) in [
+                (&w1, "linear1.weight"),
+                (&b1, "linear1.bias"),
+                (&w2, "linear2.weight"),
+                (&b2, "linear2.bias"),
+            ] {
+                r.name(t, name);
+            }
+            r.observe()?;
         }
         self.weights = Some(Weights { w1, b1, w2, b2 });
         Ok(())

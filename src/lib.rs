@@ -21,6 +21,7 @@ pub mod bundle;
 pub mod catalog;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod companion;
 pub mod device;
 pub mod display;
 pub mod environment;
@@ -34,6 +35,7 @@ pub mod notebook;
 pub mod plot;
 pub mod quote;
 pub mod status;
+pub mod sweep;
 pub mod units;
 
 /// SHA-256 of `bytes`, lowercase hex.

@@ -135,6 +135,143 @@ pub fn step_chart(log: &StepLog) -> Svg {
     )
 }
 
+/// A sweep: measured peak allocated and reserved against the varied dimension, the model's
+/// predicted peak reserved at every point (out-of-memory points included, marked), the capacity
+/// the allocator can use, and the limit found. In GiB.
+pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let rows = &sweep.rows;
+    let gib = |b: u64| b as f64 / GIB;
+    let limit = sweep.summary.limit.as_ref();
+    let capacity = limit
+        .and_then(|l| l.capacity)
+        .map(|c| gib(c.for_allocator()));
+    let xs: Vec<f64> = rows.iter().map(|r| r.value as f64).collect();
+    let (x0, x1) = (
+        xs.iter().copied().fold(f64::INFINITY, f64::min),
+        xs.iter().copied().fold(0.0, f64::max),
+    );
+    let (x0, x1) = if rows.is_empty() {
+        (0.0, 1.0)
+    } else {
+        (x0, x1.max(x0 + 1.0))
+    };
+    let top = rows
+        .iter()
+        .flat_map(|r| [r.peak_reserved_bytes, r.predicted_peak_reserved_bytes])
+        .flatten()
+        .map(gib)
+        .chain(capacity)
+        .fold(1e-3, f64::max)
+        * 1.12;
+    let series = |f: fn(&crate::sweep::SweepRow) -> Option<u64>| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter_map(|r| f(r).map(|b| (r.value as f64, gib(b))))
+            .collect()
+    };
+    let c = &sweep.summary.configuration;
+    let title = format!(
+        "Sweep of {} ({}, batch {} context {} width {} hidden {}): peaks in GiB",
+        sweep.dimension,
+        c.dtype,
+        c.batch,
+        c.context,
+        c.width,
+        c.hidden()
+    );
+    canvas((960, 520), |root| {
+        let pad = (x1 - x0) * 0.03;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&title, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(72)
+            .build_cartesian_2d((x0 - pad)..(x1 + pad), 0f64..top)
+            .expect("valid ranges");
+        chart
+            .configure_mesh()
+            .x_desc(sweep.dimension.name())
+            .y_desc("GiB")
+            .draw()
+            .expect("drawing to memory");
+        type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
+        let lines: [Line; 3] = [
+            (
+                "measured peak allocated",
+                ALLOCATED[2],
+                series(|r| r.peak_allocated_bytes),
+            ),
+            (
+                "measured peak reserved",
+                RESERVED[1],
+                series(|r| r.peak_reserved_bytes),
+            ),
+            (
+                "predicted peak reserved",
+                RGBColor(90, 90, 90),
+                series(|r| r.predicted_peak_reserved_bytes),
+            ),
+        ];
+        for (name, color, points) in lines {
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .expect("drawing to memory")
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                .expect("drawing to memory");
+        }
+        let red = RGBColor(200, 30, 30);
+        let ooms: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.status == "oom")
+            .map(|r| {
+                (
+                    r.value as f64,
+                    r.predicted_peak_reserved_bytes.map_or(top * 0.95, gib),
+                )
+            })
+            .collect();
+        chart
+            .draw_series(ooms.iter().map(|p| Cross::new(*p, 7, red.stroke_width(3))))
+            .expect("drawing to memory")
+            .label("out of memory")
+            .legend(move |(x, y)| Cross::new((x + 7, y), 5, red.stroke_width(2)));
+        if let Some(cap) = capacity {
+            let green = RGBColor(49, 163, 84);
+            chart
+                .draw_series(LineSeries::new(
+                    [(x0 - pad, cap), (x1 + pad, cap)],
+                    green.stroke_width(1),
+                ))
+                .expect("drawing to memory")
+                .label("capacity of the allocator")
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], green));
+        }
+        if let Some(found) = limit.and_then(|l| l.found) {
+            let black = RGBColor(0, 0, 0);
+            chart
+                .draw_series(LineSeries::new(
+                    [(found as f64, 0.0), (found as f64, top)],
+                    black.stroke_width(1),
+                ))
+                .expect("drawing to memory")
+                .label(format!("limit found: {found}"))
+                .legend(move |(x, y)| PathElement::new([(x + 7, y - 6), (x + 7, y + 6)], black));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .expect("drawing to memory");
+    })
+}
+
 /// Lines over steps: one named series of byte counts per line, shown in MiB.
 pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec<u64>)]) -> Svg {
     let palette = [

@@ -21,11 +21,14 @@ pub enum Status {
     Usage = 64,
     /// An input file (catalog, grid, measurement, manifest) is invalid.
     DataError = 65,
+    /// Interrupted (Ctrl-C or SIGTERM): the running GPU process was stopped, completed work kept,
+    /// no partial file left.
+    Interrupted = 130,
 }
 
 impl Status {
     /// Every status, in the order of the README's table.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Ok,
         Status::Failure,
         Status::Unavailable,
@@ -33,6 +36,7 @@ impl Status {
         Status::OutputExists,
         Status::Usage,
         Status::DataError,
+        Status::Interrupted,
     ];
 
     /// The numeric exit code.

@@ -5,13 +5,16 @@
 //! So when libtorch cannot be loaded this program still says so clearly (exit code 2 for
 //! `measure`, a report saying so for `environment`) instead of dying in the system's loader.
 
-use super::{say, values, Context, Outcome};
+use super::{say, signals, values, Context, Outcome};
 use crate::allocator::{predict, ComputeCapability, WorkspaceSettings, Workspaces};
+use crate::companion::{Companion, Ended};
 use crate::device::CudaDevice;
 use crate::environment::{EnvironmentReport, LibtorchInfo};
 use crate::estimate::estimate;
 use crate::files;
 use crate::measure::{Dtype, Gpu, MeasureConfig, MeasureError, Measurement};
+use crate::status::Status;
+use crate::sweep::Dimension;
 use clap::{Parser, Subcommand};
 use rust_decimal::Decimal;
 use std::path::PathBuf;
@@ -35,11 +38,16 @@ pub enum Command {
     Measure(MeasureArgs),
     /// Predict every figure of `measure` with the allocator model, every block named (no GPU needed).
     Predict(PredictArgs),
-    /// Draw the per-phase chart (SVG) of a measurement file (no GPU needed).
+    /// Vary one dimension over a range, each point measured in a fresh process; find the limit.
+    Sweep(super::sweep::SweepArgs),
+    /// Draw the per-phase chart of a measurement, or the chart of a sweep (SVG, no GPU needed).
     Plot {
         /// Measurement JSON written by `measure`.
+        #[arg(long, required_unless_present = "sweep", conflicts_with = "sweep")]
+        measurement: Option<PathBuf>,
+        /// A sweep's folder (sweep.csv and sweep.json).
         #[arg(long)]
-        measurement: PathBuf,
+        sweep: Option<PathBuf>,
         /// New SVG file; an existing file is never overwritten.
         #[arg(long)]
         output: PathBuf,
@@ -73,18 +81,19 @@ pub struct EnvironmentArgs {
     pub json: bool,
 }
 
-/// The synthetic network and the passes of a measurement (shared by `measure` and `predict`).
+/// The synthetic network and the passes of a measurement (shared by `measure`, `predict` and
+/// `sweep`). Batch, context and width are required, except the one a sweep varies.
 #[derive(Debug, clap::Args)]
 pub struct ShapeArgs {
     /// Input batch size.
     #[arg(long, value_parser = values::positive_u64)]
-    pub batch: u64,
+    pub batch: Option<u64>,
     /// Positions per sample in the input [batch, context, width] (no attention, no KV cache).
     #[arg(long, value_parser = values::positive_u64)]
-    pub context: u64,
+    pub context: Option<u64>,
     /// Input and output features.
     #[arg(long, value_parser = values::positive_u64)]
-    pub width: u64,
+    pub width: Option<u64>,
     /// Hidden features [default: 4 × width].
     #[arg(long, value_parser = values::positive_u64)]
     pub hidden: Option<u64>,
@@ -102,18 +111,69 @@ pub struct ShapeArgs {
 impl ShapeArgs {
     /// The validated configuration on `device`; an invalid value is reported with its flag.
     pub fn config(&self, device: CudaDevice) -> Result<MeasureConfig, super::Failure> {
-        MeasureConfig {
+        self.build(None, device)
+    }
+
+    /// The configuration of a sweep over `dimension` starting at `from`: the varied dimension's
+    /// own flag is refused (except `--hidden`, which the width follows when absent).
+    pub fn config_varying(
+        &self,
+        dimension: Dimension,
+        from: u64,
+        device: CudaDevice,
+    ) -> Result<MeasureConfig, super::Failure> {
+        self.build(Some((dimension, from)), device)
+    }
+
+    fn build(
+        &self,
+        varying: Option<(Dimension, u64)>,
+        device: CudaDevice,
+    ) -> Result<MeasureConfig, super::Failure> {
+        let pick = |dimension: Dimension, given: Option<u64>| -> Result<u64, super::Failure> {
+            match (varying, given) {
+                (Some((d, _)), Some(_)) if d == dimension => Err(FlagError(format!(
+                    "--{dimension} is the dimension --vary sweeps: remove --{dimension}"
+                ))
+                .into()),
+                (Some((d, from)), None) if d == dimension => Ok(from),
+                (_, Some(v)) => Ok(v),
+                (_, None) => Err(FlagError(format!("--{dimension} is required")).into()),
+            }
+        };
+        let mut config = MeasureConfig {
             device,
-            batch: self.batch,
-            context: self.context,
-            width: self.width,
+            batch: pick(Dimension::Batch, self.batch)?,
+            context: pick(Dimension::Context, self.context)?,
+            width: pick(Dimension::Width, self.width)?,
             hidden: self.hidden,
             dtype: self.dtype,
             warmup: self.warmup,
             repeats: self.repeats,
+        };
+        if let Some((Dimension::Hidden, from)) = varying {
+            if self.hidden.is_some() {
+                return Err(FlagError(
+                    "--hidden is the dimension --vary sweeps: remove --hidden".into(),
+                )
+                .into());
+            }
+            config.hidden = Some(from);
         }
-        .validated()
-        .context("invalid --batch, --context, --width, --hidden, --warmup or --repeats")
+        config
+            .validated()
+            .context("invalid --batch, --context, --width, --hidden, --warmup or --repeats")
+    }
+}
+
+/// A flag missing or given where it must not be.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FlagError(pub String);
+
+impl crate::status::Classify for FlagError {
+    fn status(&self) -> crate::status::Status {
+        crate::status::Status::Usage
     }
 }
 
@@ -162,7 +222,7 @@ pub enum Mode<'a> {
 }
 
 /// The companion program's file name.
-pub const ENGINE: &str = "mesure_memoire_torch";
+pub const ENGINE: &str = crate::companion::PROGRAM;
 
 pub fn main(mode: Mode) -> ExitCode {
     super::run_main("mesure_memoire", |args: Args| run(&args, mode))
@@ -222,12 +282,18 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
             let prediction = predict(&config, a.compute_capability, workspaces)?;
             super::print(&prediction, a.json)?;
         }
+        Command::Sweep(a) => return super::sweep::run(a),
         Command::Plot {
             measurement,
+            sweep,
             output,
         } => {
-            let m = Measurement::load(measurement)?;
-            m.chart().write_new(output)?;
+            let chart = match (measurement, sweep) {
+                (Some(m), _) => Measurement::load(m)?.chart(),
+                (None, Some(folder)) => crate::sweep::Sweep::load(folder)?.chart(),
+                (None, None) => unreachable!("clap requires --measurement or --sweep"),
+            };
+            chart.write_new(output)?;
             say(format_args!("Written to {}", output.display()))?;
         }
     }
@@ -292,39 +358,32 @@ struct EngineRefusal {
     message: String,
 }
 
-fn engine_path() -> Option<PathBuf> {
-    Some(std::env::current_exe().ok()?.with_file_name(ENGINE))
-}
-
-/// Runs this same command line in `mesure_memoire_torch`, passing its exit code through. `Err`
-/// says why libtorch could not be used: the program is missing or the loader refused it.
+/// Runs this same command line in the companion, passing its exit code through; Ctrl-C or
+/// SIGTERM stops the companion (exit 130, no file). `Err` says why libtorch could not be used:
+/// the companion is missing or the loader refused it.
 fn run_engine() -> Result<ExitCode, EngineRefusal> {
-    let missing = |message: String| EngineRefusal {
+    let companion = Companion::locate().map_err(|_| EngineRefusal {
         companion_found: false,
-        message,
-    };
-    let engine = engine_path().ok_or_else(|| missing("cannot locate this program".into()))?;
-    if !engine.exists() {
-        // The file name alone: a report never carries a path of this machine.
-        return Err(missing(format!(
-            "the GPU companion {ENGINE} is not installed beside this program"
-        )));
-    }
+        message: format!("the GPU companion {ENGINE} is not installed beside this program"),
+    })?;
     let refused = |message: String| EngineRefusal {
         companion_found: true,
         message,
     };
-    let status = std::process::Command::new(&engine)
-        .args(std::env::args_os().skip(1))
-        .status()
-        .map_err(|e| refused(format!("cannot start {ENGINE}: {e}")))?;
-    match status.code() {
-        // 127: the system loader could not load a library (it printed which one above).
-        Some(127) => Err(refused(format!(
-            "the system loader could not start {ENGINE} (message above); make libtorch \
-             reachable, e.g. LD_LIBRARY_PATH=<site-packages>/torch/lib:<site-packages>/nvidia/cu13/lib"
-        ))),
-        Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
-        None => Err(refused(format!("{ENGINE} was killed by a signal"))),
+    signals::stop_companions_on_interrupt();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // The file name alone in messages: a report never carries a path of this machine.
+    match companion.run(&args, false) {
+        Err(e) => Err(refused(format!("cannot start {ENGINE}: {e}"))),
+        Ok(Ended::Interrupted) => Ok(Status::Interrupted.into()),
+        Ok(Ended::Exited { status, .. }) => match status.code() {
+            // 127: the system loader could not load a library (it printed which one above).
+            Some(127) => Err(refused(format!(
+                "the system loader could not start {ENGINE} (message above); make libtorch \
+                 reachable, e.g. LD_LIBRARY_PATH=<site-packages>/torch/lib:<site-packages>/nvidia/cu13/lib"
+            ))),
+            Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
+            None => Err(refused(format!("{ENGINE} was killed by a signal"))),
+        },
     }
 }

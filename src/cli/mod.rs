@@ -9,7 +9,10 @@
 pub mod calcul_forfaits;
 pub mod mesure_memoire;
 pub mod paquet_lab;
+pub mod progress;
 pub mod resultats_bruts;
+pub mod signals;
+pub mod sweep;
 pub mod values;
 
 use crate::status::{Classify, Status};

@@ -78,6 +78,11 @@ pub fn compute_capability(s: &str) -> Result<crate::allocator::ComputeCapability
         .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())
 }
 
+/// The dimension a sweep varies.
+pub fn dimension(s: &str) -> Result<crate::sweep::Dimension, String> {
+    s.parse()
+}
+
 /// A rental duration: 3, 7 or 30 days.
 pub fn days(s: &str) -> Result<u32, String> {
     let n = positive_u32(s)?;

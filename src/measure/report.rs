@@ -33,6 +33,10 @@ pub struct Measurement {
     pub synthetic_model: SyntheticModel,
     pub phases: Vec<PhaseRecord>,
     pub notes: Vec<String>,
+    /// Free device memory the runtime reported once this process had started CUDA, before the
+    /// first phase (absent from files written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_free_at_start_bytes: Option<u64>,
     /// The allocator model the phases' `prediction` blocks come from, or why none was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelComparison>,
@@ -90,6 +94,7 @@ impl Measurement {
             configuration,
             phases,
             notes: SCOPE_NOTES.iter().map(|s| s.to_string()).collect(),
+            runtime_free_at_start_bytes: None,
             model: None,
         })
     }

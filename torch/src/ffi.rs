@@ -177,6 +177,16 @@ pub fn snapshot(device: u32) -> Result<String, String> {
         .into_owned())
 }
 
+/// Asks the kernel to kill this process when the thread that started it ends (Linux
+/// `PR_SET_PDEATHSIG`), then checks that the parent is still `parent`: when it already ended
+/// before the request, the request cannot fire, and `false` says so.
+pub fn die_with_parent(parent: u32) -> bool {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointer; getppid has no
+    // arguments and cannot fail.
+    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } == 0;
+    set && u32::try_from(unsafe { libc::getppid() }).ok() == Some(parent)
+}
+
 /// A CUDA event, destroyed on drop.
 pub struct CudaEvent(*mut c_void);
 

@@ -33,6 +33,19 @@ fn shim_err(message: String) -> MeasureError {
     MeasureError::from_torch_message(&message)
 }
 
+/// When this process was started by a program of the project (which names itself in
+/// `IGL_PARENT_PID`), makes it die with that program: a killed front or sweep never leaves a GPU
+/// process behind. Returns `false` when the parent is already gone (then exit at once).
+pub fn follow_parent() -> bool {
+    match std::env::var(iteragpu_lab::companion::PARENT_VARIABLE)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        Some(parent) => ffi::die_with_parent(parent),
+        None => true,
+    }
+}
+
 /// The GPU through libtorch in this process.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TorchGpu;
@@ -49,10 +62,15 @@ impl Gpu for TorchGpu {
         on_phase: &mut dyn FnMut(&PhaseRecord),
     ) -> Result<Measurement, MeasureError> {
         let mut backend = TorchBackend::open(config, blocks)?;
+        // Free memory once CUDA has started here, before anything is allocated: with the free
+        // memory at the end, it tells what the libraries took outside the allocator.
+        let (free_at_start, _) = Allocator::open(config.device)?.runtime_free_total()?;
         let phases = run_protocol(&mut backend, config.warmup, config.repeats, on_phase)?;
         drop(backend);
         let environment = environment(Some(config.device));
-        Ok(Measurement::new(environment, config.clone(), phases)?)
+        let mut m = Measurement::new(environment, config.clone(), phases)?;
+        m.runtime_free_at_start_bytes = Some(free_at_start.0);
+        Ok(m)
     }
 }
 

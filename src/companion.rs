@@ -1,0 +1,204 @@
+//! The GPU companion program `mesure_memoire_torch`: the process that links libtorch and measures.
+//! Every measurement of the command line, of a sweep and of the notebooks runs in a fresh
+//! companion process, so that each `cold_forward` is a real first pass and no allocator state
+//! crosses from one measurement to the next. The companion dies with the process that started it
+//! (it is told that process's id and asks the kernel to be stopped when it goes), and an
+//! interruption of this process (see [`INTERRUPTED`]) stops the running companion at once.
+
+use crate::measure::{MeasureConfig, MeasureError, Measurement};
+use crate::sweep::{PointOutcome, PointRunner};
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The companion's file name.
+pub const PROGRAM: &str = "mesure_memoire_torch";
+/// Where the companion may be named explicitly (a notebook's kernel sets it).
+pub const PATH_VARIABLE: &str = "IGL_COMPANION";
+/// The variable through which the companion learns its parent's process id.
+pub const PARENT_VARIABLE: &str = "IGL_PARENT_PID";
+
+/// Set by a signal handler (Ctrl-C, SIGTERM): the running companion is stopped and no new one
+/// starts.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether an interruption was asked for.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// How a companion run ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It exited with this status; stderr as captured (empty when inherited).
+    Exited { status: ExitStatus, stderr: String },
+    /// It was stopped because this process was interrupted.
+    Interrupted,
+}
+
+/// A located companion program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Companion {
+    pub path: PathBuf,
+}
+
+impl Companion {
+    /// `$IGL_COMPANION` when set, else `mesure_memoire_torch` beside this program.
+    pub fn locate() -> Result<Companion, MeasureError> {
+        let missing = || MeasureError::NoCompanion {
+            companion: PROGRAM.into(),
+        };
+        let path = match std::env::var_os(PATH_VARIABLE) {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()
+                .map_err(|_| missing())?
+                .with_file_name(PROGRAM),
+        };
+        if path.is_file() {
+            Ok(Companion { path })
+        } else {
+            Err(missing())
+        }
+    }
+
+    /// Runs the companion with `args`; stdout and stderr are inherited, or captured with
+    /// `capture`. Polls for [`INTERRUPTED`] while it runs and stops it then.
+    pub fn run(&self, args: &[OsString], capture: bool) -> std::io::Result<Ended> {
+        if interrupted() {
+            return Ok(Ended::Interrupted);
+        }
+        let mut command = Command::new(&self.path);
+        command
+            .args(args)
+            .env(PARENT_VARIABLE, std::process::id().to_string())
+            .stdin(Stdio::null());
+        if capture {
+            command.stdout(Stdio::null()).stderr(Stdio::piped());
+        }
+        let mut child = command.spawn()?;
+        let reader = child.stderr.take().map(|mut e| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = e.read_to_string(&mut text);
+                text
+            })
+        });
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let stderr = reader
+                    .map(|r| r.join().unwrap_or_default())
+                    .unwrap_or_default();
+                return Ok(Ended::Exited { status, stderr });
+            }
+            if interrupted() {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(Ended::Interrupted);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Measures `config` in a fresh companion process, writing the result to `output`.
+    pub fn measure(&self, config: &MeasureConfig, output: &Path, blocks: bool) -> PointOutcome {
+        let mut args: Vec<OsString> = measure_args(config).into_iter().map(Into::into).collect();
+        args.extend(["--quiet".into(), "--output".into(), output.into()]);
+        if blocks {
+            args.push("--blocks".into());
+        }
+        match self.run(&args, true) {
+            Err(e) => PointOutcome::Failed(format!("cannot start {}: {e}", PROGRAM)),
+            Ok(Ended::Interrupted) => PointOutcome::Interrupted,
+            Ok(Ended::Exited { status, stderr }) => match status.code() {
+                Some(0) => match Measurement::load(output) {
+                    Ok(m) => PointOutcome::Measured(Box::new(m)),
+                    Err(e) => PointOutcome::Failed(e.to_string()),
+                },
+                Some(3) => PointOutcome::OutOfMemory {
+                    phase: oom_phase(&stderr),
+                    message: last_line(&stderr),
+                },
+                Some(code) => PointOutcome::Failed(format!("exit {code}: {}", last_line(&stderr))),
+                None => PointOutcome::Failed(format!("{PROGRAM} was killed by a signal")),
+            },
+        }
+    }
+}
+
+/// The command line of `measure` for `config` (without `--output`).
+pub fn measure_args(config: &MeasureConfig) -> Vec<String> {
+    let mut a = vec![
+        "measure".to_string(),
+        "--device".into(),
+        config.device.to_string(),
+        "--batch".into(),
+        config.batch.to_string(),
+        "--context".into(),
+        config.context.to_string(),
+        "--width".into(),
+        config.width.to_string(),
+        "--dtype".into(),
+        config.dtype.name().into(),
+        "--warmup".into(),
+        config.warmup.to_string(),
+        "--repeats".into(),
+        config.repeats.to_string(),
+    ];
+    if let Some(h) = config.hidden {
+        a.extend(["--hidden".into(), h.to_string()]);
+    }
+    a
+}
+
+fn last_line(text: &str) -> String {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The phase an out-of-memory message names (`during phase `cold_forward``).
+fn oom_phase(stderr: &str) -> Option<String> {
+    let at = stderr.find("during phase `")? + "during phase `".len();
+    let end = stderr[at..].find('`')?;
+    Some(stderr[at..at + end].to_string())
+}
+
+/// Runs each point in a fresh companion process on one device.
+pub struct CompanionRunner {
+    pub companion: Companion,
+    pub device: crate::device::CudaDevice,
+}
+
+impl PointRunner for CompanionRunner {
+    fn run(&mut self, config: &MeasureConfig, output: &Path) -> PointOutcome {
+        let config = MeasureConfig {
+            device: self.device,
+            ..config.clone()
+        };
+        self.companion.measure(&config, output, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_phase_of_an_out_of_memory_is_read_from_the_message() {
+        let e = "mesure_memoire: error: measuring [...]: CUDA ran out of memory during phase \
+                 `cold_forward`: CUDA out of memory. Tried to allocate 2.00 GiB";
+        assert_eq!(oom_phase(e).as_deref(), Some("cold_forward"));
+        assert_eq!(oom_phase("no phase"), None);
+        let a = measure_args(&MeasureConfig {
+            hidden: Some(8),
+            ..Default::default()
+        });
+        assert_eq!(a[0], "measure");
+        assert!(a.windows(2).any(|w| w == ["--hidden", "8"]));
+    }
+}

@@ -108,6 +108,8 @@ fn with_flag(e: GridError) -> Failure {
             TextField::UsefulWorkUnit => "--useful-work-unit",
             TextField::AcceptanceThreshold => "--threshold",
             TextField::Notes => "--notes",
+            TextField::MeasurementFile => "--measurement",
+            TextField::CatalogFile => "--catalog",
         }),
         _ => None,
     };

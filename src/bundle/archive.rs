@@ -30,8 +30,11 @@ const END_LEN: usize = 22;
 /// A member to write: its full name in the zip, its bytes, whether it is executable.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {
+    /// The full name, top folder included.
     pub name: &'a str,
+    /// The content.
     pub bytes: &'a [u8],
+    /// Mode 0755 if true, 0644 otherwise.
     pub executable: bool,
 }
 
@@ -68,8 +71,9 @@ pub struct Found<'a> {
     pub data_at: usize,
     /// Its Unix mode, file type bits included, from the central directory.
     pub mode: u32,
-    /// Where its local entry starts and its central entry starts.
+    /// Where its local entry starts in the archive.
     pub local_at: usize,
+    /// Where its central directory entry starts in the archive.
     pub central_at: usize,
 }
 

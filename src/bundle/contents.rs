@@ -41,6 +41,7 @@ fn left_out(name: &str) -> bool {
 pub struct Member {
     /// Path inside the top folder, with `/` separators.
     pub path: String,
+    /// The content.
     pub bytes: Vec<u8>,
     /// Whether any execute bit is set in the project (it is shipped with mode 0755).
     pub executable: bool,

@@ -13,6 +13,8 @@
 //!
 //! Builds are deterministic: the same tree gives the same bytes.
 
+#![warn(missing_docs)]
+
 pub mod archive;
 pub mod contents;
 pub mod extract;
@@ -45,21 +47,55 @@ pub const MAX_ARCHIVE_BYTES: u64 = MAX_CONTENT_BYTES + (8 << 20);
 /// Why a bundle could not be built, verified or extracted; the message names the file or member.
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
+    /// Reading `file` failed for a reason the program could not foresee (exit 1).
     #[error("cannot read {file}: {source}")]
     Io {
+        /// The file.
         file: String,
+        /// Why.
         source: std::io::Error,
     },
+    /// A notebook to ship carries outputs (exit 65).
     #[error("{file} is shipped with outputs: {problems}; strip them first")]
-    NotebookOutputs { file: String, problems: String },
+    NotebookOutputs {
+        /// The notebook.
+        file: String,
+        /// Each offending cell or field.
+        problems: String,
+    },
+    /// A file, member or manifest is not what a bundle accepts (exit 65).
     #[error("{file}: {message}")]
-    Invalid { file: String, message: String },
+    Invalid {
+        /// The file (for a member, the zip; the message names the member).
+        file: String,
+        /// What is wrong, naming the member or entry.
+        message: String,
+    },
+    /// A file is larger than a bundle reads (exit 65).
     #[error("{file}: larger than {limit} bytes, the most a bundle reads")]
-    TooLarge { file: String, limit: u64 },
+    TooLarge {
+        /// The file.
+        file: String,
+        /// The limit it passed, in bytes.
+        limit: u64,
+    },
+    /// The bundle's name is not one plain folder name (exit 64).
     #[error("invalid bundle name `{name}`: {message}")]
-    Name { name: String, message: String },
+    Name {
+        /// The name given.
+        name: String,
+        /// Why it is refused.
+        message: String,
+    },
+    /// A zip to extract does not match its manifest (exit 65); nothing was written.
     #[error("{file} does not match its manifest; nothing extracted\n{report}")]
-    NotVerified { file: String, report: String },
+    NotVerified {
+        /// The zip.
+        file: String,
+        /// The verification's report.
+        report: String,
+    },
+    /// Writing the zip or the extracted folder failed, or would overwrite (exit 4).
     #[error(transparent)]
     Write(#[from] WriteError),
 }

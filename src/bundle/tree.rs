@@ -14,8 +14,11 @@ use std::path::{Path, PathBuf};
 /// What an entry of a folder is, read without following links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// A regular file; `executable` when any execute bit is set.
-    File { executable: bool },
+    /// A regular file.
+    File {
+        /// Whether any execute bit is set.
+        executable: bool,
+    },
     /// A folder.
     Folder,
     /// A symbolic link: never followed.
@@ -31,6 +34,7 @@ pub struct Node {
     pub rel: String,
     /// Path on disk.
     pub path: PathBuf,
+    /// What it is.
     pub kind: Kind,
 }
 

@@ -101,7 +101,9 @@ pub fn verify(target: &Path) -> Result<Verification, BundleError> {
 
 /// A zip's bytes and where its files lie in them, kept for extraction.
 pub(super) struct ZipBundle {
+    /// The whole archive.
     pub bytes: Vec<u8>,
+    /// Its files, the manifest included, in archive order.
     pub files: Vec<ZipFile>,
 }
 
@@ -111,6 +113,7 @@ pub(super) struct ZipFile {
     pub path: String,
     /// Where its bytes lie in the archive.
     pub range: Range<usize>,
+    /// Whether its mode is 0755.
     pub executable: bool,
 }
 

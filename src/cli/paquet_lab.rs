@@ -1,4 +1,4 @@
-//! `paquet_lab build|verify`: the distributable zip and its manifest.
+//! `paquet_lab build|verify|extract`: the release zip and its manifest.
 
 use super::{say, Outcome};
 use crate::bundle;
@@ -7,7 +7,8 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Build the distributable zip (deterministic, with MANIFEST.json) or verify one against its manifest.
+/// Build the release zip (deterministic, with MANIFEST.json), verify one against its manifest, or
+/// extract a verified one.
 #[derive(Debug, Parser)]
 #[command(name = "paquet_lab", version)]
 pub struct Args {
@@ -17,15 +18,18 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Build the zip: notebooks (refused if any carries outputs), data, protocol, LICENSE, README.
+    /// Build the zip: a release that builds and runs on its own (both crates, scripts, notebooks
+    /// refused if any carries outputs, data, docs); links and non-regular files are refused.
     Build {
         /// Project root to read.
         #[arg(long, default_value = ".")]
         root: PathBuf,
-        /// Top folder inside the zip.
-        #[arg(long, default_value = concat!("iteragpu-lab-", env!("CARGO_PKG_VERSION")))]
+        /// Top folder inside the zip: one folder name (letters, digits, `.`, `_`, `-`).
+        #[arg(long, default_value = concat!("iteragpu-lab-", env!("CARGO_PKG_VERSION")),
+              value_parser = bundle::check_name)]
         name: String,
-        /// New zip file; an existing file is never overwritten [default: NAME.zip].
+        /// New zip file; an existing file is never overwritten [default: NAME.zip in the current
+        /// folder].
         #[arg(long)]
         output: Option<PathBuf>,
     },
@@ -36,6 +40,14 @@ pub enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Verify a zip, then extract it into the new folder INTO/NAME (never over an existing one).
+    Extract {
+        /// The zip file.
+        zip: PathBuf,
+        /// The existing folder to extract into.
+        #[arg(long, default_value = ".")]
+        into: PathBuf,
     },
 }
 
@@ -67,6 +79,15 @@ pub fn run(args: &Args) -> Outcome {
             } else {
                 Status::DataError.into()
             })
+        }
+        Command::Extract { zip, into } => {
+            let folder = bundle::extract(zip, into)?;
+            say(format_args!(
+                "{} verified against its MANIFEST.json and extracted into {}",
+                zip.display(),
+                folder.display()
+            ))?;
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -1,6 +1,8 @@
 //! What every command-line test file shares: the programs, the repository root, the exit codes
-//! by name, and reading JSON from a successful run.
+//! by name, and reading JSON from a successful run; [`bundle`] for the bundle's tests.
 #![allow(dead_code)]
+
+pub mod bundle;
 
 use assert_cmd::Command;
 use iteragpu_lab::status::Status;

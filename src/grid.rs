@@ -113,6 +113,8 @@ pub enum GridError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Read(#[from] files::ReadError),
+    #[error(transparent)]
     Measurement(#[from] LoadError),
     #[error(transparent)]
     Quote(#[from] QuoteError),
@@ -139,6 +141,7 @@ impl Classify for GridError {
     fn status(&self) -> Status {
         match self {
             GridError::Io { .. } => Status::Failure,
+            GridError::Read(e) => e.status(),
             GridError::Measurement(e) => e.status(),
             GridError::Quote(e) => e.status(),
             GridError::Catalog(e) => e.status(),
@@ -237,10 +240,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<GridRow, GridError
             });
         }
     }
-    let bytes = std::fs::read(&request.measurement).map_err(|source| GridError::Io {
-        file: request.measurement.display().to_string(),
-        source,
-    })?;
+    let bytes = files::read_capped(&request.measurement, files::Input::Measurement)?;
     let measurement = Measurement::from_bytes(&bytes, &request.measurement.display().to_string())?;
     let catalog = Catalog::load(request.catalog.as_deref())?;
     let q = quote(
@@ -283,10 +283,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<GridRow, GridError
 
     let _lock = lock(grid)?;
     files::remove_leftovers(grid);
-    let current = std::fs::read(grid).map_err(|source| GridError::Io {
-        file: grid.display().to_string(),
-        source,
-    })?;
+    let current = files::read_capped(grid, files::Input::Grid)?;
     let file = grid.display().to_string();
     let report = check_bytes(&current, &file);
     if !report.problems.is_empty() {
@@ -341,7 +338,10 @@ fn lock(grid: &Path) -> Result<std::fs::File, GridError> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(io)?;
+        .map_err(|source| match files::check_folder(grid) {
+            Err(missing) => GridError::Write(missing),
+            Ok(()) => io(source),
+        })?;
     file.lock().map_err(io)?;
     Ok(file)
 }
@@ -373,10 +373,7 @@ fn find_measurement(bytes: &[u8], sha256: &str) -> Option<u64> {
 
 /// Checks the grid file at `path`.
 pub fn check(path: &Path) -> Result<GridReport, GridError> {
-    let bytes = std::fs::read(path).map_err(|source| GridError::Io {
-        file: path.display().to_string(),
-        source,
-    })?;
+    let bytes = files::read_capped(path, files::Input::Grid)?;
     Ok(check_bytes(&bytes, &path.display().to_string()))
 }
 

@@ -13,7 +13,6 @@ use crate::estimate::estimate;
 use crate::files;
 use crate::measure::{Dtype, Gpu, MeasureConfig, MeasureError, Measurement};
 use clap::{Parser, Subcommand};
-use rust_decimal::Decimal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -55,9 +54,10 @@ pub struct EstimateArgs {
     /// Storage width per parameter in bits (1 to 64), rounded up to whole bytes.
     #[arg(long, value_parser = values::bits)]
     pub bits: u32,
-    /// A reserve in GiB added as a hypothesis (not a measurement).
+    /// A reserve in GiB added as a hypothesis (not a measurement): a plain decimal such as 4 or
+    /// 1.5, kept exactly (at most 28 digits) and rounded up to a whole byte.
     #[arg(long, value_parser = values::gib, default_value = "0")]
-    pub reserve_gib: Decimal,
+    pub reserve_gib: crate::decimal::PlainDecimal,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -92,10 +92,10 @@ pub struct ShapeArgs {
     #[arg(long, value_parser = values::dtype)]
     pub dtype: Dtype,
     /// Warm-up passes, measured together in one row (0 to 10000).
-    #[arg(long, value_parser = values::count_u32)]
+    #[arg(long, value_parser = values::warmup)]
     pub warmup: u32,
     /// Warm passes measured one row each (1 to 10000).
-    #[arg(long, value_parser = values::positive_u32)]
+    #[arg(long, value_parser = values::repeats)]
     pub repeats: u32,
 }
 

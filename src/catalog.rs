@@ -2,8 +2,11 @@
 //! every error naming the file, line and column, and the file's identity (path, SHA-256,
 //! illustrative or published) carried into every quote made from it.
 
+use crate::decimal::{DecimalError, PlainDecimal};
+use crate::files::{read_capped, Input, ReadError};
 use crate::money::Cents;
 use crate::sha256_hex;
+use crate::text::{first_unsafe, printable};
 use rust_decimal::Decimal;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,11 +34,9 @@ pub const COLUMNS: [&str; 8] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
-    #[error("cannot read catalog {file}: {source}")]
-    Io {
-        file: String,
-        source: std::io::Error,
-    },
+    /// The file could not be read, is not a regular file, or is larger than a catalog may be.
+    #[error(transparent)]
+    Read(#[from] ReadError),
     #[error("{file}, line {line}, column `{column}`: {message}")]
     Invalid {
         file: String,
@@ -58,7 +59,7 @@ impl crate::status::Classify for CatalogError {
     fn status(&self) -> crate::status::Status {
         use crate::status::Status;
         match self {
-            CatalogError::Io { .. } => Status::Failure,
+            CatalogError::Read(e) => crate::status::Classify::status(e),
             CatalogError::Invalid { .. } | CatalogError::Structure { .. } => Status::DataError,
             CatalogError::UnknownModel { .. } | CatalogError::UnknownDuration(_) => Status::Usage,
         }
@@ -128,13 +129,10 @@ impl Catalog {
         }
     }
 
+    /// Loads the catalog file at `path`: a regular file of at most [`Input::Catalog`]'s limit.
     pub fn load_file(path: &Path) -> Result<Catalog, CatalogError> {
-        let file = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| CatalogError::Io {
-            file: file.clone(),
-            source,
-        })?;
-        Self::parse(&bytes, &file)
+        let bytes = read_capped(path, Input::Catalog)?;
+        Self::parse(&bytes, &path.display().to_string())
     }
 
     /// Parses and validates catalog bytes; `file` names them in errors and in the source.
@@ -228,6 +226,11 @@ impl fmt::Display for Catalog {
 }
 
 /// Reads every row, checking the header and each field; returns rows with their line numbers.
+///
+/// The file is UTF-8 text (a leading byte-order mark is allowed), one record per line (`\n` or
+/// `\r\n`), no empty line. A value is plain (no quote inside) or enclosed in double quotes with
+/// `""` standing for one quote; a value never spans lines, so an unclosed quote is reported on
+/// the line where it opens.
 fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, CatalogError> {
     let invalid = |line: u64, column: &str, message: String| CatalogError::Invalid {
         file: file.to_string(),
@@ -235,24 +238,29 @@ fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, Catalo
         column: column.to_string(),
         message,
     };
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(bytes);
-    let header = reader
-        .headers()
-        .map_err(|e| invalid(1, "(header)", e.to_string()))?
-        .clone();
-    let names: Vec<&str> = header.iter().collect();
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let line = 1 + bytes[..e.valid_up_to()]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count();
+        invalid(line as u64, "(row)", "not UTF-8 text".into())
+    })?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    let mut lines = (1u64..).zip(body.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)));
+
+    let (_, header) = lines.next().expect("split yields at least one piece");
+    let names = split_values(header).map_err(|(_, m)| invalid(1, "(header)", m))?;
     if names != COLUMNS {
         let missing: Vec<&str> = COLUMNS
             .iter()
-            .filter(|c| !names.contains(c))
+            .filter(|c| !names.iter().any(|n| n == *c))
             .copied()
             .collect();
-        let unknown: Vec<&str> = names
+        let unknown: Vec<String> = names
             .iter()
-            .filter(|c| !COLUMNS.contains(c))
-            .copied()
+            .filter(|n| !COLUMNS.contains(&n.as_str()))
+            .map(|n| printable(n).into_owned())
             .collect();
         return Err(invalid(
             1,
@@ -268,88 +276,45 @@ fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, Catalo
 
     let mut rows = Vec::new();
     let mut seen = BTreeMap::new();
-    for record in reader.records() {
-        let record = record.map_err(|e| {
-            let line = e.position().map_or(0, |p| p.line());
-            invalid(line, "(row)", e.to_string())
-        })?;
-        let line = record.position().map_or(0, |p| p.line());
-        let field = |i: usize| record.get(i).unwrap_or("").trim();
-        let text = |i: usize| -> Result<String, CatalogError> {
-            let v = field(i);
-            if v.is_empty() {
-                Err(invalid(line, COLUMNS[i], "empty value".into()))
-            } else {
-                Ok(v.to_string())
-            }
-        };
-        let positive = |i: usize| -> Result<u64, CatalogError> {
-            match field(i).parse::<u64>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(invalid(
-                    line,
-                    COLUMNS[i],
-                    format!("`{}` is not a positive integer", field(i)),
-                )),
-            }
-        };
-        let model = text(0)?;
+    for (line, content) in lines {
+        let values = read_record(content).map_err(|(column, m)| invalid(line, column, m))?;
+        let at = |i: usize, message: String| invalid(line, COLUMNS[i], message);
+        let v = |i: usize| values[i].as_str();
+        let model = v(0).to_string();
         if !model
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         {
-            return Err(invalid(
-                line,
-                "model",
+            return Err(at(
+                0,
                 format!("`{model}` must use lowercase letters, digits and '-' only"),
             ));
         }
-        let gpus_per_lot = u32::try_from(positive(2)?)
-            .map_err(|_| invalid(line, "gpus_per_lot", "too large".into()))?;
-        let memory_per_gpu_gib = match field(3).parse::<Decimal>() {
-            Ok(d) if d > Decimal::ZERO => d,
-            _ => {
-                return Err(invalid(
-                    line,
-                    "memory_per_gpu_gib",
-                    format!("`{}` is not a positive decimal number", field(3)),
-                ))
-            }
-        };
-        let duration_days = match field(4).parse::<u32>() {
-            Ok(d) if DURATIONS_DAYS.contains(&d) => d,
-            _ => {
-                return Err(invalid(
-                    line,
-                    "duration_days",
-                    format!("`{}` is not one of 3, 7, 30", field(4)),
-                ))
-            }
-        };
-        let lot_price_usd_cents = Cents(positive(5)?);
-        let snapshot_date = text(6)?;
+        let gpus_per_lot = positive_integer(v(2), u32::MAX.into()).map_err(|m| at(2, m))?;
+        let gpus_per_lot = u32::try_from(gpus_per_lot).expect("at most u32::MAX");
+        let memory_per_gpu_gib = positive_gib(v(3)).map_err(|m| at(3, m))?;
+        let duration_days = DURATIONS_DAYS
+            .into_iter()
+            .find(|d| d.to_string() == v(4))
+            .ok_or_else(|| at(4, format!("`{}` is not one of 3, 7, 30", v(4))))?;
+        let lot_price_usd_cents = Cents(positive_integer(v(5), u64::MAX).map_err(|m| at(5, m))?);
+        let snapshot_date = v(6).to_string();
         if !is_iso_date(&snapshot_date) {
-            return Err(invalid(
-                line,
-                "snapshot_date",
-                format!("`{snapshot_date}` is not a date YYYY-MM-DD"),
-            ));
+            return Err(at(6, format!("`{snapshot_date}` is not a date YYYY-MM-DD")));
         }
-        let price_status = match field(7) {
+        let price_status = match v(7) {
             "illustrative" => PriceStatus::Illustrative,
             "published" => PriceStatus::Published,
             other => {
-                return Err(invalid(
-                    line,
-                    "price_status",
+                return Err(at(
+                    7,
                     format!("`{other}` must be `illustrative` or `published`"),
                 ))
             }
         };
         if let Some(first) = seen.insert((model.clone(), duration_days), line) {
-            return Err(invalid(
-                line,
-                "duration_days",
+            return Err(at(
+                4,
                 format!("duplicate row for ({model}, {duration_days} days), first on line {first}"),
             ));
         }
@@ -357,7 +322,7 @@ fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, Catalo
             line,
             CatalogRow {
                 model,
-                display_name: text(1)?,
+                display_name: v(1).to_string(),
                 gpus_per_lot,
                 memory_per_gpu_gib,
                 duration_days,
@@ -374,6 +339,140 @@ fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, Catalo
         });
     }
     Ok(rows)
+}
+
+/// One data line's eight values, each checked to be plain text: not empty, no character a
+/// terminal would obey (escape, NUL, other controls, bidirectional overrides), no space at either
+/// end. `Err((column, message))` names the column at fault (`(row)` for the line as a whole).
+fn read_record(line: &str) -> Result<Vec<String>, (&'static str, String)> {
+    let column = |i: usize| COLUMNS.get(i).copied().unwrap_or("(row)");
+    if line.is_empty() {
+        return Err(("(row)", "empty line".into()));
+    }
+    let values = split_values(line).map_err(|(i, m)| (column(i), m))?;
+    if values.len() != COLUMNS.len() {
+        return Err((
+            "(row)",
+            format!("expected {} values, found {}", COLUMNS.len(), values.len()),
+        ));
+    }
+    for (i, value) in values.iter().enumerate() {
+        let problem = if value.is_empty() {
+            Some("empty value".to_string())
+        } else if let Some(c) = first_unsafe(value) {
+            Some(format!(
+                "`{}` contains the control character {}: catalog values are plain text",
+                printable(value),
+                printable(&c.to_string())
+            ))
+        } else if value.trim() != value {
+            Some(format!("`{value}` has spaces at its start or end"))
+        } else {
+            None
+        };
+        if let Some(message) = problem {
+            return Err((column(i), message));
+        }
+    }
+    Ok(values)
+}
+
+/// Splits one line into values: plain (no quote inside) or enclosed in double quotes, with `""`
+/// standing for one quote. `Err((index, message))` names the value that is malformed.
+fn split_values(line: &str) -> Result<Vec<String>, (usize, String)> {
+    let mut values = Vec::new();
+    let mut rest = line;
+    loop {
+        let index = values.len();
+        let after = if let Some(quoted) = rest.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices().peekable();
+            let after =
+                loop {
+                    match chars.next() {
+                        None => return Err((
+                            index,
+                            "a quote opens on this line and is not closed on it (a value cannot \
+                             span lines)"
+                                .into(),
+                        )),
+                        Some((_, '"')) if chars.peek().is_some_and(|(_, c)| *c == '"') => {
+                            chars.next();
+                            value.push('"');
+                        }
+                        Some((i, '"')) => break &quoted[i + 1..],
+                        Some((_, c)) => value.push(c),
+                    }
+                };
+            values.push(value);
+            after
+        } else {
+            let end = rest.find(',').unwrap_or(rest.len());
+            let value = &rest[..end];
+            if value.contains('"') {
+                return Err((
+                    index,
+                    format!(
+                        "`{}` has a quote inside; quote a whole value: \"...\"",
+                        printable(value)
+                    ),
+                ));
+            }
+            values.push(value.to_string());
+            &rest[end..]
+        };
+        match after.strip_prefix(',') {
+            Some(next) => rest = next,
+            None if after.is_empty() => return Ok(values),
+            None => {
+                return Err((
+                    index,
+                    format!(
+                        "`{}` follows a closing quote; a quoted value ends at the quote",
+                        printable(after.split(',').next().unwrap_or(after))
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// A positive whole number up to `max`, written with digits only: no sign, space, leading zero,
+/// decimal point or exponent.
+fn positive_integer(value: &str, max: u64) -> Result<u64, String> {
+    if !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "`{value}` is not a positive integer written with digits only (no sign, space, \
+             decimal point or exponent)"
+        ));
+    }
+    if value.bytes().all(|b| b == b'0') {
+        return Err(format!("`{value}` is not a positive integer"));
+    }
+    if value.starts_with('0') {
+        return Err(format!(
+            "`{value}` is not a positive integer as written: no leading zero"
+        ));
+    }
+    match value.parse::<u64>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(format!("`{value}` is too large (at most {max})")),
+    }
+}
+
+/// A positive amount of GiB written as a plain decimal number, such as `80` or `23.99`.
+fn positive_gib(value: &str) -> Result<Decimal, String> {
+    let refused = |why: String| {
+        format!("`{value}` is not a positive plain decimal number such as 80 or 23.99: {why}")
+    };
+    let d: PlainDecimal = value
+        .parse()
+        .map_err(|e: DecimalError| refused(e.to_string()))?;
+    if d.is_zero() {
+        return Err(refused("it is zero".into()));
+    }
+    d.to_decimal()
+        .ok_or_else(|| refused("more than 28 decimal places".into()))
 }
 
 /// Every model offers all three durations, with the same name, lot size and memory throughout.
@@ -484,5 +583,175 @@ mod tests {
             c.offer("b200", 5),
             Err(CatalogError::UnknownDuration(5))
         ));
+    }
+
+    /// The built-in catalog with the value of `column` on `line` (2: the first row) replaced.
+    fn with_value(line: usize, column: usize, value: &str) -> String {
+        let text = std::str::from_utf8(BUILTIN_CSV).unwrap();
+        let mut lines: Vec<String> = text.lines().map(String::from).collect();
+        let mut values: Vec<&str> = lines[line - 1].split(',').collect();
+        values[column] = value;
+        lines[line - 1] = values.join(",");
+        lines.join("\n") + "\n"
+    }
+
+    fn error_of(text: &str) -> String {
+        let e = Catalog::parse(text.as_bytes(), "c.csv").unwrap_err();
+        assert!(matches!(e, CatalogError::Invalid { .. }), "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn every_number_is_strict() {
+        for (column, value, expected) in [
+            (
+                5,
+                "+2900",
+                "not a positive integer written with digits only",
+            ),
+            (5, " 2900 ", "has spaces at its start or end"),
+            (5, "2900 ", "has spaces at its start or end"),
+            (5, "002900", "no leading zero"),
+            (5, "2.9e3", "digits only"),
+            (5, "2900.00", "digits only"),
+            (5, "2_900", "digits only"),
+            (5, "0", "`0` is not a positive integer"),
+            (
+                5,
+                "18446744073709551616",
+                "too large (at most 18446744073709551615)",
+            ),
+            (2, "+1", "digits only"),
+            (2, "01", "no leading zero"),
+            (2, "4294967296", "too large (at most 4294967295)"),
+            (4, "03", "is not one of 3, 7, 30"),
+            (4, "+3", "is not one of 3, 7, 30"),
+            (4, "3.0", "is not one of 3, 7, 30"),
+            (3, "2.399e1", "not a positive plain decimal number"),
+            (3, "+23.99", "not a positive plain decimal number"),
+            (3, "023.99", "leading zero"),
+            (3, "23.", "not a positive plain decimal number"),
+            (3, ".5", "not a positive plain decimal number"),
+            (3, "0", "it is zero"),
+            (3, "0.000", "it is zero"),
+            (3, "23.9900000000000000000000000001", "at most 28"),
+            (
+                3,
+                "0.00000000000000000000000000001",
+                "more than 28 decimal places",
+            ),
+        ] {
+            let e = error_of(&with_value(2, column, value));
+            let at = format!("c.csv, line 2, column `{}`: ", COLUMNS[column]);
+            assert!(e.starts_with(&at), "{value:?}: {e}");
+            assert!(e.contains(expected), "{value:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn plain_values_still_load() {
+        let text = with_value(2, 3, "23.990")
+            .replace(",23.99,", ",23.990,")
+            .replace(
+                "NVIDIA GeForce RTX 4090",
+                "\"NVIDIA GeForce RTX 4090, \"\"24 GB\"\"\"",
+            );
+        let c = Catalog::parse(text.as_bytes(), "c.csv").unwrap();
+        let row = c.offer("rtx4090", 3).unwrap();
+        assert_eq!(row.display_name, "NVIDIA GeForce RTX 4090, \"24 GB\"");
+        assert_eq!(row.memory_per_gpu_gib, Decimal::new(2399, 2));
+        let crlf = std::str::from_utf8(BUILTIN_CSV)
+            .unwrap()
+            .replace('\n', "\r\n");
+        assert_eq!(
+            Catalog::parse(crlf.as_bytes(), "c.csv").unwrap().rows.len(),
+            45
+        );
+        let bom = [b"\xef\xbb\xbf".as_slice(), BUILTIN_CSV].concat();
+        assert_eq!(Catalog::parse(&bom, "c.csv").unwrap().rows.len(), 45);
+    }
+
+    #[test]
+    fn an_unclosed_quote_is_reported_on_its_own_line() {
+        let text = with_value(4, 1, "\"NVIDIA GeForce RTX 4090");
+        let e = error_of(&text);
+        assert!(
+            e.starts_with("c.csv, line 4, column `display_name`: a quote opens"),
+            "{e}"
+        );
+        let e = error_of(&text.replace('\n', "\r\n"));
+        assert!(e.starts_with("c.csv, line 4, column `display_name`"), "{e}");
+        let e = error_of(&with_value(46, 7, "\"illustrative"));
+        assert!(
+            e.starts_with("c.csv, line 46, column `price_status`"),
+            "{e}"
+        );
+        let e = error_of(&with_value(3, 1, "\"RTX\"x"));
+        assert!(
+            e.contains("line 3, column `display_name`: `x` follows a closing quote"),
+            "{e}"
+        );
+        let e = error_of(&with_value(3, 1, "RTX \"4090\""));
+        assert!(
+            e.contains("line 3, column `display_name`: `RTX \"4090\"` has a quote inside"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn line_numbers_are_right_with_crlf() {
+        let text = with_value(3, 5, "0").replace('\n', "\r\n");
+        assert!(error_of(&text).starts_with("c.csv, line 3, column `lot_price_usd_cents`"));
+    }
+
+    #[test]
+    fn empty_lines_wrong_counts_and_bad_bytes_name_their_line() {
+        let text = std::str::from_utf8(BUILTIN_CSV).unwrap();
+        let blank = text.replacen("illustrative\n", "illustrative\n\n", 1);
+        assert_eq!(
+            error_of(&blank),
+            "c.csv, line 3, column `(row)`: empty line"
+        );
+        let trailing = format!("{text}\n");
+        assert_eq!(
+            error_of(&trailing),
+            "c.csv, line 47, column `(row)`: empty line"
+        );
+        let short = with_value(5, 7, "illustrative,extra");
+        assert_eq!(
+            error_of(&short),
+            "c.csv, line 5, column `(row)`: expected 8 values, found 9"
+        );
+        let mut bytes = with_value(6, 1, "MARK").into_bytes();
+        let at = bytes.windows(4).position(|w| w == b"MARK").unwrap();
+        bytes[at] = 0xff;
+        let e = Catalog::parse(&bytes, "c.csv").unwrap_err().to_string();
+        assert_eq!(e, "c.csv, line 6, column `(row)`: not UTF-8 text");
+    }
+
+    #[test]
+    fn terminal_controls_in_text_are_refused_and_never_echoed_raw() {
+        for (column, value) in [
+            (1, "NVIDIA \u{1b}[31mH200"),
+            (1, "NVIDIA\0H200"),
+            (1, "NVIDIA \u{202e}002H"),
+            (1, "NVIDIA\tH200"),
+            (1, "NVIDIA \u{9b}2J"),
+            (7, "illustrative\u{1b}[2J"),
+            (6, "2026-11-30\u{7}"),
+            (0, "rtx4090\u{8}"),
+        ] {
+            let e = error_of(&with_value(2, column, value));
+            assert!(e.contains("contains the control character"), "{e}");
+            assert!(e.contains(&format!("column `{}`", COLUMNS[column])), "{e}");
+            assert_eq!(crate::text::first_unsafe(&e), None, "{e:?}");
+        }
+        let header = std::str::from_utf8(BUILTIN_CSV).unwrap().replacen(
+            "price_status",
+            "price_status\u{1b}[2J",
+            1,
+        );
+        let e = error_of(&header);
+        assert!(e.contains("unknown: [price_status\\u{1b}[2J]"), "{e}");
     }
 }

@@ -1,9 +1,9 @@
 //! Weight-memory estimate (seed section 1): parameters × whole bytes per parameter, plus a reserve
 //! that is a stated hypothesis, never a measurement.
 
+use crate::decimal::PlainDecimal;
 use crate::markup::{rows_text, Rows};
 use crate::units::{gib_to_bytes, Bytes, ROUNDING_RULE};
-use rust_decimal::Decimal;
 use serde::Serialize;
 use std::fmt;
 
@@ -31,8 +31,6 @@ pub enum EstimateError {
     ZeroParameters,
     #[error("the storage width must be between 1 and {MAX_BITS} bits, got {0}")]
     Bits(u32),
-    #[error("the reserve must be zero or positive GiB, got {0}")]
-    NegativeReserve(Decimal),
     #[error("{0} is too large: the byte count would overflow 64 bits")]
     Overflow(&'static str),
 }
@@ -48,8 +46,9 @@ pub struct WeightEstimate {
     pub bytes_per_parameter: u64,
     /// parameters × bytes_per_parameter.
     pub weights: Bytes,
-    /// The reserve as given, in GiB: a hypothesis chosen by the user, not a measured value.
-    pub reserve_gib_hypothesis: Decimal,
+    /// The reserve as given, in GiB, exactly: a hypothesis chosen by the user, not a measured
+    /// value.
+    pub reserve_gib_hypothesis: PlainDecimal,
     /// The reserve in bytes (GiB × 2^30, rounded up to a whole byte).
     pub reserve: Bytes,
     /// weights + reserve.
@@ -59,20 +58,19 @@ pub struct WeightEstimate {
     pub caveat: &'static str,
 }
 
-/// Computes the estimate, refusing zero parameters, absurd widths, negative reserves and overflow.
+/// Computes the estimate, refusing zero parameters, absurd widths and overflow. The reserve is
+/// exact as written (`"1.5".parse()`) and rounded up to a whole byte: a positive reserve, however
+/// small, is at least one byte.
 pub fn estimate(
     parameters: u64,
     bits: u32,
-    reserve_gib: Decimal,
+    reserve_gib: PlainDecimal,
 ) -> Result<WeightEstimate, EstimateError> {
     if parameters == 0 {
         return Err(EstimateError::ZeroParameters);
     }
     if bits == 0 || bits > MAX_BITS {
         return Err(EstimateError::Bits(bits));
-    }
-    if reserve_gib.is_sign_negative() && !reserve_gib.is_zero() {
-        return Err(EstimateError::NegativeReserve(reserve_gib));
     }
     let bytes_per_parameter = u64::from(bits.div_ceil(8));
     let weights = parameters
@@ -87,7 +85,7 @@ pub fn estimate(
         bits_per_parameter: bits,
         bytes_per_parameter,
         weights: Bytes(weights),
-        reserve_gib_hypothesis: reserve_gib.normalize(),
+        reserve_gib_hypothesis: reserve_gib,
         reserve: Bytes(reserve),
         total: Bytes(total),
         rounding: ROUNDING_RULE,
@@ -203,9 +201,19 @@ mod tests {
         assert_eq!(est(0, 16, "0").unwrap_err(), EstimateError::ZeroParameters);
         assert_eq!(est(1, 0, "0").unwrap_err(), EstimateError::Bits(0));
         assert_eq!(est(1, 65, "0").unwrap_err(), EstimateError::Bits(65));
-        assert!(matches!(
-            est(1, 8, "-0.5").unwrap_err(),
-            EstimateError::NegativeReserve(_)
-        ));
+    }
+
+    #[test]
+    fn a_tiny_positive_reserve_is_one_byte_and_shown_as_given() {
+        let e = est(1, 8, "0.00000000000000000000000000001").unwrap();
+        assert_eq!(e.reserve.0, 1);
+        assert_eq!(e.total.0, 2);
+        assert_eq!(
+            e.reserve_gib_hypothesis.to_string(),
+            "0.00000000000000000000000000001"
+        );
+        assert!(e
+            .to_string()
+            .contains("0.00000000000000000000000000001 GiB chosen by you"));
     }
 }

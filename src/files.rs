@@ -1,4 +1,6 @@
-//! Result files: written whole or not at all (temporary file in the same folder, then an atomic
+//! Files in and out.
+//!
+//! Result files are written whole or not at all (temporary file in the same folder, then an atomic
 //! rename that refuses to replace an existing file), so no partial or overwritten result can exist.
 //! A file that is updated in place (the results grid) is replaced the same way, keeping its
 //! permissions and any symbolic link that leads to it, and a read-only file is never replaced.
@@ -6,20 +8,191 @@
 //! Temporary files are named `.NAME.XXXXXXXXXXXXXXXX.iteragpu-tmp` (16 random letters and digits,
 //! created with `O_EXCL`), so that [`remove_leftovers`] can recognise the ones a killed writer left
 //! and never touches a file of the user's.
+//!
+//! Input files (catalog, measurement, grid) are read by [`read_capped`]: only regular files, and
+//! at most the size limit of their [`Input`] kind, so that `/dev/zero`, a named pipe or a huge
+//! file given as an input is refused at once with a clear error instead of exhausting memory or
+//! waiting forever.
 
 use crate::status::{Classify, Status};
-use std::io::Write;
+use std::fmt;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+/// The kinds of input file the programs read whole, each with its size limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    /// A package catalog (`data/tarifs-forfaits.csv` is about 3 KiB): at most 16 MiB.
+    Catalog,
+    /// A measurement written by `mesure_memoire measure` (the recorded example is 5 KiB): at most
+    /// 64 MiB.
+    Measurement,
+    /// The results grid (about 1 KiB a row): at most 256 MiB.
+    Grid,
+}
+
+impl Input {
+    /// Every kind, in the order of the README's "Limits on input sizes".
+    pub const ALL: [Input; 3] = [Input::Catalog, Input::Measurement, Input::Grid];
+
+    /// The largest file of this kind that is read, in bytes.
+    pub const fn limit(self) -> u64 {
+        match self {
+            Input::Catalog => 16 << 20,
+            Input::Measurement => 64 << 20,
+            Input::Grid => 256 << 20,
+        }
+    }
+
+    /// The kind's name in messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Input::Catalog => "catalog",
+            Input::Measurement => "measurement",
+            Input::Grid => "grid",
+        }
+    }
+}
+
+impl fmt::Display for Input {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why an input file was not read. The OS error, when there is one, is the error's source, not
+/// part of its message, so that a report printing the causes shows it once.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot read {kind} {}", path.display())]
+    Io {
+        kind: Input,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {kind} {}: it is {what}, not a regular file", path.display())]
+    NotRegular {
+        kind: Input,
+        path: PathBuf,
+        what: &'static str,
+    },
+    #[error(
+        "cannot read {kind} {}: it is larger than {} MiB ({} bytes), the limit for a {kind}",
+        path.display(),
+        limit >> 20,
+        limit
+    )]
+    TooLarge {
+        kind: Input,
+        path: PathBuf,
+        limit: u64,
+    },
+}
+
+impl Classify for ReadError {
+    fn status(&self) -> Status {
+        match self {
+            ReadError::Io { .. } => Status::Failure,
+            ReadError::NotRegular { .. } | ReadError::TooLarge { .. } => Status::DataError,
+        }
+    }
+}
+
+/// Reads the whole input file at `path` of kind `kind`: refused if it is not a regular file (a
+/// named pipe, a device such as `/dev/zero`, a folder) or larger than [`Input::limit`].
+pub fn read_capped(path: &Path, kind: Input) -> Result<Vec<u8>, ReadError> {
+    read_limited(path, kind, kind.limit())
+}
+
+/// [`read_capped`] with an explicit limit in bytes.
+fn read_limited(path: &Path, kind: Input, limit: u64) -> Result<Vec<u8>, ReadError> {
+    let io = |source| ReadError::Io {
+        kind,
+        path: path.to_path_buf(),
+        source,
+    };
+    let refuse = |meta: &std::fs::Metadata| -> Result<(), ReadError> {
+        if let Some(what) = not_regular(meta) {
+            return Err(ReadError::NotRegular {
+                kind,
+                path: path.to_path_buf(),
+                what,
+            });
+        }
+        if meta.len() > limit {
+            return Err(ReadError::TooLarge {
+                kind,
+                path: path.to_path_buf(),
+                limit,
+            });
+        }
+        Ok(())
+    };
+    // Checked before opening, so that no device is ever opened, and again on the open file, in
+    // case the path was replaced in between.
+    refuse(&std::fs::metadata(path).map_err(io)?)?;
+    let file = open_without_waiting(path).map_err(io)?;
+    refuse(&file.metadata().map_err(io)?)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > limit {
+        // The file grew while it was read.
+        return Err(ReadError::TooLarge {
+            kind,
+            path: path.to_path_buf(),
+            limit,
+        });
+    }
+    Ok(bytes)
+}
+
+/// What a file that is not a regular file is, in words; `None` for a regular file.
+fn not_regular(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return None;
+    }
+    if t.is_dir() {
+        return Some("a folder");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return Some("a named pipe");
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return Some("a device");
+        }
+        if t.is_socket() {
+            return Some("a socket");
+        }
+    }
+    Some("a special file")
+}
+
+/// Opens `path` for reading; on Unix without waiting for a writer should it be a named pipe.
+fn open_without_waiting(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    options.open(path)
+}
+
+/// Why a result file was not written.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     #[error("{0} already exists: results are never overwritten; choose a new file name")]
     Exists(PathBuf),
-    #[error("the folder of {0} does not exist")]
+    #[error("the folder {} of {} does not exist", folder_of(.0).display(), .0.display())]
     MissingFolder(PathBuf),
     #[error("{0} is read-only: it is never replaced; make it writable to change it")]
     ReadOnly(PathBuf),
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {}", path.display())]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -44,11 +217,18 @@ fn folder_of(path: &Path) -> &Path {
     }
 }
 
+/// Checks that the folder `path` would be written in exists.
+pub fn check_folder(path: &Path) -> Result<(), WriteError> {
+    if folder_of(path).is_dir() {
+        Ok(())
+    } else {
+        Err(WriteError::MissingFolder(path.to_path_buf()))
+    }
+}
+
 /// Checks, before any work is done, that `path` could be created: its folder exists and it does not.
 pub fn check_new_file(path: &Path) -> Result<(), WriteError> {
-    if !folder_of(path).is_dir() {
-        return Err(WriteError::MissingFolder(path.to_path_buf()));
-    }
+    check_folder(path)?;
     if path.symlink_metadata().is_ok() {
         return Err(WriteError::Exists(path.to_path_buf()));
     }
@@ -270,6 +450,91 @@ mod tests {
     #[test]
     fn missing_folder_is_named() {
         let e = check_new_file(Path::new("/nonexistent-folder-igl/x.json")).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent-folder-igl/x.json"));
+        assert_eq!(
+            e.to_string(),
+            "the folder /nonexistent-folder-igl of /nonexistent-folder-igl/x.json does not exist"
+        );
+        assert_eq!(e.status(), Status::Usage);
+    }
+
+    #[test]
+    fn inputs_are_read_up_to_their_limit_and_not_a_byte_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.csv");
+        std::fs::write(&p, b"0123456789").unwrap();
+        assert_eq!(read_limited(&p, Input::Catalog, 10).unwrap(), b"0123456789");
+        let e = read_limited(&p, Input::Catalog, 9).unwrap_err();
+        assert!(matches!(e, ReadError::TooLarge { limit: 9, .. }), "{e}");
+        assert_eq!(e.status(), Status::DataError);
+        assert_eq!(read_capped(&p, Input::Catalog).unwrap(), b"0123456789");
+    }
+
+    #[test]
+    fn a_huge_input_is_refused_without_being_read() {
+        let dir = tempfile::tempdir().unwrap();
+        for kind in Input::ALL {
+            let p = dir.path().join(kind.name());
+            // A sparse file: no disk space used, and refused from its size alone.
+            std::fs::File::create(&p)
+                .unwrap()
+                .set_len(kind.limit() + 1)
+                .unwrap();
+            let e = read_capped(&p, kind).unwrap_err();
+            let text = e.to_string();
+            assert!(matches!(e, ReadError::TooLarge { .. }), "{text}");
+            assert!(text.contains(&p.display().to_string()), "{text}");
+            assert!(
+                text.contains(&format!(
+                    "{} MiB ({} bytes)",
+                    kind.limit() >> 20,
+                    kind.limit()
+                )),
+                "{text}"
+            );
+        }
+        assert_eq!(Input::Catalog.limit(), 16 << 20);
+        assert_eq!(Input::Measurement.limit(), 64 << 20);
+        assert_eq!(Input::Grid.limit(), 256 << 20);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn devices_pipes_and_folders_are_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe.csv");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for (path, what) in [
+            (Path::new("/dev/zero"), "a device"),
+            (fifo.as_path(), "a named pipe"),
+            (dir.path(), "a folder"),
+        ] {
+            let e = read_capped(path, Input::Grid).unwrap_err();
+            assert_eq!(e.status(), Status::DataError);
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "cannot read grid {}: it is {what}, not a regular file",
+                    path.display()
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_input_keeps_the_os_error_as_its_source_only() {
+        use std::error::Error;
+        let e = read_capped(Path::new("/nonexistent-igl/m.json"), Input::Measurement).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot read measurement /nonexistent-igl/m.json"
+        );
+        assert_eq!(e.status(), Status::Failure);
+        assert!(e.source().unwrap().to_string().contains("os error 2"));
+        let w = io_error(Path::new("x"), std::io::Error::from_raw_os_error(28));
+        assert_eq!(w.to_string(), "cannot write x");
     }
 }

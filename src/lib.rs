@@ -8,7 +8,9 @@
 //! - [`allocator`]: an exact model of PyTorch's CUDA caching allocator that predicts every figure
 //!   of a measurement and names every block;
 //! - [`catalog`] and [`quote`]: package prices from a CSV catalog, money in exact cents;
-//! - [`files`]: results written atomically, never over an existing file;
+//! - [`files`]: results written atomically, never over an existing file; input files read
+//!   only when regular and within their size limit;
+//! - [`text`]: untrusted text made safe to show in a terminal;
 //! - [`status`]: the exit status every library error names for itself.
 //!
 //! This crate never links libtorch: the GPU backend is the crate `iteragpu-torch` (folder
@@ -22,6 +24,7 @@ pub mod catalog;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod companion;
+pub mod decimal;
 pub mod device;
 pub mod display;
 pub mod environment;
@@ -36,6 +39,7 @@ pub mod plot;
 pub mod quote;
 pub mod status;
 pub mod sweep;
+pub mod text;
 pub mod units;
 
 /// SHA-256 of `bytes`, lowercase hex.

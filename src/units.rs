@@ -1,6 +1,7 @@
 //! Byte units: GiB (2^30 bytes) and GB (10^9 bytes), never confused, converted with exact integer
 //! arithmetic and rounded only for display, half away from zero.
 
+use crate::decimal::PlainDecimal;
 use rust_decimal::Decimal;
 use serde::Serialize;
 use std::fmt;
@@ -104,10 +105,17 @@ impl<'de> serde::Deserialize<'de> for Bytes {
     }
 }
 
-/// Exact bytes for a GiB amount, rounded up to a whole byte (a reserve is never shrunk).
-pub fn gib_to_bytes(gib: Decimal) -> Option<u64> {
-    let exact = gib.checked_mul(Decimal::from(GIB))?;
-    u64::try_from(exact.ceil()).ok()
+/// Exact bytes for a GiB amount, rounded up to a whole byte (a reserve is never shrunk: a positive
+/// amount, however small, is at least one byte); `None` beyond 64 bits. Computed on integers.
+pub fn gib_to_bytes(gib: PlainDecimal) -> Option<u64> {
+    // mantissa < 10^28 < 2^94, so mantissa × 2^30 < 2^124 fits.
+    let scaled = gib.mantissa() * u128::from(GIB);
+    let bytes = match 10u128.checked_pow(gib.scale()) {
+        Some(divisor) => scaled.div_ceil(divisor),
+        // 10^scale is beyond 2^127 > scaled: the amount is below one byte.
+        None => u128::from(scaled > 0),
+    };
+    u64::try_from(bytes).ok()
 }
 
 #[cfg(test)]
@@ -136,10 +144,35 @@ mod tests {
         assert_eq!(max.gib(2).to_string(), "17179869184.00");
     }
 
+    fn bytes_of(gib: &str) -> Option<u64> {
+        gib_to_bytes(gib.parse().unwrap())
+    }
+
     #[test]
     fn gib_to_bytes_rounds_up_and_refuses_overflow() {
-        assert_eq!(gib_to_bytes(Decimal::from(4)), Some(4 * GIB));
-        assert_eq!(gib_to_bytes("0.1".parse().unwrap()), Some(107_374_183));
-        assert_eq!(gib_to_bytes(Decimal::from(u64::MAX)), None);
+        assert_eq!(bytes_of("4"), Some(4 * GIB));
+        assert_eq!(bytes_of("0"), Some(0));
+        assert_eq!(bytes_of("0.1"), Some(107_374_183));
+        assert_eq!(bytes_of("18446744073709551615"), None);
+        assert_eq!(bytes_of("17179869183.99999999906867742"), Some(u64::MAX));
+        assert_eq!(bytes_of("17179869184"), None);
+    }
+
+    #[test]
+    fn a_positive_amount_is_at_least_one_byte() {
+        assert_eq!(bytes_of("0.00000000000000000000000000001"), Some(1));
+        assert_eq!(bytes_of("0.0000000001"), Some(1));
+        let tiny = format!("0.{}1", "0".repeat(100));
+        assert_eq!(bytes_of(&tiny), Some(1));
+    }
+
+    #[test]
+    fn gib_to_bytes_is_exact_at_28_digits() {
+        // 999999999 GiB and 10^-19 GiB: the fraction is a tenth of a nanobyte, still one byte.
+        assert_eq!(
+            bytes_of("999999999.0000000000000000001"),
+            Some(999_999_999 * GIB + 1)
+        );
+        assert_eq!(bytes_of("1.5"), Some(GIB + GIB / 2));
     }
 }

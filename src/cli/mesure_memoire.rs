@@ -16,7 +16,6 @@ use crate::measure::{Dtype, Gpu, MeasureConfig, MeasureError, Measurement};
 use crate::status::Status;
 use crate::sweep::Dimension;
 use clap::{Parser, Subcommand};
-use rust_decimal::Decimal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -63,9 +62,10 @@ pub struct EstimateArgs {
     /// Storage width per parameter in bits (1 to 64), rounded up to whole bytes.
     #[arg(long, value_parser = values::bits)]
     pub bits: u32,
-    /// A reserve in GiB added as a hypothesis (not a measurement).
+    /// A reserve in GiB added as a hypothesis (not a measurement): a plain decimal such as 4 or
+    /// 1.5, kept exactly (at most 28 digits) and rounded up to a whole byte.
     #[arg(long, value_parser = values::gib, default_value = "0")]
-    pub reserve_gib: Decimal,
+    pub reserve_gib: crate::decimal::PlainDecimal,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -101,10 +101,10 @@ pub struct ShapeArgs {
     #[arg(long, value_parser = values::dtype)]
     pub dtype: Dtype,
     /// Warm-up passes, measured together in one row (0 to 10000).
-    #[arg(long, value_parser = values::count_u32)]
+    #[arg(long, value_parser = values::warmup)]
     pub warmup: u32,
     /// Warm passes measured one row each (1 to 10000).
-    #[arg(long, value_parser = values::positive_u32)]
+    #[arg(long, value_parser = values::repeats)]
     pub repeats: u32,
 }
 

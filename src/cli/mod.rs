@@ -5,6 +5,8 @@
 //! Errors reach a program's exit through [`Failure`], which accepts only errors that implement
 //! [`Classify`]: an error type without an exit status does not compile here. Output goes through
 //! [`print`] and [`say`], which stop quietly on a closed pipe without changing the exit status.
+//! An error is printed by [`report`] with each of its causes once, and with any character that a
+//! terminal would obey (escape sequences, NUL, bidirectional overrides) escaped.
 
 pub mod calcul_forfaits;
 pub mod mesure_memoire;
@@ -104,8 +106,26 @@ pub fn report(program: &str, failure: &Failure) -> ExitCode {
     if is_closed_pipe(&failure.error) {
         return Status::Ok.into();
     }
-    eprintln!("{program}: error: {:#}", failure.error);
+    eprintln!("{program}: error: {}", message(&failure.error));
     failure.status.into()
+}
+
+/// The error and its causes, joined by `: `, each said once, safe for a terminal. Errors of this
+/// crate keep an OS error as their source rather than in their text; a cause that the text before
+/// it already ends with (an error that also quotes its source) is not repeated. Characters a
+/// terminal would obey are escaped ([`crate::text::printable_lines`]).
+pub fn message(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    crate::text::printable_lines(&text).into_owned()
 }
 
 /// Writes to stdout; a closed pipe stops the output quietly (`Ok`), any other error is returned.
@@ -132,4 +152,42 @@ pub fn print<T: serde::Serialize + Display>(value: &T, json: bool) -> Result<(),
         }
         writeln!(out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read grid g.csv: {source}")]
+    struct Quoting {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let os = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let quoting = anyhow::Error::new(Quoting { source: os() }).context("cannot append");
+        let m = message(&quoting);
+        assert_eq!(m.matches("entity not found").count(), 1, "{m}");
+        assert!(
+            m.starts_with("cannot append: cannot read grid g.csv: "),
+            "{m}"
+        );
+        let read = anyhow::Error::new(crate::files::ReadError::Io {
+            kind: crate::files::Input::Catalog,
+            path: "c.csv".into(),
+            source: os(),
+        });
+        assert_eq!(
+            message(&read),
+            "cannot read catalog c.csv: entity not found"
+        );
+    }
+
+    #[test]
+    fn terminal_controls_are_escaped_line_breaks_kept() {
+        let e = anyhow::anyhow!("schema `\u{1b}[2J\0`\nsecond line\r");
+        assert_eq!(message(&e), "schema `\\u{1b}[2J\\u{0}`\nsecond line\\u{d}");
+    }
 }

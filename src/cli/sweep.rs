@@ -31,7 +31,7 @@ pub struct SweepArgs {
     #[arg(long, value_parser = values::positive_u64)]
     pub to: u64,
     /// Evenly spaced values, both ends included [default: 10].
-    #[arg(long, value_parser = values::positive_u32, conflicts_with_all = ["step", "geometric"])]
+    #[arg(long, value_parser = values::steps, conflicts_with_all = ["step", "geometric"])]
     pub steps: Option<u32>,
     /// Values from --from by this step.
     #[arg(long, value_parser = values::positive_u64, conflicts_with = "geometric")]

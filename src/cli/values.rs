@@ -1,18 +1,12 @@
-//! Value parsers for command-line flags: strict, with messages that say what is expected. clap
-//! prefixes each message with the flag's name.
+//! Value parsers for command-line flags: strict, with messages that say what is expected and
+//! state the flag's own range (not the range of the type that holds it). clap prefixes each
+//! message with the flag's name.
 
-use rust_decimal::Decimal;
+use crate::decimal::{DecimalError, PlainDecimal};
+use crate::measure::MAX_PASSES;
 
-/// A positive whole number (no sign, no decimals, no exponent).
-pub fn positive_u64(s: &str) -> Result<u64, String> {
-    match count_u64(s)? {
-        0 => Err("must be a positive integer, got 0".into()),
-        n => Ok(n),
-    }
-}
-
-/// A whole number, zero allowed.
-pub fn count_u64(s: &str) -> Result<u64, String> {
+/// A whole number from `min` to `max`, written with digits only (no sign, decimals or exponent).
+fn whole_in(s: &str, min: u64, max: u64) -> Result<u64, String> {
     if s.starts_with('-') {
         return Err(format!("must not be negative, got `{s}`"));
     }
@@ -21,50 +15,67 @@ pub fn count_u64(s: &str) -> Result<u64, String> {
             "must be a whole number written with digits only, got `{s}`"
         ));
     }
-    s.parse::<u64>()
-        .map_err(|_| format!("`{s}` is too large (at most {})", u64::MAX))
+    match s.parse::<u64>() {
+        Ok(0) if min == 1 => Err("must be a positive integer, got 0".into()),
+        Ok(n) if n < min => Err(format!("must be at least {min}, got {n}")),
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(format!("`{s}` is too large (at most {max})")),
+    }
 }
 
-pub fn positive_u32(s: &str) -> Result<u32, String> {
-    let n = positive_u64(s)?;
-    u32::try_from(n).map_err(|_| format!("`{s}` is too large (at most {})", u32::MAX))
+/// A positive whole number (no sign, no decimals, no exponent).
+pub fn positive_u64(s: &str) -> Result<u64, String> {
+    whole_in(s, 1, u64::MAX)
 }
 
-pub fn count_u32(s: &str) -> Result<u32, String> {
-    let n = count_u64(s)?;
-    u32::try_from(n).map_err(|_| format!("`{s}` is too large (at most {})", u32::MAX))
+/// A whole number, zero allowed.
+pub fn count_u64(s: &str) -> Result<u64, String> {
+    whole_in(s, 0, u64::MAX)
+}
+
+/// Warm-up passes of a measurement: 0 to [`MAX_PASSES`].
+pub fn warmup(s: &str) -> Result<u32, String> {
+    passes(s, 0)
+}
+
+/// Measured repetitions of a measurement: 1 to [`MAX_PASSES`].
+pub fn repeats(s: &str) -> Result<u32, String> {
+    passes(s, 1)
+}
+
+fn passes(s: &str, min: u32) -> Result<u32, String> {
+    let n = whole_in(s, min.into(), MAX_PASSES.into())
+        .map_err(|e| format!("{e}; a measurement is bounded to {min} to {MAX_PASSES} passes"))?;
+    Ok(u32::try_from(n).expect("at most MAX_PASSES"))
+}
+
+/// The number of points of a sweep: 1 to [`crate::sweep::MAX_POINTS`].
+pub fn steps(s: &str) -> Result<u32, String> {
+    let n = whole_in(s, 1, crate::sweep::MAX_POINTS as u64)?;
+    Ok(u32::try_from(n).expect("at most MAX_POINTS"))
 }
 
 /// A storage width in bits, 1 to 64.
 pub fn bits(s: &str) -> Result<u32, String> {
-    let n = positive_u64(s)?;
-    if n > u64::from(crate::estimate::MAX_BITS) {
-        return Err(format!(
-            "must be between 1 and {} bits, got {n}",
-            crate::estimate::MAX_BITS
-        ));
-    }
-    Ok(n as u32)
+    let max = crate::estimate::MAX_BITS;
+    whole_in(s, 1, max.into())
+        .map(|n| u32::try_from(n).expect("at most MAX_BITS"))
+        .map_err(|_| format!("must be a whole number of bits between 1 and {max}, got `{s}`"))
 }
 
-/// A non-negative decimal number of GiB, such as `4` or `1.5`.
-pub fn gib(s: &str) -> Result<Decimal, String> {
-    let valid = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || b == b'.' || b == b'-')
-        && s.bytes().any(|b| b.is_ascii_digit());
-    let d: Decimal = match s.parse() {
-        Ok(d) if valid => d,
-        _ => {
-            return Err(format!(
-                "must be a number of GiB such as 4 or 1.5, got `{s}`"
-            ))
-        }
-    };
-    if d.is_sign_negative() && !d.is_zero() {
+/// A non-negative decimal number of GiB, such as `4` or `1.5`, kept exactly (at most 28 digits;
+/// any number of decimal places).
+pub fn gib(s: &str) -> Result<PlainDecimal, String> {
+    if s.starts_with('-') {
         return Err(format!("must be zero or positive, got `{s}`"));
     }
-    Ok(d)
+    s.parse().map_err(|e: DecimalError| {
+        let what = match e {
+            DecimalError::TooManyDigits(_) => e.to_string(),
+            _ => format!("must be a number of GiB such as 4 or 1.5: {e}"),
+        };
+        format!("{what}; got `{s}`")
+    })
 }
 
 /// An element type: float32, float16 or bfloat16.
@@ -83,15 +94,14 @@ pub fn dimension(s: &str) -> Result<crate::sweep::Dimension, String> {
     s.parse()
 }
 
-/// A rental duration: 3, 7 or 30 days.
+/// A rental duration: 3, 7 or 30 days, written exactly so.
 pub fn days(s: &str) -> Result<u32, String> {
-    let n = positive_u32(s)?;
-    if !crate::catalog::DURATIONS_DAYS.contains(&n) {
-        return Err(format!(
-            "durations are 3, 7 or 30 days only (no conversion, no proration), got {n}"
-        ));
-    }
-    Ok(n)
+    crate::catalog::DURATIONS_DAYS
+        .into_iter()
+        .find(|d| d.to_string() == s)
+        .ok_or_else(|| {
+            format!("durations are 3, 7 or 30 days only (no conversion, no proration), got `{s}`")
+        })
 }
 
 #[cfg(test)]
@@ -109,22 +119,55 @@ mod tests {
         assert!(positive_u64("18446744073709551616")
             .unwrap_err()
             .contains("too large"));
-        assert_eq!(count_u32("0"), Ok(0));
-        assert!(count_u32("4294967296").unwrap_err().contains("too large"));
+        assert_eq!(count_u64("0"), Ok(0));
     }
 
     #[test]
-    fn bits_gib_and_days() {
+    fn passes_state_the_documented_bound() {
+        assert_eq!(warmup("0"), Ok(0));
+        assert_eq!(warmup("10000"), Ok(10_000));
+        assert_eq!(repeats("1"), Ok(1));
+        assert_eq!(repeats("10000"), Ok(10_000));
+        for (value, parse) in [
+            ("10001", warmup as fn(&str) -> Result<u32, String>),
+            ("4294967296", warmup),
+            ("99999999999999999999999", repeats),
+            ("10001", repeats),
+        ] {
+            let e = parse(value).unwrap_err();
+            assert!(e.contains("at most 10000"), "{e}");
+            assert!(!e.contains("4294967295"), "{e}");
+        }
+        assert!(repeats("0").unwrap_err().contains("positive"));
+    }
+
+    #[test]
+    fn bits_gib_and_days_state_their_range() {
         assert_eq!(bits("16"), Ok(16));
-        assert!(bits("65").is_err());
-        assert!(bits("0").is_err());
+        assert_eq!(bits("64"), Ok(64));
+        for bad in ["0", "65", "4294967296", "99999999999999999999", "x", "-8"] {
+            let e = bits(bad).unwrap_err();
+            assert!(e.contains("between 1 and 64"), "{bad}: {e}");
+            assert!(!e.contains("18446744073709551615"), "{e}");
+        }
         assert_eq!(gib("4").unwrap().to_string(), "4");
         assert_eq!(gib("1.5").unwrap().to_string(), "1.5");
         assert!(gib("-1").unwrap_err().contains("zero or positive"));
         assert!(gib("abc").is_err());
         assert!(gib("1e3").is_err());
         assert!(gib("4GiB").is_err());
+        assert!(gib("1.00000000000000000000000000001")
+            .unwrap_err()
+            .contains("at most 28"));
+        assert_eq!(
+            gib("0.00000000000000000000000000001").unwrap().to_string(),
+            "0.00000000000000000000000000001"
+        );
         assert_eq!(days("7"), Ok(7));
-        assert!(days("5").unwrap_err().contains("3, 7 or 30"));
+        for bad in ["5", "07", "+7", "99999999999", "-3", ""] {
+            let e = days(bad).unwrap_err();
+            assert!(e.contains("3, 7 or 30"), "{bad}: {e}");
+            assert!(!e.contains("4294967295"), "{e}");
+        }
     }
 }

@@ -16,7 +16,7 @@ pub use report::{check_bytes, GridReport, Problem};
 pub use row::{header_line, measurement_identity, neutralise, Cell, GridRow, CELLS, COLUMNS};
 
 use crate::catalog::{Catalog, CatalogError};
-use crate::files::WriteError;
+use crate::files::{self, WriteError};
 use crate::measure::{report::LoadError, Measurement};
 use crate::quote::{quote, QuoteError};
 use crate::status::{Classify, Status};
@@ -39,11 +39,14 @@ impl GridRow {
 #[derive(Debug, thiserror::Error)]
 pub enum GridError {
     /// A file could not be read.
-    #[error("cannot read {file}: {source}")]
+    #[error("cannot read {file}")]
     Io {
         file: String,
         source: std::io::Error,
     },
+    /// An input file was refused (not a regular file, or larger than its limit).
+    #[error(transparent)]
+    Read(#[from] files::ReadError),
     /// The measurement file is not a measurement.
     #[error(transparent)]
     Measurement(#[from] LoadError),
@@ -91,6 +94,7 @@ impl Classify for GridError {
     fn status(&self) -> Status {
         match self {
             GridError::Io { .. } => Status::Failure,
+            GridError::Read(e) => e.status(),
             GridError::Measurement(e) => e.status(),
             GridError::Quote(e) => e.status(),
             GridError::Catalog(e) => e.status(),
@@ -237,10 +241,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<GridRow, GridError
             });
         }
     }
-    let bytes = std::fs::read(&request.measurement).map_err(|source| GridError::Io {
-        file: measurement_file.clone(),
-        source,
-    })?;
+    let bytes = files::read_capped(&request.measurement, files::Input::Measurement)?;
     let measurement = Measurement::from_bytes(&bytes, &measurement_file)?;
     let catalog = Catalog::load(request.catalog.as_deref())?;
     let q = quote(
@@ -324,9 +325,6 @@ pub fn scratch_copy(blank: &Path) -> Result<PathBuf, GridError> {
 
 /// Checks the grid file at `path` with the validation `append` applies to each row it writes.
 pub fn check(path: &Path) -> Result<GridReport, GridError> {
-    let bytes = std::fs::read(path).map_err(|source| GridError::Io {
-        file: path.display().to_string(),
-        source,
-    })?;
+    let bytes = files::read_capped(path, files::Input::Grid)?;
     Ok(check_bytes(&bytes, &path.display().to_string()))
 }

@@ -22,6 +22,8 @@ pub(super) fn append_row(grid: &Path, row: &GridRow) -> Result<(), GridError> {
         file: file.clone(),
         source,
     };
+    // A grid in a missing folder is a usage error naming the folder, as for every output.
+    files::check_folder(grid)?;
     let target = std::fs::canonicalize(grid).map_err(io)?;
     let _lock = lock(&target, &mut |lock| {
         // One write, so that lines of writers waiting together never interleave.
@@ -32,7 +34,7 @@ pub(super) fn append_row(grid: &Path, row: &GridRow) -> Result<(), GridError> {
         let _ = std::io::stderr().write_all(line.as_bytes());
     })?;
     files::remove_leftovers(&target);
-    let current = std::fs::read(&target).map_err(io)?;
+    let current = files::read_capped(&target, files::Input::Grid)?;
     let report = check_bytes(&current, &file);
     if !report.problems.is_empty() {
         return Err(GridError::BrokenGrid { file, report });

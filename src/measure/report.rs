@@ -61,11 +61,9 @@ pub struct ModelComparison {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read measurement {file}: {source}")]
-    Io {
-        file: String,
-        source: std::io::Error,
-    },
+    /// The file could not be read, is not a regular file, or is larger than a measurement may be.
+    #[error(transparent)]
+    Read(#[from] crate::files::ReadError),
     #[error("{file} is not a measurement file: {message}")]
     Invalid { file: String, message: String },
 }
@@ -73,7 +71,7 @@ pub enum LoadError {
 impl crate::status::Classify for LoadError {
     fn status(&self) -> crate::status::Status {
         match self {
-            LoadError::Io { .. } => crate::status::Status::Failure,
+            LoadError::Read(e) => crate::status::Classify::status(e),
             LoadError::Invalid { .. } => crate::status::Status::DataError,
         }
     }
@@ -159,14 +157,11 @@ impl Measurement {
         });
     }
 
-    /// Reads a measurement file written by `measure` and checks its schema tag.
+    /// Reads a measurement file written by `measure` (a regular file of at most
+    /// [`crate::files::Input::Measurement`]'s limit) and checks its schema tag.
     pub fn load(path: &Path) -> Result<Measurement, LoadError> {
-        let file = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Io {
-            file: file.clone(),
-            source,
-        })?;
-        Self::from_bytes(&bytes, &file)
+        let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
+        Self::from_bytes(&bytes, &path.display().to_string())
     }
 
     /// Parses measurement bytes read from `file` and checks the schema tag.

@@ -4,8 +4,10 @@
     python3 scripts/run-notebooks.py [--kernel iteragpu-rust] NOTEBOOK...
 
 Each notebook runs from its own folder (as under Jupyter) on an in-memory copy: nothing is written
-back (unless --save names a folder for executed copies). Prints, per notebook, the time from kernel start to the first output and to the end, and
-fails (exit 1) on an error output or a cell whose output says it failed.
+back (unless --save names a folder for executed copies). Prints, per notebook, the time from kernel
+start to the first output and to the end, and fails (exit 1) when a cell stops with an error, when
+any cell carries an error output, or when a code cell with code in it has no execution count after
+the run (it did not run).
 """
 import argparse
 import sys
@@ -37,20 +39,28 @@ def main() -> int:
         client = NotebookClient(nb, kernel_name=a.kernel, timeout=a.timeout,
                                 resources={"metadata": {"path": str(path.parent.resolve())}},
                                 on_cell_executed=on_cell_executed)
+        problems = []
         try:
             client.execute()
-            status = "ok"
         except CellExecutionError as e:
-            status = f"FAILED\n{e}"
-            failed += 1
+            problems.append(str(e))
         total = time.perf_counter() - started
         if a.save:
             Path(a.save).mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, Path(a.save) / path.name)
-        cells = [c for c in nb.cells if c.cell_type == "code"]
-        ran = sum(1 for c in cells if c.get("execution_count") is not None)
-        print(f"{path}: {status}: {ran}/{len(cells)} code cells, first output after "
-              f"{first.get('t', float('nan')):.1f} s, finished after {total:.1f} s", flush=True)
+        cells = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        ran = sum(1 for _, c in cells if c.get("execution_count") is not None)
+        for i, c in cells:
+            if any(o.get("output_type") == "error" for o in c.get("outputs", [])):
+                problems.append(f"cell {i} has an error output")
+            if c.get("execution_count") is None and c.source.strip():
+                problems.append(f"code cell {i} did not run")
+        failed += bool(problems)
+        print(f"{path}: {'FAILED' if problems else 'ok'}: {ran}/{len(cells)} code cells ran, first "
+              f"output after {first.get('t', float('nan')):.1f} s, finished after {total:.1f} s",
+              flush=True)
+        for problem in problems:
+            print(f"  {problem}", flush=True)
     return 1 if failed else 0
 
 

@@ -46,7 +46,9 @@ mod torch_shim {
         } else {
             println!("cargo:rustc-link-lib=dylib:+verbatim=libcudart.so.13");
         }
-        // Keep the libraries reachable for this package's binaries and tests without LD_LIBRARY_PATH.
+        // Keep the libraries reachable for this package's binaries and tests without LD_LIBRARY_PATH,
+        // on the build machine only: these folders are its cache. Elsewhere the rule is
+        // LD_LIBRARY_PATH (scripts/env.sh sets it; README, Quick start).
         for dir in [&lib, &cuda_lib] {
             println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
         }

@@ -216,14 +216,26 @@ mod tests {
         log: Vec<&'static str>,
         fail_forward_after: Option<usize>,
         forwards: usize,
+        /// The device's memory: a request that would make `reserved` exceed it fails as CUDA's
+        /// allocator does, with the sizes in the message and nothing allocated.
+        capacity: Option<u64>,
     }
 
     impl Simulated {
-        fn alloc(&mut self, n: u64) {
+        fn alloc(&mut self, n: u64) -> Result<(), MeasureError> {
+            let reserved = self.reserved.max((self.live + n).next_multiple_of(1 << 21));
+            if let Some(capacity) = self.capacity.filter(|c| reserved > *c) {
+                return Err(MeasureError::from_torch_message(&format!(
+                    "CUDA out of memory. Tried to allocate {n} bytes; {} bytes reserved of {capacity}\n\
+                     (a second line of details)",
+                    self.reserved
+                )));
+            }
             self.live += n;
-            self.reserved = self.reserved.max(self.live.next_multiple_of(1 << 21));
+            self.reserved = reserved;
             self.peak_live = self.peak_live.max(self.live);
             self.peak_reserved = self.peak_reserved.max(self.reserved);
+            Ok(())
         }
     }
 
@@ -255,13 +267,11 @@ mod tests {
         }
         fn load_model(&mut self) -> Result<(), MeasureError> {
             self.log.push("load");
-            self.alloc(1000);
-            Ok(())
+            self.alloc(1000)
         }
         fn create_inputs(&mut self) -> Result<(), MeasureError> {
             self.log.push("inputs");
-            self.alloc(100);
-            Ok(())
+            self.alloc(100)
         }
         fn forward(&mut self) -> Result<(), MeasureError> {
             self.log.push("forward");
@@ -272,9 +282,9 @@ mod tests {
                     message: "CUDA out of memory".into(),
                 });
             }
-            self.alloc(400); // hidden activation, freed inside the pass
+            self.alloc(400)?; // hidden activation, freed inside the pass
             self.live -= 400;
-            self.alloc(100);
+            self.alloc(100)?;
             self.output = 100;
             Ok(())
         }
@@ -327,6 +337,43 @@ mod tests {
         let rows = run_protocol(&mut sim, 5, 1, |_| {}).unwrap();
         // Two outputs alive at once would make the peak 1600.
         assert_eq!(rows[3].peak_allocated_bytes, 1500);
+    }
+
+    #[test]
+    fn running_out_of_device_memory_is_exit_3_naming_the_phase() {
+        use crate::status::{Classify, Status};
+        // Weights and inputs fit in one 2 MiB segment; the first pass's activation does not.
+        let mut sim = Simulated {
+            capacity: Some(2 << 20),
+            ..Default::default()
+        };
+        sim.live = (2 << 20) - 1300; // memory already held before the measurement starts
+        sim.reserved = 2 << 20;
+        let mut rows = Vec::new();
+        let err = run_protocol(&mut sim, 1, 1, |r| rows.push(r.phase)).unwrap_err();
+        assert_eq!(rows, [Phase::ModelLoad, Phase::Inputs]);
+        assert!(
+            matches!(
+                err,
+                MeasureError::OutOfMemory {
+                    phase: Some(Phase::ColdForward),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), Status::OutOfMemory);
+        assert_eq!(err.status().code(), 3);
+        let message = err.to_string();
+        assert!(
+            message.contains("during phase `cold_forward`")
+                && message.contains("Tried to allocate 400 bytes")
+                && !message.contains("second line"),
+            "{message}"
+        );
+        // Another libtorch failure is not an out-of-memory one.
+        let other = MeasureError::from_torch_message("CUDA error: an illegal memory access");
+        assert_eq!(other.in_phase(Phase::Warmup).status(), Status::Failure);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub const fn code(status: Status) -> i32 {
 }
 pub const FAILURE: i32 = code(Status::Failure);
 pub const UNAVAILABLE: i32 = code(Status::Unavailable);
+pub const OUT_OF_MEMORY: i32 = code(Status::OutOfMemory);
 pub const OUTPUT_EXISTS: i32 = code(Status::OutputExists);
 pub const USAGE: i32 = code(Status::Usage);
 pub const DATA_ERROR: i32 = code(Status::DataError);

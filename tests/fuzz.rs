@@ -1,0 +1,544 @@
+//! Mutation fuzzing of every parser of untrusted input: the catalog (`Catalog::parse`), the results
+//! grid (`grid::check_bytes`), a measurement file (`Measurement::from_bytes`, then what `plot` does
+//! with it), the bundle's manifest and zip (`bundle::verify` of a folder and of a zip), and the
+//! allocator snapshot text (`allocator::snapshot::parse`).
+//!
+//! Each parser runs on the seed files of `tests/corpus/<parser>/` as they are, then on mutations
+//! of them made by a seeded generator (bit flips, byte changes, insertions of random bytes and of
+//! tokens the formats give meaning to, deletions, duplications, splices between two seed files,
+//! truncations), and must neither panic nor take longer than [`LIMIT`] on any input. The same
+//! seed gives the same inputs. An input that panics or hangs is saved into
+//! `tests/corpus/<parser>/crashes/` (named by its SHA-256) and the test fails; saved inputs are
+//! replayed first by every later run.
+//!
+//! `IGL_FUZZ_ITERATIONS` sets the number of mutated inputs per parser (default
+//! [`DEFAULT_ITERATIONS`], a few seconds in a debug build), `IGL_FUZZ_SEED` the generator's seed;
+//! `scripts/fuzz` runs it long, in release mode.
+
+use iteragpu_lab::allocator::snapshot;
+use iteragpu_lab::catalog::Catalog;
+use iteragpu_lab::measure::Measurement;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// Mutated inputs per parser when `IGL_FUZZ_ITERATIONS` is not set.
+const DEFAULT_ITERATIONS: u64 = 2000;
+/// The generator's seed when `IGL_FUZZ_SEED` is not set.
+const DEFAULT_SEED: u64 = 0x1647_0b5e_ed00_2026;
+/// The longest one input may take (a debug build on a loaded machine) before it counts as a hang.
+const LIMIT: Duration = Duration::from_secs(10);
+/// Mutated inputs are cut at this size.
+const MAX_LEN: usize = 1 << 20;
+
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => {
+            let v = v.trim();
+            let parsed = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => v.parse(),
+            };
+            parsed.unwrap_or_else(|_| panic!("{name}={v} is not a whole number"))
+        }
+    }
+}
+
+/// SplitMix64: small, fast, and the same sequence everywhere for one seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// A number in `0..n` (`n` > 0).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Byte strings the formats give meaning to (CSV, JSON, zip signatures, paths, the snapshot's
+/// line kinds, numbers at the edges of the integer types), inserted whole.
+const TOKENS: &[&[u8]] = &[
+    b",",
+    b"\"",
+    b"\"\"",
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b":",
+    b"null",
+    b"true",
+    b"-1",
+    b"0",
+    b"0.0",
+    b"1e308",
+    b"-1e309",
+    b"NaN",
+    b"4294967296",
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"99999999999999999999999999999999",
+    b"\0",
+    b"\xff\xfe",
+    b"\xc3\xa9",
+    b"\x1b[31m",
+    b"PK\x03\x04",
+    b"PK\x01\x02",
+    b"PK\x05\x06",
+    b"../",
+    b"/etc/passwd",
+    b"S ",
+    b"B ",
+    b" ",
+    b"2026-02-29",
+    b"published",
+    b"MANIFEST.json",
+];
+
+/// One to four mutations of `input`; `corpus` gives the other half of a splice.
+fn mutate(rng: &mut Rng, input: &[u8], corpus: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    for _ in 0..=rng.below(4) {
+        let len = out.len();
+        match rng.below(9) {
+            0 if len > 0 => {
+                let i = rng.below(len);
+                out[i] ^= 1 << rng.below(8);
+            }
+            1 if len > 0 => {
+                let i = rng.below(len);
+                out[i] = [
+                    0,
+                    0xff,
+                    0x7f,
+                    0x80,
+                    b'0',
+                    b'9',
+                    b'-',
+                    b' ',
+                    rng.next() as u8,
+                ][rng.below(9)];
+            }
+            2 => {
+                let at = rng.below(len + 1);
+                let n = 1 + rng.below(8);
+                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                out.splice(at..at, bytes);
+            }
+            3 | 4 => {
+                let at = rng.below(len + 1);
+                let token = TOKENS[rng.below(TOKENS.len())];
+                out.splice(at..at, token.iter().copied());
+            }
+            5 if len > 0 => {
+                let start = rng.below(len);
+                let end = (start + 1 + rng.below(64)).min(len);
+                out.drain(start..end);
+            }
+            6 if len > 0 => {
+                let start = rng.below(len);
+                let end = (start + 1 + rng.below(256)).min(len);
+                let copy = out[start..end].to_vec();
+                let at = rng.below(len + 1);
+                out.splice(at..at, copy);
+            }
+            7 => {
+                let other = &corpus[rng.below(corpus.len())];
+                let cut = rng.below(len + 1);
+                let from = rng.below(other.len() + 1);
+                out.truncate(cut);
+                out.extend_from_slice(&other[from..]);
+            }
+            _ => {
+                out.truncate(rng.below(len + 1));
+            }
+        }
+    }
+    out.truncate(MAX_LEN);
+    out
+}
+
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// What the worker tells the watchdog after each input.
+enum Report {
+    Done { accepted: bool },
+    Panicked { input: Vec<u8>, message: String },
+}
+
+/// Runs `parse` (true: the input was accepted) on the corpus of `parser` in `tests/corpus/` and on
+/// mutations of it; fails on any panic or hang, saving the input, and unless the seeds are all
+/// accepted and some mutations refused (else the parser was not really exercised).
+fn fuzz(parser: &str, parse: impl Fn(&[u8]) -> bool + Send + 'static) {
+    let run = Run {
+        iterations: env_number("IGL_FUZZ_ITERATIONS", DEFAULT_ITERATIONS),
+        seed: env_number("IGL_FUZZ_SEED", DEFAULT_SEED),
+        limit: LIMIT,
+    };
+    fuzz_in(&Path::new(ROOT).join("tests/corpus"), parser, run, parse)
+}
+
+/// How long a fuzzing run is.
+#[derive(Clone, Copy)]
+struct Run {
+    /// Mutated inputs.
+    iterations: u64,
+    /// The generator's seed.
+    seed: u64,
+    /// The longest one input may take.
+    limit: Duration,
+}
+
+/// [`fuzz`] with the corpus folders under `corpus`.
+fn fuzz_in(
+    corpus: &Path,
+    parser: &str,
+    Run {
+        iterations,
+        seed,
+        limit,
+    }: Run,
+    parse: impl Fn(&[u8]) -> bool + Send + 'static,
+) {
+    let corpus_dir = corpus.join(parser);
+    let crash_dir = corpus_dir.join("crashes");
+    let seeds: Vec<Vec<u8>> = files_in(&corpus_dir)
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert!(
+        !seeds.is_empty(),
+        "no seed file in {}",
+        corpus_dir.display()
+    );
+    let replays: Vec<Vec<u8>> = files_in(&crash_dir)
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    // Each parser has its own sequence (FNV-1a of its name mixed in), so that one parser's inputs
+    // do not depend on another's.
+    let name_hash = parser.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let mut rng = Rng(seed ^ name_hash);
+
+    let current = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let worker = {
+        let current = Arc::clone(&current);
+        let (seeds, replays) = (seeds.clone(), replays.clone());
+        std::thread::spawn(move || {
+            let fixed = replays.into_iter().chain(seeds.iter().cloned());
+            let mutated = (0..iterations).map(|_| {
+                let base = &seeds[rng.below(seeds.len())];
+                mutate(&mut rng, base, &seeds)
+            });
+            for input in fixed.chain(mutated) {
+                current.lock().unwrap().clone_from(&input);
+                let report = match catch_unwind(AssertUnwindSafe(|| parse(&input))) {
+                    Ok(accepted) => Report::Done { accepted },
+                    Err(payload) => Report::Panicked {
+                        message: payload
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default(),
+                        input,
+                    },
+                };
+                if tx.send(report).is_err() {
+                    return;
+                }
+            }
+        })
+    };
+
+    let save = |prefix: &str, input: &[u8]| -> PathBuf {
+        std::fs::create_dir_all(&crash_dir).unwrap();
+        let hash = iteragpu_lab::sha256_hex(input);
+        let path = crash_dir.join(format!("{prefix}{}", &hash[..16]));
+        std::fs::write(&path, input).unwrap();
+        path
+    };
+    let started = Instant::now();
+    let (mut n, mut accepted) = (0u64, Vec::new());
+    let mut crashes = Vec::new();
+    loop {
+        match rx.recv_timeout(limit) {
+            Ok(Report::Done { accepted: ok }) => accepted.push(ok),
+            Ok(Report::Panicked { input, message }) => {
+                accepted.push(false);
+                crashes.push(format!("{} ({message})", save("", &input).display()));
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let input = current.lock().unwrap().clone();
+                let path = save("hang-", &input);
+                panic!(
+                    "{parser}: input {n} still running after {limit:?} (IGL_FUZZ_SEED={seed:#x}); \
+                     saved as {}",
+                    path.display()
+                );
+            }
+        }
+        n += 1;
+    }
+    worker.join().expect("the worker itself does not panic");
+    println!(
+        "fuzz {parser}: {n} inputs ({} seeds, {} replayed, {iterations} mutated, seed {seed:#x}) in \
+         {:.1} s, {} accepted",
+        seeds.len(),
+        replays.len(),
+        started.elapsed().as_secs_f64(),
+        accepted.iter().filter(|a| **a).count()
+    );
+    assert!(
+        crashes.is_empty(),
+        "{parser}: {} input(s) panicked (IGL_FUZZ_SEED={seed:#x}), saved:\n{}",
+        crashes.len(),
+        crashes.join("\n")
+    );
+    assert_eq!(n, (replays.len() + seeds.len()) as u64 + iterations);
+    let seeds_accepted = &accepted[replays.len()..replays.len() + seeds.len()];
+    assert!(
+        seeds_accepted.iter().all(|a| *a),
+        "{parser}: every seed file must be valid, so that mutations start from real input: {seeds_accepted:?}"
+    );
+    if iterations >= 50 {
+        assert!(
+            accepted[replays.len() + seeds.len()..].iter().any(|a| !a),
+            "{parser}: no mutated input was refused: the parser is not reached"
+        );
+    }
+}
+
+#[test]
+fn the_generator_is_deterministic_and_mutates() {
+    let corpus = vec![
+        b"model,display_name\nh200,NVIDIA H200\n".to_vec(),
+        b"{}".to_vec(),
+    ];
+    let run = |seed| {
+        let mut rng = Rng(seed);
+        (0..200)
+            .map(|i| mutate(&mut rng, &corpus[i % 2], &corpus))
+            .collect::<Vec<_>>()
+    };
+    let a = run(7);
+    assert_eq!(a, run(7));
+    assert_ne!(a, run(8));
+    let changed = a
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| **m != corpus[i % 2])
+        .count();
+    assert!(changed > 150, "{changed} of 200 inputs changed");
+    assert!(a.iter().any(|m| m.len() > corpus[0].len()));
+    assert!(a.iter().any(|m| m.len() < corpus[1].len()));
+}
+
+/// The runs that check the harness itself, whatever the environment asks.
+const HARNESS_RUN: Run = Run {
+    iterations: 300,
+    seed: DEFAULT_SEED,
+    limit: LIMIT,
+};
+
+/// A corpus folder holding one seed, for checks of the harness itself.
+fn one_seed_corpus() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("check")).unwrap();
+    std::fs::write(dir.path().join("check/seed.txt"), "a valid line\n").unwrap();
+    dir
+}
+
+/// The run's failure message.
+fn failure_of(run: impl FnOnce() + Send + 'static) -> String {
+    let payload = std::thread::spawn(run).join().expect_err("the run fails");
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The harness itself: a parser that panics on some inputs is caught, and those inputs saved.
+#[test]
+fn a_panicking_parser_fails_the_run_and_its_inputs_are_saved() {
+    let corpus = one_seed_corpus();
+    let root = corpus.path().to_path_buf();
+    let message = failure_of(move || {
+        // Some of the generator's 300 inputs from this seed hold a NUL byte, most do not.
+        fuzz_in(&root, "check", HARNESS_RUN, |input| {
+            assert!(!input.contains(&0), "a NUL byte");
+            input == b"a valid line\n"
+        })
+    });
+    assert!(message.contains("input(s) panicked"), "{message}");
+    let saved = files_in(&corpus.path().join("check/crashes"));
+    assert!(!saved.is_empty());
+    assert!(saved.iter().all(|p| std::fs::read(p).unwrap().contains(&0)));
+}
+
+/// The harness itself: a parser that does not return in time fails the run, its input saved.
+#[test]
+fn a_hanging_parser_fails_the_run_and_its_input_is_saved() {
+    let corpus = one_seed_corpus();
+    let root = corpus.path().to_path_buf();
+    let message = failure_of(move || {
+        let run = Run {
+            limit: Duration::from_millis(300),
+            ..HARNESS_RUN
+        };
+        fuzz_in(&root, "check", run, |input| {
+            if input != b"a valid line\n" {
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            true
+        })
+    });
+    assert!(message.contains("still running after 300ms"), "{message}");
+    let saved = files_in(&corpus.path().join("check/crashes"));
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert!(saved[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("hang-"));
+}
+
+#[test]
+fn catalog() {
+    fuzz("catalog", |bytes| match Catalog::parse(bytes, "fuzz.csv") {
+        Ok(c) => {
+            let _ = c.to_string();
+            for model in c.models() {
+                for days in [3, 7, 30] {
+                    let _ = iteragpu_lab::quote::quote(&c, &model, days, 2, Some(3))
+                        .map(|q| q.to_string());
+                }
+            }
+            true
+        }
+        Err(e) => {
+            let _ = e.to_string();
+            false
+        }
+    });
+}
+
+#[test]
+fn grid() {
+    fuzz("grid", |bytes| {
+        let report = iteragpu_lab::grid::check_bytes(bytes, "fuzz.csv");
+        let _ = report.to_string();
+        report.problems.is_empty()
+    });
+}
+
+#[test]
+fn measurement() {
+    fuzz("measurement", |bytes| {
+        match Measurement::from_bytes(bytes, "fuzz.json") {
+            // What `mesure_memoire plot` and the notebooks do with a measurement read from a file.
+            Ok(m) => {
+                let _ = m.to_string();
+                let _ = m.chart();
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        }
+    });
+}
+
+#[test]
+fn snapshot() {
+    let names = HashMap::from([
+        (280_375_429_431_296, "cublas_workspace".to_string()),
+        (1000, "linear1.weight".to_string()),
+    ]);
+    fuzz("snapshot", move |bytes| {
+        snapshot::parse(&String::from_utf8_lossy(bytes), &names)
+            .map(|map| snapshot::allocated_bytes(&map))
+            .is_ok()
+    });
+}
+
+/// The seed bundle, extracted: (the temporary folder, the bundle's top folder in it).
+fn extracted_bundle() -> (tempfile::TempDir, PathBuf) {
+    let zip = files_in(&Path::new(ROOT).join("tests/corpus/zip"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "zip"))
+        .expect("a seed zip");
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(zip).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut top = None;
+    for i in 0..archive.len() {
+        let mut entry = archive.by_index(i).unwrap();
+        let name = entry.enclosed_name().expect("a safe seed");
+        let path = dir.path().join(&name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut out = std::fs::File::create(&path).unwrap();
+        std::io::copy(&mut entry, &mut out).unwrap();
+        top.get_or_insert_with(|| dir.path().join(name.components().next().unwrap()));
+    }
+    let top = top.expect("a non-empty seed zip");
+    (dir, top)
+}
+
+#[test]
+fn manifest() {
+    // The seed bundle's files, with each input as their MANIFEST.json.
+    let (dir, top) = extracted_bundle();
+    fuzz("manifest", move |bytes| {
+        let _keep = &dir;
+        std::fs::write(top.join("MANIFEST.json"), bytes).unwrap();
+        matches!(iteragpu_lab::bundle::verify(&top), Ok(v) if v.ok())
+    });
+}
+
+#[test]
+fn zip() {
+    let dir = tempfile::tempdir().unwrap();
+    fuzz("zip", move |bytes| {
+        let path = dir.path().join("bundle.zip");
+        std::fs::write(&path, bytes).unwrap();
+        match iteragpu_lab::bundle::verify(&path) {
+            Ok(v) => {
+                let _ = v.to_string();
+                v.ok()
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        }
+    });
+}

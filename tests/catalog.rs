@@ -111,9 +111,14 @@ fn durations_are_3_7_or_30_days_only() {
     for days in ["1", "0", "31", "7.5", "-7", "seven", ""] {
         let file = dir.path().join(format!("days-{days}.csv"));
         std::fs::write(&file, base.replace(",7,51100,", &format!(",{days},51100,"))).unwrap();
+        let why = if days.is_empty() {
+            "empty value".to_string()
+        } else {
+            format!("`{days}` is not one of 3, 7, 30")
+        };
         refused(
             &file.display().to_string(),
-            &format!("line 3, column `duration_days`: `{days}` is not one of 3, 7, 30"),
+            &format!("line 3, column `duration_days`: {why}"),
         );
     }
 }

@@ -152,7 +152,19 @@ const MODEL: &str = "docs/allocator-model.md";
 const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
 const IN_SRC_ALLOCATOR: &str = "named right after `src/allocator/`";
 
-const ALLOWED: [Allowed; 16] = [
+const ALLOWED: [Allowed; 18] = [
+    allowed(
+        "NAME.zip",
+        README,
+        None,
+        "the zip `paquet_lab build` writes, named after `--name`",
+    ),
+    allowed(
+        "INTO/NAME",
+        README,
+        None,
+        "the folder `paquet_lab extract` writes",
+    ),
     allowed(
         "MANIFEST.json",
         README,

@@ -507,6 +507,10 @@ fn extracted_bundle() -> (tempfile::TempDir, PathBuf) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let mut out = std::fs::File::create(&path).unwrap();
         std::io::copy(&mut entry, &mut out).unwrap();
+        if let Some(mode) = entry.unix_mode() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o777)).unwrap();
+        }
         top.get_or_insert_with(|| dir.path().join(name.components().next().unwrap()));
     }
     let top = top.expect("a non-empty seed zip");

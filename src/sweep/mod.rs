@@ -41,3 +41,299 @@ pub enum PointOutcome {
 pub trait PointRunner {
     fn run(&mut self, config: &MeasureConfig, output: &Path) -> PointOutcome;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::{predict, ComputeCapability, WorkspaceSettings, Workspaces};
+    use crate::environment::{EnvironmentReport, GpuInfo, LibtorchInfo};
+    use crate::measure::{Dtype, PhaseRecord};
+    use crate::units::Bytes;
+
+    const LIBRARIES: u64 = 170 << 20;
+
+    /// A GPU simulated with the allocator model: a point whose predicted peak reserved exceeds
+    /// `capacity` runs out of memory in the first phase that does; others "measure" the model's
+    /// figures. `reports_free` is the free memory it claims at start (the capacity plus what the
+    /// libraries take, unless a test makes it lie).
+    struct Simulated {
+        capacity: u64,
+        reports_free: u64,
+        runs: Vec<u64>,
+        interrupt_at: Option<usize>,
+    }
+
+    impl Simulated {
+        fn new(capacity: u64) -> Simulated {
+            Simulated {
+                capacity,
+                reports_free: capacity + LIBRARIES,
+                runs: Vec::new(),
+                interrupt_at: None,
+            }
+        }
+    }
+
+    impl PointRunner for Simulated {
+        fn run(&mut self, config: &MeasureConfig, output: &Path) -> PointOutcome {
+            self.runs.push(config.batch);
+            if self.interrupt_at == Some(self.runs.len()) {
+                return PointOutcome::Interrupted;
+            }
+            let cc = ComputeCapability::new(9, 0);
+            let ws = Workspaces::for_gpu(cc, &WorkspaceSettings::default()).unwrap();
+            let p = predict(config, cc, ws).unwrap();
+            if let Some(row) = p
+                .phases
+                .iter()
+                .find(|r| r.figures.peak_reserved_bytes > self.capacity)
+            {
+                return PointOutcome::OutOfMemory {
+                    phase: Some(row.phase.name().into()),
+                    message: "CUDA out of memory".into(),
+                };
+            }
+            let phases: Vec<PhaseRecord> = p
+                .phases
+                .iter()
+                .map(|r| {
+                    let f = r.figures;
+                    PhaseRecord {
+                        phase: r.phase,
+                        repetition: r.repetition,
+                        passes: 1,
+                        allocated_baseline_bytes: f.allocated_baseline_bytes,
+                        allocated_end_bytes: f.allocated_end_bytes,
+                        peak_allocated_bytes: f.peak_allocated_bytes,
+                        reserved_baseline_bytes: f.reserved_baseline_bytes,
+                        reserved_end_bytes: f.reserved_end_bytes,
+                        peak_reserved_bytes: f.peak_reserved_bytes,
+                        host_wall_time_ms: 1.0,
+                        gpu_event_time_ms: 1.0,
+                        prediction: None,
+                        blocks: None,
+                    }
+                })
+                .collect();
+            let reserved_end = phases.last().unwrap().reserved_end_bytes;
+            let mut env = EnvironmentReport::without_libtorch(
+                Some(config.device),
+                LibtorchInfo {
+                    built_with: true,
+                    ..Default::default()
+                },
+            );
+            env.device = Some(GpuInfo {
+                index: 0,
+                name: "Simulated GPU".into(),
+                compute_capability: "9.0".into(),
+                multiprocessors: 1,
+                total_memory: Bytes(self.reports_free + (1 << 30)),
+                runtime_free: Bytes(self.reports_free - LIBRARIES - reserved_end),
+                runtime_total: Bytes(self.reports_free + (1 << 30)),
+            });
+            let mut m = Measurement::new(env, config.clone(), phases).unwrap();
+            m.runtime_free_at_start_bytes = Some(self.reports_free);
+            m.attach_prediction(Ok(WorkspaceSettings::default()));
+            crate::files::write_new_json(output, &m).unwrap();
+            PointOutcome::Measured(Box::new(m))
+        }
+    }
+
+    fn base() -> MeasureConfig {
+        MeasureConfig {
+            context: 4096,
+            width: 1024,
+            hidden: Some(16384),
+            dtype: Dtype::Bfloat16,
+            ..Default::default()
+        }
+    }
+
+    /// The largest batch the simulated GPU holds, by brute force on the model.
+    fn true_limit(capacity: u64) -> u64 {
+        let mut sim = Simulated::new(capacity);
+        let dir = tempfile::tempdir().unwrap();
+        (1..1000)
+            .take_while(|b| {
+                let c = Dimension::Batch.apply(&base(), *b);
+                matches!(
+                    sim.run(&c, &dir.path().join(format!("{b}.json"))),
+                    PointOutcome::Measured(_)
+                )
+            })
+            .last()
+            .unwrap()
+    }
+
+    #[test]
+    fn points_become_rows_and_the_csv_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("sweep");
+        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 64, &base(), false).unwrap();
+        let mut gpu = Simulated::new(6 << 30);
+        for v in values(1, 64, Spacing::Geometric).unwrap() {
+            sweep.measure(&mut gpu, v).unwrap().unwrap();
+        }
+        let statuses: Vec<_> = sweep.rows.iter().map(|r| r.status.as_str()).collect();
+        assert_eq!(statuses, ["ok", "ok", "ok", "ok", "ok", "oom", "oom"]);
+        assert_eq!(sweep.rows[5].oom_phase, "cold_forward");
+        // Measured figures come with the model's beside them, and here they agree.
+        let first = &sweep.rows[0];
+        assert_eq!(
+            first.peak_reserved_bytes,
+            first.predicted_peak_reserved_bytes
+        );
+        assert_eq!(first.libraries_outside_allocator_bytes, Some(LIBRARIES));
+        let text = std::fs::read_to_string(folder.join(CSV_FILE)).unwrap();
+        assert_eq!(text.lines().next().unwrap(), csv_header().join(","));
+        let back: Vec<SweepRow> = csv::Reader::from_reader(text.as_bytes())
+            .deserialize()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(back, sweep.rows);
+        assert!(folder.join("point-batch-16.json").exists());
+        let summary: SweepSummary =
+            serde_json::from_slice(&std::fs::read(folder.join(SUMMARY_FILE)).unwrap()).unwrap();
+        assert_eq!((summary.points, summary.out_of_memory), (7, 2));
+        assert!(summary.environment.is_some());
+    }
+
+    #[test]
+    fn the_limit_is_predicted_then_verified_on_both_sides() {
+        let capacity = 40 << 30;
+        let expected = true_limit(capacity);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sweep = Sweep::open(
+            &dir.path().join("s"),
+            Dimension::Batch,
+            1,
+            512,
+            &base(),
+            false,
+        )
+        .unwrap();
+        let mut gpu = Simulated::new(capacity);
+        let search = find_limit(&mut sweep, &mut gpu, 1, 512).unwrap();
+        assert_eq!(search.predicted, Some(expected));
+        assert_eq!(search.found, Some(expected));
+        assert!(search.bounded);
+        // The first point, the prediction, and the value after it.
+        assert_eq!(gpu.runs, [1, expected, expected + 1]);
+        assert_eq!(search.points, 3);
+        assert!(search.how.contains("fits"), "{}", search.how);
+    }
+
+    #[test]
+    fn a_wrong_prediction_falls_back_to_bisection() {
+        let capacity = 30 << 30;
+        let expected = true_limit(capacity);
+        let dir = tempfile::tempdir().unwrap();
+        let mut sweep = Sweep::open(
+            &dir.path().join("s"),
+            Dimension::Batch,
+            1,
+            512,
+            &base(),
+            false,
+        )
+        .unwrap();
+        let mut gpu = Simulated::new(capacity);
+        gpu.reports_free = capacity + LIBRARIES + (8 << 30); // it claims 8 GiB it does not have
+        let search = find_limit(&mut sweep, &mut gpu, 1, 512).unwrap();
+        assert!(search.predicted.unwrap() > expected);
+        assert_eq!(search.found, Some(expected));
+        assert!(search.how.contains("bisection"), "{}", search.how);
+        let oom: Vec<u64> = sweep
+            .rows
+            .iter()
+            .filter(|r| r.status == "oom")
+            .map(|r| r.value)
+            .collect();
+        assert!(oom.contains(&(expected + 1)));
+    }
+
+    #[test]
+    fn results_are_never_overwritten_and_resume_skips_done_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("s");
+        let mut gpu = Simulated::new(20 << 30);
+        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false).unwrap();
+        sweep.measure(&mut gpu, 1).unwrap();
+        sweep.measure(&mut gpu, 2).unwrap();
+        let before = std::fs::read(folder.join(CSV_FILE)).unwrap();
+        assert!(matches!(
+            Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false),
+            Err(SweepError::Exists(_))
+        ));
+        assert_eq!(std::fs::read(folder.join(CSV_FILE)).unwrap(), before);
+        let mut resumed = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), true).unwrap();
+        assert_eq!(resumed.rows.len(), 2);
+        let mut again = Simulated::new(20 << 30);
+        for v in [1, 2, 4] {
+            resumed.measure(&mut again, v).unwrap();
+        }
+        assert_eq!(again.runs, [4], "done points are not measured again");
+        // A folder of another sweep is refused.
+        let other = MeasureConfig {
+            width: 2048,
+            ..base()
+        };
+        assert!(matches!(
+            Sweep::open(&folder, Dimension::Batch, 1, 8, &other, true),
+            Err(SweepError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn an_interrupted_point_leaves_the_completed_ones_and_a_valid_csv() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("s");
+        let mut gpu = Simulated::new(20 << 30);
+        gpu.interrupt_at = Some(3);
+        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false).unwrap();
+        assert!(sweep.measure(&mut gpu, 1).unwrap().is_some());
+        assert!(sweep.measure(&mut gpu, 2).unwrap().is_some());
+        assert!(sweep.measure(&mut gpu, 3).unwrap().is_none());
+        let back = Sweep::load(&folder).unwrap();
+        assert_eq!(back.rows.len(), 2);
+        assert!(!folder.join("point-batch-3.json").exists());
+        // The limit search reports the interruption with its status.
+        let mut gpu = Simulated::new(20 << 30);
+        gpu.interrupt_at = Some(1);
+        let mut s2 = Sweep::open(
+            &dir.path().join("s2"),
+            Dimension::Batch,
+            1,
+            8,
+            &base(),
+            false,
+        )
+        .unwrap();
+        let e = find_limit(&mut s2, &mut gpu, 1, 8).unwrap_err();
+        assert_eq!(
+            crate::status::Classify::status(&e),
+            crate::status::Status::Interrupted
+        );
+    }
+
+    #[test]
+    fn a_recorded_sweep_draws_its_chart() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("s");
+        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 512, &base(), false).unwrap();
+        let mut gpu = Simulated::new(40 << 30);
+        find_limit(&mut sweep, &mut gpu, 1, 512).unwrap();
+        let svg = Sweep::load(&folder).unwrap().chart().0;
+        assert!(svg.starts_with("<svg"));
+        for label in [
+            "measured peak reserved",
+            "predicted peak reserved",
+            "out of memory",
+            "capacity of the allocator",
+            "limit found",
+        ] {
+            assert!(svg.contains(label), "{label}");
+        }
+    }
+}

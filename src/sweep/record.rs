@@ -407,11 +407,20 @@ impl Sweep {
             w.serialize(row).expect("writing to memory");
         }
         let bytes = w.into_inner().expect("writing to memory");
-        files::replace_file(&self.folder.join(CSV_FILE), &bytes)?;
+        write_whole(&self.folder.join(CSV_FILE), &bytes)?;
         let mut json = serde_json::to_vec_pretty(&self.summary).expect("summary serializes");
         json.push(b'\n');
-        files::replace_file(&self.folder.join(SUMMARY_FILE), &json)?;
+        write_whole(&self.folder.join(SUMMARY_FILE), &json)?;
         Ok(())
+    }
+}
+
+/// Writes `path` whole and atomically: created the first time, replaced afterwards.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    if path.exists() {
+        files::replace_file(path, bytes)
+    } else {
+        files::write_new_file(path, bytes)
     }
 }
 

@@ -1,0 +1,209 @@
+//! `mesure_memoire sweep` and `predict` on the command line, without a GPU: every refusal of the
+//! sweep's flags with its exit code, a folder with results never overwritten, exit 2 without the
+//! GPU companion, and `predict`'s figures and refusals.
+
+mod common;
+
+use assert_cmd::Command;
+use common::{json_of, mesure_memoire as mm, OUTPUT_EXISTS, UNAVAILABLE, USAGE};
+use predicates::str::contains;
+
+fn sweep_args(extra: &[&str], output: &std::path::Path) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "sweep",
+        "--vary",
+        "batch",
+        "--from",
+        "1",
+        "--to",
+        "8",
+        "--context",
+        "16",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.extend(["--output".to_string(), output.display().to_string()]);
+    a
+}
+
+#[test]
+fn sweep_flags_are_validated_before_any_gpu_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--from", "5", "--to", "4"], "from 5 is above to 4"),
+        (&["--steps", "0"], "--steps"),
+        (&["--step", "0"], "--step"),
+        (&["--vary", "depth"], "unknown dimension `depth`"),
+        (&["--batch", "2"], "--batch is the dimension --vary sweeps"),
+        (&["--steps", "3", "--geometric"], "--geometric"),
+    ];
+    for (extra, needle) in cases {
+        let mut args = sweep_args(&[], &out);
+        // Later flags override the defaults above (clap keeps the last value of a repeated flag
+        // only where allowed; these are replaced in place instead).
+        for pair in extra.chunks(2) {
+            match args.iter().position(|a| a == pair[0]) {
+                Some(i) if pair.len() == 2 => args[i + 1] = pair[1].to_string(),
+                _ => args
+                    .splice(1..1, pair.iter().map(|s| s.to_string()))
+                    .for_each(drop),
+            }
+        }
+        mm().args(&args)
+            .assert()
+            .code(USAGE)
+            .stderr(contains(needle));
+        assert!(!out.exists(), "{extra:?} created the folder");
+    }
+    // A missing fixed dimension is named.
+    let mut args = sweep_args(&[], &out);
+    let i = args.iter().position(|a| a == "--width").unwrap();
+    args.drain(i..i + 2);
+    mm().args(&args)
+        .assert()
+        .code(USAGE)
+        .stderr(contains("--width is required"));
+}
+
+#[test]
+fn without_the_companion_a_sweep_exits_2_and_a_folder_with_results_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let front = common::copy_program("mesure_memoire", dir.path());
+    let out = dir.path().join("s");
+    Command::new(&front)
+        .args(sweep_args(&[], &out))
+        .assert()
+        .code(UNAVAILABLE)
+        .stderr(contains("mesure_memoire_torch"));
+    assert!(!out.exists());
+    // A folder that already holds results is never overwritten without --resume.
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("sweep.csv"), "earlier results\n").unwrap();
+    mm().env("IGL_COMPANION", &front)
+        .args(sweep_args(&[], &out))
+        .assert()
+        .code(OUTPUT_EXISTS)
+        .stderr(contains("--resume"));
+    assert_eq!(
+        std::fs::read_to_string(out.join("sweep.csv")).unwrap(),
+        "earlier results\n"
+    );
+}
+
+#[test]
+fn predict_gives_every_figure_and_names_every_block() {
+    let v = json_of(mm().args([
+        "predict",
+        "--batch",
+        "1",
+        "--context",
+        "16",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+        "--json",
+    ]));
+    let cold = &v["phases"][2];
+    assert_eq!(cold["phase"], "cold_forward");
+    assert_eq!(cold["figures"]["allocated_end_bytes"], 34_743_808u64);
+    assert_eq!(cold["figures"]["peak_reserved_bytes"], 35_651_584u64);
+    let names: Vec<&str> = cold["live_at_end"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"cublas_workspace") && names.contains(&"output"),
+        "{names:?}"
+    );
+    mm().args([
+        "predict",
+        "--batch",
+        "1",
+        "--context",
+        "16",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+    ])
+    .assert()
+    .success()
+    .stdout(contains(
+        "cold_forward     -         136704       34743808       34772480",
+    ))
+    .stdout(contains("cublas_workspace 33 554 432 B"));
+}
+
+#[test]
+fn predict_refuses_what_it_does_not_model() {
+    let base = [
+        "predict",
+        "--batch",
+        "1",
+        "--context",
+        "1",
+        "--width",
+        "1",
+        "--dtype",
+        "float32",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+    ];
+    mm().args(base)
+        .args(["--compute-capability", "13.7"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains("13.7"));
+    mm().args(base)
+        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        .assert()
+        .code(USAGE)
+        .stderr(contains("PYTORCH_CUDA_ALLOC_CONF"));
+    mm().args(base)
+        .env("CUBLASLT_WORKSPACE_SIZE", "2 MiB")
+        .assert()
+        .code(USAGE)
+        .stderr(contains("CUBLASLT_WORKSPACE_SIZE"));
+    mm().args([
+        "predict",
+        "--batch",
+        "1",
+        "--context",
+        "1",
+        "--width",
+        "4611686018427387904",
+        "--dtype",
+        "float32",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+    ])
+    .assert()
+    .code(USAGE)
+    .stderr(contains("overflow"));
+}

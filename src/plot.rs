@@ -2,8 +2,10 @@
 //! phase of a measurement, and a timeline of allocator readings. The same functions serve the
 //! notebooks (shown inline) and the command line (`--plot FILE.svg`).
 
+use crate::allocator::simulator::{Pool, SegmentView};
 use crate::markup::Svg;
 use crate::measure::{Measurement, PhaseRecord, StepLog, StepReading};
+use crate::units::Bytes;
 use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
@@ -272,6 +274,130 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
     })
 }
 
+/// The allocator's map: one bar per segment (in address order), each bar the whole segment, its
+/// blocks drawn in proportion inside it and named (live blocks coloured by tensor, cached free
+/// blocks grey, the free parts of a split segment hatched darker). Every segment gets the same
+/// width so that a 2 MiB segment stays as readable as a 2 GiB one; the sizes are written beside.
+pub fn segment_map(title: &str, segments: &[SegmentView]) -> Svg {
+    let row = 34i32;
+    let (left, width) = (190i32, 740i32);
+    let height = 60 + row * segments.len().max(1) as i32 + 40;
+    canvas((960, height as u32), |root| {
+        let text = |s: &str, x: i32, y: i32, size: u32, color: &RGBColor| {
+            root.draw(&Text::new(
+                s.to_string(),
+                (x, y),
+                ("sans-serif", size).into_font().color(color),
+            ))
+            .expect("drawing to memory");
+        };
+        text(title, 12, 12, 17, &BLACK);
+        if segments.is_empty() {
+            text(
+                "no segment: the allocator holds no memory",
+                12,
+                50,
+                14,
+                &BLACK,
+            );
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for (i, seg) in segments.iter().enumerate() {
+            let y = 50 + row * i as i32;
+            let label = format!(
+                "{} {}",
+                match seg.pool {
+                    Pool::Small => "small",
+                    Pool::Large => "large",
+                },
+                Bytes(seg.size).mib_text()
+            );
+            text(&label, 12, y + 8, 13, &BLACK);
+            let mut x = left as f64;
+            for b in &seg.blocks {
+                let w = width as f64 * b.size as f64 / seg.size.max(1) as f64;
+                let (x0, x1) = (x.round() as i32, (x + w).round().max(x + 1.0) as i32);
+                let color = match &b.label {
+                    Some(name) => {
+                        if !names.contains(&name.as_str()) {
+                            names.push(name.as_str());
+                        }
+                        tensor_color(name)
+                    }
+                    None if b.inactive_split => RGBColor(170, 170, 170),
+                    None => RGBColor(225, 225, 225),
+                };
+                root.draw(&Rectangle::new(
+                    [(x0, y), (x1, y + row - 8)],
+                    color.filled(),
+                ))
+                .expect("drawing to memory");
+                root.draw(&Rectangle::new(
+                    [(x0, y), (x1, y + row - 8)],
+                    WHITE.stroke_width(1),
+                ))
+                .expect("drawing to memory");
+                let name = b.label.as_deref().unwrap_or("free");
+                let caption = format!("{name} {}", Bytes(b.size).mib_text());
+                if (x1 - x0) as usize > caption.len() * 6 + 6 {
+                    text(&caption, x0 + 4, y + 8, 11, &BLACK);
+                }
+                x += w;
+            }
+        }
+        // The legend: every name drawn, and the two kinds of free block.
+        let y = 50 + row * segments.len().max(1) as i32 + 6;
+        let mut x = 12;
+        let mut entries: Vec<(String, RGBColor)> = names
+            .iter()
+            .map(|n| (n.to_string(), tensor_color(n)))
+            .collect();
+        entries.push(("free (cached)".into(), RGBColor(225, 225, 225)));
+        entries.push(("free, in a split segment".into(), RGBColor(170, 170, 170)));
+        for (name, color) in entries {
+            root.draw(&Rectangle::new([(x, y), (x + 12, y + 12)], color.filled()))
+                .expect("drawing to memory");
+            text(&name, x + 16, y, 12, &BLACK);
+            x += 22 + 7 * name.len() as i32;
+            if x > 880 {
+                break;
+            }
+        }
+    })
+}
+
+/// A fixed colour per tensor name, so that the same tensor looks the same in every map.
+fn tensor_color(name: &str) -> RGBColor {
+    const PALETTE: [RGBColor; 10] = [
+        RGBColor(66, 146, 198),
+        RGBColor(158, 202, 225),
+        RGBColor(8, 81, 156),
+        RGBColor(107, 174, 214),
+        RGBColor(253, 174, 107),
+        RGBColor(116, 196, 118),
+        RGBColor(49, 163, 84),
+        RGBColor(241, 105, 19),
+        RGBColor(158, 154, 200),
+        RGBColor(117, 107, 177),
+    ];
+    const NAMES: [&str; 10] = [
+        "linear1.weight",
+        "linear1.bias",
+        "linear2.weight",
+        "linear2.bias",
+        "input",
+        "hidden",
+        "gelu",
+        "output",
+        "cublas_workspace",
+        "cublaslt_workspace",
+    ];
+    NAMES
+        .iter()
+        .position(|n| *n == name)
+        .map_or(RGBColor(220, 40, 40), |i| PALETTE[i])
+}
+
 /// Lines over steps: one named series of byte counts per line, shown in MiB.
 pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec<u64>)]) -> Svg {
     let palette = [
@@ -357,6 +483,23 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.contains("NVIDIA H200"));
         assert!(svg.contains("cold") && svg.contains("warm 2") && svg.contains("reserved peak"));
         assert!(svg.matches("<rect").count() >= 6 * m.phases.len());
+    }
+
+    #[test]
+    fn a_segment_map_names_every_block() {
+        let cc = crate::allocator::ComputeCapability::new(9, 0);
+        let ws = crate::allocator::Workspaces::for_gpu(cc, &Default::default()).unwrap();
+        let p = crate::allocator::predict(&Default::default(), cc, ws).unwrap();
+        let svg = segment_map("cold pass", &p.phases[2].segments_at_end).0;
+        for name in [
+            "cublas_workspace",
+            "cublaslt_workspace",
+            "linear1.weight",
+            "free (cached)",
+        ] {
+            assert!(svg.contains(name), "{name}");
+        }
+        assert!(svg.contains("large 32.00 MiB") && svg.contains("small 2.00 MiB"));
     }
 
     #[test]

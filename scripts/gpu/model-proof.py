@@ -3,7 +3,7 @@
 machine with an NVIDIA GPU, from the repository root, with the release programs of
 scripts/prepare-gpu-run.
 
-    python3 scripts/gpu/model-proof.py --bin DIR --out DIR
+    python3 scripts/gpu/model-proof.py --bin DIR --out DIR [--sections grid,blocks,settings]
 
 1. A grid of configurations × float32/float16/bfloat16, each measured in its own process by
    `mesure_memoire measure`, which records beside every phase row the model's prediction and the
@@ -88,7 +88,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sections", default="grid,blocks,settings",
+                    help="which parts to run (the blocks part measures its configurations without "
+                         "--blocks too when the grid part is left out)")
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
     mm = str(Path(a.bin) / "mesure_memoire")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,14 +121,16 @@ def main() -> int:
 
     say("# Allocator model against the H200\n")
     env_done = False
+    grid = SHAPES if "grid" in sections else {n: SHAPES[n] for n in BLOCK_SHAPES}
+    dtypes = DTYPES if "grid" in sections else ["float32"]
     say("## 1. Every figure of every phase, predicted then measured\n")
     say("| configuration | batch, context, width, hidden | warm-up, repeats | dtype | peak allocated | "
         "peak reserved | rows exact | largest residual |")
     say("| --- | --- | --- | --- | --- | --- | --- | --- |")
     runs = rows = figures = 0
     measured = {}
-    for name, shape in SHAPES.items():
-        for dtype in DTYPES:
+    for name, shape in grid.items():
+        for dtype in dtypes:
             m, _ = measure(f"grid-{len(measured)}", shape, dtype)
             measured[(name, dtype)] = m
             if not env_done:
@@ -148,6 +154,8 @@ def main() -> int:
     say(f"\nEnvironment: {env_line}.")
     say(f"\n{runs} runs, {rows} phase rows, {figures} figures; runs with a residual: {failures}.\n")
 
+    if "blocks" not in sections:
+        BLOCK_SHAPES.clear()
     say("## 2. The allocator's own map with `--blocks`\n")
     say("| configuration | figures as without `--blocks` | unknown blocks | end map = model's | "
         "tensors at each peak = model's |")
@@ -173,16 +181,17 @@ def main() -> int:
                  "predicted": canonical(predicted[-1]["segments_at_end"])}, indent=1))
         say(f"| {name} | {'yes' if same else '**NO**'} | {unknown} | {'yes' if end_same else '**NO**'} | "
             f"{'yes' if peaks_same else '**NO**'} |")
-    example = m["phases"][2]["blocks"]["at_peak"]
-    say("\nThe last one's `cold_forward` at its peak, as the allocator lists it:\n")
-    for s in example:
-        say(f'- {s["pool"]} segment of {g(s["size"])} B: ' + ", ".join(
-            f'{b["label"] or "free"} {g(b["size"])} B' for b in s["blocks"]))
+    if BLOCK_SHAPES:
+        example = m["phases"][2]["blocks"]["at_peak"]
+        say("\nThe last one's `cold_forward` at its peak, as the allocator lists it:\n")
+        for s in example:
+            say(f'- {s["pool"]} segment of {g(s["size"])} B: ' + ", ".join(
+                f'{b["label"] or "free"} {g(b["size"])} B' for b in s["blocks"]))
 
     say("\n## 3. Workspace settings (seed's first run, float32)\n")
     say("| setting | rows exact | largest residual | cold-pass jump in `allocated` |")
     say("| --- | --- | --- | --- |")
-    for i, env in enumerate(SETTINGS):
+    for i, env in enumerate(SETTINGS if "settings" in sections else []):
         m, _ = measure(f"settings-{i}", SHAPES["seed's first"], "float32", env=env)
         worst, exact = verdict(m)
         failures += worst != 0

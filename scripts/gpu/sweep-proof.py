@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""GPU proof of `mesure_memoire sweep`: to run on a machine with NVIDIA GPUs, from the repository
+root, with the release programs of scripts/prepare-gpu-run.
+
+    python3 scripts/gpu/sweep-proof.py --bin DIR --out DIR [--parallel]
+
+1. The floor: a process that only loads libtorch and starts CUDA (`mesure_memoire environment`),
+   median of 5, against the median time of a sweep point (one `measure` process each).
+2. A 50-point sweep of small configurations, its wall time.
+3. A sweep over batch until out of memory (it stops after two points in a row), its chart.
+4. `--find-limit` for a float32 and a bfloat16 configuration: predicted and found limits, points,
+   wall time.
+5. Orphans and signals: `kill -9` of `mesure_memoire` during a long measurement leaves no GPU
+   process and no file; SIGTERM during a sweep exits 130, keeps the completed points, leaves a
+   valid CSV and no partial file.
+With --parallel (two GPUs): the 50-point sweep on cuda:0,cuda:1 against the serial one, figures
+compared point by point.
+Writes OUT/report.md (also printed); exits non-zero on any failed check.
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SMALL = ["--context", "16", "--width", "64", "--dtype", "float32", "--warmup", "1", "--repeats", "2"]
+BIG = ["--context", "8192", "--width", "1024", "--hidden", "16384", "--warmup", "1", "--repeats", "2"]
+FIGURES = ["allocated_baseline_bytes", "allocated_end_bytes", "peak_allocated_bytes",
+           "reserved_baseline_bytes", "reserved_end_bytes", "peak_reserved_bytes"]
+
+
+def g(n):
+    return f"{int(n):,}".replace(",", " ")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parallel", action="store_true")
+    a = ap.parse_args()
+    mm = str(Path(a.bin) / "mesure_memoire")
+    out = Path(a.out)
+    work = Path("/tmp/sweep-proof")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    lines, failures = [], 0
+
+    def say(s=""):
+        lines.append(s)
+        print(s, flush=True)
+
+    def check(ok, what):
+        nonlocal failures
+        failures += not ok
+        say(f"- {what}: {'OK' if ok else '**FAILED**'}")
+
+    def sweep(name, extra, devices=None):
+        folder = work / name
+        cmd = [mm, "sweep", "--quiet", "--output", str(folder), *extra]
+        if devices:
+            cmd += ["--devices", devices]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        rows = list(csv.DictReader(open(folder / "sweep.csv"))) if (folder / "sweep.csv").exists() else []
+        return p, dt, rows, folder
+
+    if a.parallel:
+        say("# Sweep on two GPUs against one\n")
+        serial = sweep("serial", ["--vary", "batch", "--from", "1", "--to", "50", "--step", "1", *SMALL])
+        para = sweep("parallel", ["--vary", "batch", "--from", "1", "--to", "50", "--step", "1", *SMALL],
+                     devices="cuda:0,cuda:1")
+        same = [r1["value"] == r2["value"] and all(r1[k] == r2[k] for k in FIGURES)
+                for r1, r2 in zip(serial[2], para[2])]
+        say(f"| run | points | wall time |\n| --- | --- | --- |\n| one GPU | {len(serial[2])} | {serial[1]:.1f} s |"
+            f"\n| two GPUs (`--devices cuda:0,cuda:1`) | {len(para[2])} | {para[1]:.1f} s |\n")
+        check(serial[0].returncode == 0 and para[0].returncode == 0, "both sweeps exit 0")
+        check(len(same) == 50 and all(same), "the six figures of every point identical in both runs")
+        (out / "report.md").write_text("\n".join(lines) + "\n")
+        return 1 if failures else 0
+
+    say("# Capacity sweep on the H200\n")
+    say("## 1. Cost of a point against the floor\n")
+    floor = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run([mm, "environment", "--json"], capture_output=True, check=True)
+        floor.append(time.perf_counter() - t0)
+    p, dt, rows, _ = sweep("small-50", ["--vary", "batch", "--from", "1", "--to", "50", "--step", "1", *SMALL])
+    per_point = statistics.median(float(r["seconds"]) for r in rows)
+    f = statistics.median(floor)
+    say(f"| figure | seconds |\n| --- | --- |\n| floor: `mesure_memoire environment` (loads libtorch, starts CUDA), median of 5 | {f:.3f} |"
+        f"\n| a sweep point (a `measure` process of the seed's small run), median of 50 | {per_point:.3f} |"
+        f"\n| ratio | {per_point / f:.2f} |\n| the 50-point sweep, whole command | {dt:.1f} |\n")
+    check(p.returncode == 0 and len(rows) == 50 and all(r["status"] == "ok" for r in rows), "50 points measured")
+    check(per_point <= 1.1 * f, "a point costs at most 1.1 × the floor")
+    check(dt <= 45, "the 50-point sweep takes at most 45 s")
+
+    say("\n## 2. A sweep over batch until out of memory\n")
+    p, dt, rows, folder = sweep("batch-oom", ["--vary", "batch", "--from", "32", "--to", "1024", "--step", "32",
+                                              "--dtype", "bfloat16", *BIG])
+    say("| batch | status | peak allocated | peak reserved | predicted peak reserved | seconds |")
+    say("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        say(f'| {r["value"]} | {r["status"]} {r["oom_phase"]} | {g(r["peak_allocated_bytes"] or 0)} B | '
+            f'{g(r["peak_reserved_bytes"] or 0)} B | {g(r["predicted_peak_reserved_bytes"] or 0)} B | {float(r["seconds"]):.2f} |')
+    exact = all(r["peak_reserved_bytes"] == r["predicted_peak_reserved_bytes"] for r in rows if r["status"] == "ok")
+    say(f"\n{len(rows)} points in {dt:.1f} s.")
+    check(p.returncode == 0 and sum(r["status"] == "oom" for r in rows) == 2, "the sweep ran past the boundary and stopped after two out-of-memory points")
+    check(exact, "every measured peak reserved equals the predicted one")
+    subprocess.run([mm, "plot", "--sweep", str(folder), "--output", str(out / "sweep-batch-oom.svg")], check=True)
+    for name in ("sweep.csv", "sweep.json"):
+        shutil.copy(folder / name, out / f"batch-oom-{name}")
+
+    say("\n## 3. The limit, predicted then verified\n")
+    say("| dtype | predicted | found | points | wall time | how |\n| --- | --- | --- | --- | --- | --- |")
+    for dtype in ("float32", "bfloat16"):
+        p, dt, rows, folder = sweep(f"limit-{dtype}", ["--vary", "batch", "--from", "1", "--to", "4096",
+                                                       "--find-limit", "--dtype", dtype, *BIG])
+        limit = json.load(open(folder / "sweep.json"))["limit"] or {}
+        say(f'| {dtype} | {limit.get("predicted")} | {limit.get("found")} | {limit.get("points")} | {dt:.1f} s | {limit.get("how")} |')
+        found = limit.get("found")
+        ok_at = {int(r["value"]): r["status"] for r in rows}
+        check(p.returncode == 0 and found is not None and ok_at.get(found) == "ok" and ok_at.get(found + 1) == "oom",
+              f"{dtype}: the found limit fits and the next value runs out of memory, both measured")
+
+    say("\n## 4. No orphan, no partial file\n")
+    target = work / "killed.json"
+    front = subprocess.Popen([mm, "measure", "--device", "cuda:0", "--batch", "64", "--context", "8192", "--width", "1024",
+                              "--hidden", "16384", "--dtype", "bfloat16", "--warmup", "10000", "--repeats", "1",
+                              "--quiet", "--output", str(target)])
+    time.sleep(6)
+    companion_seen = subprocess.run(["pgrep", "-f", "mesure_memoire_torch"], capture_output=True).returncode == 0
+    front.send_signal(signal.SIGKILL)
+    front.wait()
+    time.sleep(2)
+    left = subprocess.run(["pgrep", "-f", "mesure_memoire_torch"], capture_output=True).returncode == 0
+    check(companion_seen and not left, "kill -9 of mesure_memoire during a measurement: its GPU process is gone too")
+    check(not target.exists() and not list(work.glob(".killed*")), "and no file is left")
+    folder = work / "terminated"
+    sw = subprocess.Popen([mm, "sweep", "--quiet", "--output", str(folder), "--vary", "batch", "--from", "1", "--to", "200",
+                           "--step", "1", *SMALL])
+    time.sleep(8)
+    sw.send_signal(signal.SIGTERM)
+    code = sw.wait()
+    time.sleep(1)
+    rows = list(csv.DictReader(open(folder / "sweep.csv")))
+    jsons = sorted(folder.glob("point-*.json"))
+    left = subprocess.run(["pgrep", "-f", "mesure_memoire_torch"], capture_output=True).returncode == 0
+    check(code == 130, f"SIGTERM during a sweep: exit {code} (130 expected)")
+    check(0 < len(rows) < 200 and len(jsons) == len(rows) and all(r["status"] == "ok" for r in rows),
+          f"{len(rows)} completed points kept, one measurement file each, the CSV valid")
+    check(not left and not [p for p in folder.iterdir() if p.name.startswith(".")], "no GPU process and no partial file left")
+    p = subprocess.run([mm, "sweep", "--quiet", "--output", str(folder), "--resume", "--vary", "batch", "--from", "1",
+                        "--to", "200", "--step", "50", *SMALL], capture_output=True, text=True)
+    rows2 = list(csv.DictReader(open(folder / "sweep.csv")))
+    check(p.returncode == 0 and len(rows2) >= len(rows), f"--resume continues it ({len(rows2)} rows)")
+
+    say(f"\nFailed checks: {failures}.")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

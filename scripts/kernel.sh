@@ -1,5 +1,7 @@
 # Sourced after scripts/env.sh: installs (once) the evcxr Rust kernel and the project's own
-# kernelspec `iteragpu-rust`, whose environment lets a notebook build and load libtorch.
+# kernelspec `iteragpu-rust`, whose environment lets a notebook build and load libtorch and names
+# the GPU companion program the notebooks measure through (IGL_COMPANION: the release build of
+# scripts/build, which scripts/lab and scripts/test run first).
 #   evcxr_jupyter 0.22.0 -> $IGL_CACHE/evcxr/bin; build folder kept in $IGL_CACHE/evcxr-build
 #   kernelspec           -> $IGL_VENV/share/jupyter/kernels/iteragpu-rust
 # evcxr keeps its own build folder: CARGO_TARGET_DIR is not passed on to the kernel.
@@ -29,6 +31,7 @@ spec = {
         "PATH": "$IGL_VENV/bin:$PATH",
         "LD_LIBRARY_PATH": "$LD_LIBRARY_PATH:$IGL_RUST_LIB",
         "EVCXR_TMPDIR": "$IGL_CACHE/evcxr-build",
+        "IGL_COMPANION": "$CARGO_TARGET_DIR/release/mesure_memoire_torch",
     },
 }
 json.dump(spec, open(sys.argv[1], "w"), indent=1)

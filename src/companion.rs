@@ -128,6 +128,107 @@ impl Companion {
     }
 }
 
+impl Companion {
+    /// Measures `config` in a fresh companion process and returns the measurement (written to a
+    /// temporary file, then read back): what the notebooks use, so that each measurement is a
+    /// process's first and nothing of the kernel's own state reaches it.
+    pub fn measure_fresh(
+        &self,
+        config: &MeasureConfig,
+        blocks: bool,
+    ) -> Result<Measurement, MeasureError> {
+        let dir = tempfile::tempdir().map_err(|e| MeasureError::Torch {
+            phase: None,
+            message: format!("cannot make a temporary folder: {e}"),
+        })?;
+        match self.measure(config, &dir.path().join("measurement.json"), blocks) {
+            PointOutcome::Measured(m) => Ok(*m),
+            PointOutcome::OutOfMemory { message, .. } => Err(MeasureError::from_torch_message(
+                &format!("CUDA out of memory: {message}"),
+            )),
+            PointOutcome::Failed(message) if message.starts_with("exit 2:") => Err(
+                MeasureError::NoGpu(message["exit 2:".len()..].trim().to_string()),
+            ),
+            PointOutcome::Failed(message) => Err(MeasureError::Torch {
+                phase: None,
+                message,
+            }),
+            PointOutcome::Interrupted => Err(MeasureError::Torch {
+                phase: None,
+                message: "interrupted".into(),
+            }),
+        }
+    }
+
+    /// The environment report of a fresh companion process (`environment --json`).
+    pub fn environment(
+        &self,
+        device: crate::device::CudaDevice,
+    ) -> Result<crate::environment::EnvironmentReport, MeasureError> {
+        let dir = tempfile::tempdir().map_err(|e| MeasureError::Torch {
+            phase: None,
+            message: format!("cannot make a temporary folder: {e}"),
+        })?;
+        let file = dir.path().join("environment.json");
+        let out = std::fs::File::create(&file).map_err(|e| MeasureError::Torch {
+            phase: None,
+            message: e.to_string(),
+        })?;
+        let status = Command::new(&self.path)
+            .args(["environment", "--json", "--device", &device.to_string()])
+            .env(PARENT_VARIABLE, std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| {
+                MeasureError::LibtorchNotLoadable(format!("cannot start {PROGRAM}: {e}"))
+            })?;
+        if !status.success() {
+            return Err(MeasureError::LibtorchNotLoadable(format!(
+                "{PROGRAM} could not report ({status})"
+            )));
+        }
+        let bytes = std::fs::read(&file).map_err(|e| MeasureError::Torch {
+            phase: None,
+            message: e.to_string(),
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| MeasureError::Torch {
+            phase: None,
+            message: format!("{PROGRAM} printed no environment report: {e}"),
+        })
+    }
+}
+
+/// Measures `config` in a fresh companion process (see [`Companion::measure_fresh`]), or says why
+/// no companion could be found (exit code 2's reason).
+pub fn measure(config: &MeasureConfig, blocks: bool) -> Result<Measurement, MeasureError> {
+    Companion::locate()?.measure_fresh(config, blocks)
+}
+
+/// The environment report for `device`: from a fresh companion process when one is installed,
+/// else a report that says why no libtorch was reached (always a valid report).
+pub fn environment_report(
+    device: crate::device::CudaDevice,
+) -> crate::environment::EnvironmentReport {
+    use crate::environment::{EnvironmentReport, LibtorchInfo};
+    let why = match Companion::locate() {
+        Ok(c) => match c.environment(device) {
+            Ok(report) => return report,
+            Err(e) => (true, e.to_string()),
+        },
+        Err(e) => (false, e.to_string()),
+    };
+    EnvironmentReport::without_libtorch(
+        Some(device),
+        LibtorchInfo {
+            built_with: why.0,
+            load_error: Some(why.1),
+            ..Default::default()
+        },
+    )
+}
+
 /// The command line of `measure` for `config` (without `--output`).
 pub fn measure_args(config: &MeasureConfig) -> Vec<String> {
     let mut a = vec![

@@ -73,21 +73,27 @@ pub fn phase_chart(m: &Measurement) -> Svg {
     grouped_bars(&title, &labels, &series)
 }
 
+/// Grouped bars on a logarithmic axis, so that a phase of a few hundred KiB stays visible beside
+/// one of tens of MiB or of GiB; the legend sits in its own column, off the bars.
 fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
     canvas((960, 480), |root| {
-        let top = series
-            .iter()
-            .flat_map(|s| s.values.iter().copied())
-            .fold(0.0, f64::max)
-            .max(1e-3)
-            * 1.15;
+        let (plot_area, legend_area) = root.split_horizontally(770);
+        let values = || series.iter().flat_map(|s| s.values.iter().copied());
+        let top = values().fold(0.0, f64::max).max(1e-3) * 2.0;
+        // The floor of the axis: a decade below the smallest figure that is not zero.
+        let smallest = values().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+        let bottom = if smallest.is_finite() {
+            10f64.powf(smallest.log10().floor() - 1.0)
+        } else {
+            1e-3
+        };
         let n = labels.len();
-        let mut chart = ChartBuilder::on(root)
-            .caption(title, ("sans-serif", 18))
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(title, ("sans-serif", 16))
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(72)
-            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (bottom..top).log_scale())
             .expect("valid ranges");
         chart
             .configure_mesh()
@@ -101,24 +107,37 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
                     String::new()
                 }
             })
-            .y_desc("MiB")
+            .y_desc("MiB (logarithmic: each line is 10 times the one below)")
             .draw()
             .expect("drawing to memory");
         let width = 0.84 / series.len() as f64;
         for (k, s) in series.iter().enumerate() {
             let color = s.color;
             chart
-                .draw_series(s.values.iter().enumerate().map(|(i, v)| {
-                    let x0 = i as f64 - 0.42 + k as f64 * width;
-                    Rectangle::new([(x0, 0.0), (x0 + width * 0.92, *v)], color.filled())
-                }))
-                .expect("drawing to memory")
-                .label(s.name)
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
-                });
+                .draw_series(s.values.iter().enumerate().filter(|(_, v)| **v > 0.0).map(
+                    |(i, v)| {
+                        let x0 = i as f64 - 0.42 + k as f64 * width;
+                        Rectangle::new([(x0, bottom), (x0 + width * 0.92, *v)], color.filled())
+                    },
+                ))
+                .expect("drawing to memory");
         }
-        legend(&mut chart);
+        for (k, s) in series.iter().enumerate() {
+            let y = 60 + 22 * k as i32;
+            legend_area
+                .draw(&Rectangle::new([(8, y), (20, y + 12)], s.color.filled()))
+                .expect("drawing to memory");
+            legend_area
+                .draw(&Text::new(s.name, (26, y), ("sans-serif", 13).into_font()))
+                .expect("drawing to memory");
+        }
+        legend_area
+            .draw(&Text::new(
+                "a bar absent: 0 bytes",
+                (8, 60 + 22 * series.len() as i32 + 8),
+                ("sans-serif", 12).into_font(),
+            ))
+            .expect("drawing to memory");
     })
 }
 

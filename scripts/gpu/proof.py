@@ -175,7 +175,8 @@ def main():
     if a.notebooks:
         say("\n## The notebooks' code cells, run as programs\n")
         for prog in a.notebooks:
-            p, dt = run([str(Path(prog).resolve())], cwd=ROOT / "notebooks")
+            env = {**os.environ, "IGL_COMPANION": str((Path(a.bin) / "mesure_memoire_torch").resolve())}
+            p, dt = run([str(Path(prog).resolve())], env=env, cwd=ROOT / "notebooks")
             (out / (Path(prog).name + ".out")).write_text(p.stdout + p.stderr)
             cells = p.stdout.count("=== cell ")
             outputs = p.stdout.count("EVCXR_BEGIN_CONTENT")

@@ -2,7 +2,7 @@
 """GPU proof of `mesure_memoire sweep`: to run on a machine with NVIDIA GPUs, from the repository
 root, with the release programs of scripts/prepare-gpu-run.
 
-    python3 scripts/gpu/sweep-proof.py --bin DIR --out DIR [--parallel]
+    python3 scripts/gpu/sweep-proof.py --bin DIR --out DIR [--sections cost,oom,limit,orphans,parallel]
 
 1. The floor: a process that only loads libtorch and starts CUDA (`mesure_memoire environment`),
    median of 5, against the median time of a sweep point (one `measure` process each).
@@ -13,8 +13,9 @@ root, with the release programs of scripts/prepare-gpu-run.
 5. Orphans and signals: `kill -9` of `mesure_memoire` during a long measurement leaves no GPU
    process and no file; SIGTERM during a sweep exits 130, keeps the completed points, leaves a
    valid CSV and no partial file.
-With --parallel (two GPUs): the 50-point sweep on cuda:0,cuda:1 against the serial one, figures
-compared point by point.
+6. With `parallel` among the sections (two GPUs): the 50-point sweep on cuda:0,cuda:1 against the
+   serial one, figures compared point by point.
+The default sections are cost,oom,limit,orphans.
 Writes OUT/report.md (also printed); exits non-zero on any failed check.
 """
 import argparse
@@ -35,6 +36,13 @@ FIGURES = ["allocated_baseline_bytes", "allocated_end_bytes", "peak_allocated_by
            "reserved_baseline_bytes", "reserved_end_bytes", "peak_reserved_bytes"]
 
 
+def companions():
+    """The companion processes running a measurement (matched on their own command line, so that a
+    shell whose command line merely names the program is not counted)."""
+    p = subprocess.run(["pgrep", "-f", r"mesure_memoire_torch measure"], capture_output=True, text=True)
+    return [int(x) for x in p.stdout.split()]
+
+
 def g(n):
     return f"{int(n):,}".replace(",", " ")
 
@@ -43,8 +51,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parallel", action="store_true")
+    ap.add_argument("--sections", default="cost,oom,limit,orphans")
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
     mm = str(Path(a.bin) / "mesure_memoire")
     out = Path(a.out)
     work = Path("/tmp/sweep-proof")
@@ -73,8 +82,9 @@ def main() -> int:
         rows = list(csv.DictReader(open(folder / "sweep.csv"))) if (folder / "sweep.csv").exists() else []
         return p, dt, rows, folder
 
-    if a.parallel:
-        say("# Sweep on two GPUs against one\n")
+    say("# Capacity sweep on the H200\n")
+    if "parallel" in sections:
+        say("## Sweep on two GPUs against one\n")
         serial = sweep("serial", ["--vary", "batch", "--from", "1", "--to", "50", "--step", "1", *SMALL])
         para = sweep("parallel", ["--vary", "batch", "--from", "1", "--to", "50", "--step", "1", *SMALL],
                      devices="cuda:0,cuda:1")
@@ -84,10 +94,21 @@ def main() -> int:
             f"\n| two GPUs (`--devices cuda:0,cuda:1`) | {len(para[2])} | {para[1]:.1f} s |\n")
         check(serial[0].returncode == 0 and para[0].returncode == 0, "both sweeps exit 0")
         check(len(same) == 50 and all(same), "the six figures of every point identical in both runs")
-        (out / "report.md").write_text("\n".join(lines) + "\n")
-        return 1 if failures else 0
 
-    say("# Capacity sweep on the H200\n")
+    if "cost" in sections:
+        cost(sweep, mm, say, check)
+    if "oom" in sections:
+        oom(sweep, mm, say, check, out)
+    if "limit" in sections:
+        limit(sweep, say, check)
+    if "orphans" in sections:
+        orphans(mm, work, say, check)
+    say(f"\nFailed checks: {failures}.")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return 1 if failures else 0
+
+
+def cost(sweep, mm, say, check):
     say("## 1. Cost of a point against the floor\n")
     floor = []
     for _ in range(5):
@@ -104,6 +125,8 @@ def main() -> int:
     check(per_point <= 1.1 * f, "a point costs at most 1.1 × the floor")
     check(dt <= 45, "the 50-point sweep takes at most 45 s")
 
+
+def oom(sweep, mm, say, check, out):
     say("\n## 2. A sweep over batch until out of memory\n")
     p, dt, rows, folder = sweep("batch-oom", ["--vary", "batch", "--from", "32", "--to", "1024", "--step", "32",
                                               "--dtype", "bfloat16", *BIG])
@@ -120,6 +143,8 @@ def main() -> int:
     for name in ("sweep.csv", "sweep.json"):
         shutil.copy(folder / name, out / f"batch-oom-{name}")
 
+
+def limit(sweep, say, check):
     say("\n## 3. The limit, predicted then verified\n")
     say("| dtype | predicted | found | points | wall time | how |\n| --- | --- | --- | --- | --- | --- |")
     for dtype in ("float32", "bfloat16"):
@@ -132,17 +157,19 @@ def main() -> int:
         check(p.returncode == 0 and found is not None and ok_at.get(found) == "ok" and ok_at.get(found + 1) == "oom",
               f"{dtype}: the found limit fits and the next value runs out of memory, both measured")
 
+
+def orphans(mm, work, say, check):
     say("\n## 4. No orphan, no partial file\n")
     target = work / "killed.json"
     front = subprocess.Popen([mm, "measure", "--device", "cuda:0", "--batch", "64", "--context", "8192", "--width", "1024",
                               "--hidden", "16384", "--dtype", "bfloat16", "--warmup", "10000", "--repeats", "1",
                               "--quiet", "--output", str(target)])
     time.sleep(6)
-    companion_seen = subprocess.run(["pgrep", "-f", "mesure_memoire_torch"], capture_output=True).returncode == 0
+    companion_seen = bool(companions())
     front.send_signal(signal.SIGKILL)
     front.wait()
     time.sleep(2)
-    left = subprocess.run(["pgrep", "-f", "mesure_memoire_torch"], capture_output=True).returncode == 0
+    left = bool(companions())
     check(companion_seen and not left, "kill -9 of mesure_memoire during a measurement: its GPU process is gone too")
     check(not target.exists() and not list(work.glob(".killed*")), "and no file is left")
     folder = work / "terminated"
@@ -154,7 +181,7 @@ def main() -> int:
     time.sleep(1)
     rows = list(csv.DictReader(open(folder / "sweep.csv")))
     jsons = sorted(folder.glob("point-*.json"))
-    left = subprocess.run(["pgrep", "-f", "mesure_memoire_torch"], capture_output=True).returncode == 0
+    left = bool(companions())
     check(code == 130, f"SIGTERM during a sweep: exit {code} (130 expected)")
     check(0 < len(rows) < 200 and len(jsons) == len(rows) and all(r["status"] == "ok" for r in rows),
           f"{len(rows)} completed points kept, one measurement file each, the CSV valid")
@@ -163,10 +190,6 @@ def main() -> int:
                         "--to", "200", "--step", "50", *SMALL], capture_output=True, text=True)
     rows2 = list(csv.DictReader(open(folder / "sweep.csv")))
     check(p.returncode == 0 and len(rows2) >= len(rows), f"--resume continues it ({len(rows2)} rows)")
-
-    say(f"\nFailed checks: {failures}.")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

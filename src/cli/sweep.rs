@@ -8,8 +8,7 @@ use crate::device::CudaDevice;
 use crate::sweep::{self, Dimension, PointOutcome, PointRunner, Spacing, Sweep, SweepError};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::Mutex;
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
@@ -124,7 +123,9 @@ fn log2_span(from: u64, to: u64) -> u64 {
 }
 
 /// Runs the planned points, one fresh process each, over `devices` in parallel; stops after two
-/// out-of-memory points in a row (in value order) unless --keep-going.
+/// out-of-memory points in a row (in value order) unless --keep-going. Each worker records its
+/// point and decides whether to go on under one lock, so that a stop is seen before the next
+/// point starts.
 fn run_points(
     sweep: &mut Sweep,
     companion: &Companion,
@@ -139,9 +140,6 @@ fn run_points(
         .collect();
     let bar = progress::bar(planned.len() as u64, a.quiet);
     bar.set_position((planned.len() - todo.len()) as u64);
-    let next = AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
-    let (tx, rx) = mpsc::channel::<(u64, PointOutcome, f64)>();
     let folder = sweep.folder.clone();
     let points: Vec<(u64, crate::measure::MeasureConfig, PathBuf)> = todo
         .iter()
@@ -150,63 +148,75 @@ fn run_points(
             (*v, config, folder.join(file))
         })
         .collect();
-    let mut failure: Option<SweepError> = None;
+    struct Shared<'s> {
+        sweep: &'s mut Sweep,
+        next: usize,
+        stop: bool,
+        ooms: usize,
+        failure: Option<SweepError>,
+    }
+    let shared = Mutex::new(Shared {
+        sweep,
+        next: 0,
+        stop: false,
+        ooms: 0,
+        failure: None,
+    });
     std::thread::scope(|scope| {
         for device in devices {
-            let (tx, next, stop, points) = (tx.clone(), &next, &stop, &points);
+            let (shared, points, bar) = (&shared, &points, &bar);
             let mut runner = CompanionRunner {
                 companion: companion.clone(),
                 device: *device,
             };
             scope.spawn(move || loop {
-                if stop.load(Ordering::SeqCst) || crate::companion::interrupted() {
-                    break;
-                }
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some((value, config, output)) = points.get(i) else {
-                    break;
+                let (value, config, output) = {
+                    let mut s = shared.lock().expect("no worker panics");
+                    if s.stop || crate::companion::interrupted() {
+                        break;
+                    }
+                    let Some(point) = points.get(s.next) else {
+                        break;
+                    };
+                    s.next += 1;
+                    point
                 };
                 let started = Instant::now();
                 let outcome = runner.run(config, output);
                 if matches!(outcome, PointOutcome::Interrupted) {
                     crate::files::remove_leftovers(output);
                 }
-                if tx
-                    .send((*value, outcome, started.elapsed().as_secs_f64()))
-                    .is_err()
+                let mut s = shared.lock().expect("no worker panics");
+                match s
+                    .sweep
+                    .record(*value, outcome, started.elapsed().as_secs_f64())
                 {
-                    break;
+                    Ok(Some(row)) => {
+                        s.ooms += usize::from(row.status == "oom");
+                        bar.inc(1);
+                        bar.set_message(format!("{} = {value}, out of memory: {}", a.vary, s.ooms));
+                        if !a.keep_going && two_ooms_in_a_row(s.sweep) {
+                            s.stop = true;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        s.stop = true;
+                        s.failure.get_or_insert(e);
+                    }
                 }
             });
         }
-        drop(tx);
-        let mut ooms = 0;
-        for (value, outcome, seconds) in rx {
-            match sweep.record(value, outcome, seconds) {
-                Ok(Some(row)) => {
-                    ooms += usize::from(row.status == "oom");
-                    bar.inc(1);
-                    bar.set_message(format!("{} = {value}, out of memory: {ooms}", a.vary));
-                    if !a.keep_going && two_ooms_in_a_row(sweep) {
-                        stop.store(true, Ordering::SeqCst);
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    stop.store(true, Ordering::SeqCst);
-                    failure.get_or_insert(e);
-                }
-            }
-        }
     });
     bar.finish_and_clear();
-    if let Some(e) = failure {
+    let shared = shared.into_inner().expect("no worker panics");
+    if let Some(e) = shared.failure {
         return Err(e.into());
     }
     if crate::companion::interrupted() {
         return Err(SweepError::Interrupted {
-            done: sweep.rows.len(),
-            folder: sweep.folder.clone(),
+            done: shared.sweep.rows.len(),
+            folder: shared.sweep.folder.clone(),
         }
         .into());
     }

@@ -267,6 +267,103 @@ impl Shown {
         self.measurement.chart().with_caption(&self.origin())
     }
 
+    /// The allocator's map when `allocated` peaked during the cold pass, every block named: the
+    /// measured map when the measurement recorded one (`--blocks`), else the model's, said so.
+    pub fn cold_pass_map(&self) -> crate::markup::Html {
+        use super::Phase;
+        let m = &self.measurement;
+        let cold = m.phases.iter().find(|p| p.phase == Phase::ColdForward);
+        let (segments, whence) = match cold.and_then(|p| p.blocks.as_ref()) {
+            Some(b) => (b.at_peak.clone(), "the allocator's own map, measured".to_string()),
+            None => match self.model_prediction() {
+                Some(p) => (
+                    p.phases
+                        .iter()
+                        .find(|r| r.phase == Phase::ColdForward)
+                        .map(|r| r.segments_at_end.clone())
+                        .unwrap_or_default(),
+                    "PREDICTED by the allocator model (this file holds no map): the end of the pass"
+                        .to_string(),
+                ),
+                None => (Vec::new(), "no map recorded and no prediction possible".to_string()),
+            },
+        };
+        crate::plot::segment_map(&format!("cold_forward: {whence}"), &segments)
+            .with_caption(&self.origin())
+    }
+
+    /// The model's prediction for this measurement's configuration and GPU, with the workspace
+    /// settings PyTorch uses by default.
+    fn model_prediction(&self) -> Option<crate::allocator::Prediction> {
+        let m = &self.measurement;
+        let cc = m
+            .environment
+            .device
+            .as_ref()?
+            .compute_capability
+            .parse()
+            .ok()?;
+        let ws = crate::allocator::Workspaces::for_gpu(cc, &Default::default()).ok()?;
+        crate::allocator::predict(&m.configuration, cc, ws).ok()
+    }
+
+    /// Each phase row measured, predicted and their difference, as a table.
+    pub fn prediction_table(&self) -> crate::markup::Html {
+        let mut m = self.measurement.clone();
+        let note = if m.phases.iter().all(|p| p.prediction.is_some()) {
+            "Predictions as recorded with the measurement."
+        } else {
+            m.attach_prediction(Ok(Default::default()));
+            "Predicted now, with PyTorch's default workspace settings."
+        };
+        let mut rows = Vec::new();
+        for p in &m.phases {
+            let Some(pred) = &p.prediction else { continue };
+            let label = match p.repetition {
+                Some(r) => format!("{} {r}", p.phase.name()),
+                None => p.phase.name().to_string(),
+            };
+            for (what, values) in [
+                ("measured", p.figures().named().map(|(_, v)| v.to_string())),
+                (
+                    "predicted",
+                    pred.figures.named().map(|(_, v)| v.to_string()),
+                ),
+                ("residual", pred.residual.values().map(|v| v.to_string())),
+            ] {
+                let mut row = vec![label.clone(), what.to_string()];
+                row.extend(values);
+                rows.push(row);
+            }
+        }
+        let verdict = match &m.model {
+            Some(c) if c.not_predicted.is_none() => format!(
+                "{} of {} rows exact to the byte ({}). {note}",
+                c.exact_rows, c.rows, c.model
+            ),
+            Some(c) => format!(
+                "No prediction: {}",
+                c.not_predicted.as_deref().unwrap_or("")
+            ),
+            None => "No prediction.".into(),
+        };
+        crate::markup::table(
+            &format!("Measured and predicted, bytes ({})", self.origin()),
+            &[
+                "phase",
+                "",
+                "alloc base",
+                "alloc end",
+                "alloc peak",
+                "resv base",
+                "resv end",
+                "resv peak",
+            ],
+            &rows,
+        )
+        .then(crate::markup::Html::note(&verdict))
+    }
+
     /// A file holding this measurement, for the results grid: the recorded file itself, or a new
     /// file written in `folder`.
     pub fn file_in(&self, folder: &Path) -> Result<std::path::PathBuf, crate::files::WriteError> {

@@ -285,6 +285,83 @@ impl PointRunner for CompanionRunner {
     }
 }
 
+/// A sweep to show: run just now, or read from a folder recorded on another machine.
+pub struct ShownSweep {
+    pub sweep: crate::sweep::Sweep,
+    /// The recorded folder, when the sweep was not run here.
+    pub recorded: Option<PathBuf>,
+}
+
+impl ShownSweep {
+    /// The sweep's chart under a line saying where it was measured.
+    pub fn chart(&self) -> crate::markup::Html {
+        let gpu = self
+            .sweep
+            .summary
+            .environment
+            .as_ref()
+            .and_then(|e| e.device.as_ref())
+            .map_or("unknown GPU".to_string(), |d| d.name.clone());
+        let whence = match &self.recorded {
+            None => "measured just now on this machine, one fresh process per point".to_string(),
+            Some(folder) => format!(
+                "{} ({}), not measured on this machine",
+                crate::markup::labels::RECORDED_ELSEWHERE,
+                folder.display()
+            ),
+        };
+        self.sweep.chart().with_caption(&format!("{gpu}: {whence}"))
+    }
+}
+
+/// Sweeps `dimension` over `values` from `base`, each point in a fresh companion process on
+/// `base`'s device, in a new temporary folder; without a companion or a GPU, reads the sweep
+/// recorded in `recorded` instead (and says so).
+pub fn sweep_or_recorded(
+    base: &MeasureConfig,
+    dimension: crate::sweep::Dimension,
+    values: &[u64],
+    recorded: &Path,
+) -> Result<ShownSweep, crate::sweep::SweepError> {
+    use crate::sweep::Sweep;
+    let from_record = || -> Result<ShownSweep, crate::sweep::SweepError> {
+        Ok(ShownSweep {
+            sweep: Sweep::load(recorded)?,
+            recorded: Some(recorded.to_path_buf()),
+        })
+    };
+    let (Ok(companion), Some(first), Some(last)) =
+        (Companion::locate(), values.first(), values.last())
+    else {
+        return from_record();
+    };
+    let folder = tempfile::Builder::new()
+        .prefix("iteragpu-sweep-")
+        .tempdir()
+        .map_err(|source| crate::sweep::SweepError::Io {
+            file: std::env::temp_dir().display().to_string(),
+            source,
+        })?
+        .keep()
+        .join("sweep");
+    let mut sweep = Sweep::open(&folder, dimension, *first, *last, base, false)?;
+    let mut runner = CompanionRunner {
+        companion,
+        device: base.device,
+    };
+    for v in values {
+        match sweep.measure(&mut runner, *v)? {
+            Some(row) if row.status == "error" && sweep.rows.len() == 1 => return from_record(),
+            Some(row) if row.status == "oom" => break,
+            _ => {}
+        }
+    }
+    Ok(ShownSweep {
+        sweep,
+        recorded: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -183,8 +183,16 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
         .flatten()
         .map(gib)
         .chain(capacity)
+        .chain(
+            sweep
+                .summary
+                .environment
+                .as_ref()
+                .and_then(|e| e.device.as_ref())
+                .map(|d| gib(d.runtime_total.0)),
+        )
         .fold(1e-3, f64::max)
-        * 1.12;
+        * 1.08;
     let series = |f: fn(&crate::sweep::SweepRow) -> Option<u64>| -> Vec<(f64, f64)> {
         rows.iter()
             .filter_map(|r| f(r).map(|b| (r.value as f64, gib(b))))
@@ -215,35 +223,63 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
             .y_desc("GiB")
             .draw()
             .expect("drawing to memory");
-        type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
-        let lines: [Line; 3] = [
-            (
-                "measured peak allocated",
-                ALLOCATED[2],
-                series(|r| r.peak_allocated_bytes),
-            ),
+        // The prediction first and thin, the measurements over it: where the model is exact the
+        // measured points sit on the predicted line.
+        let grey = RGBColor(150, 150, 150);
+        chart
+            .draw_series(LineSeries::new(
+                series(|r| r.predicted_peak_reserved_bytes),
+                grey.stroke_width(6),
+            ))
+            .expect("drawing to memory")
+            .label("predicted peak reserved (model)")
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], grey.stroke_width(6)));
+        type Line = (&'static str, RGBColor, u32, Vec<(f64, f64)>);
+        let lines: [Line; 2] = [
             (
                 "measured peak reserved",
                 RESERVED[1],
+                4,
                 series(|r| r.peak_reserved_bytes),
             ),
             (
-                "predicted peak reserved",
-                RGBColor(90, 90, 90),
-                series(|r| r.predicted_peak_reserved_bytes),
+                "measured peak allocated",
+                ALLOCATED[2],
+                2,
+                series(|r| r.peak_allocated_bytes),
             ),
         ];
-        for (name, color, points) in lines {
+        for (name, color, radius, points) in lines {
             chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(1)))
                 .expect("drawing to memory")
                 .label(name)
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
-                });
+                .legend(move |(x, y)| Circle::new((x + 7, y), radius, color.filled()));
             chart
-                .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                .draw_series(
+                    points
+                        .iter()
+                        .map(|p| Circle::new(*p, radius, color.filled())),
+                )
                 .expect("drawing to memory");
+        }
+        if let Some(total) = sweep
+            .summary
+            .environment
+            .as_ref()
+            .and_then(|e| e.device.as_ref())
+            .map(|d| gib(d.runtime_total.0))
+            .filter(|t| *t < top * 1.5)
+        {
+            let dark = RGBColor(60, 60, 60);
+            chart
+                .draw_series(LineSeries::new(
+                    [(x0 - pad, total), (x1 + pad, total)],
+                    dark.stroke_width(1),
+                ))
+                .expect("drawing to memory")
+                .label("device memory (runtime total)")
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], dark));
         }
         let red = RGBColor(200, 30, 30);
         let ooms: Vec<(f64, f64)> = rows

@@ -4,7 +4,7 @@
 //! measurement's JSON has; the figures docs/benchmarks.md quotes from recorded runs are those
 //! runs'; the notebooks and the README give the same warm start time.
 
-use iteragpu_lab::measure::{Measurement, PhaseBlocks};
+use iteragpu_lab::measure::Measurement;
 use iteragpu_lab::status::Status;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -152,7 +152,19 @@ const MODEL: &str = "docs/allocator-model.md";
 const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
 const IN_SRC_ALLOCATOR: &str = "named right after `src/allocator/`";
 
-const ALLOWED: [Allowed; 18] = [
+const ALLOWED: [Allowed; 20] = [
+    allowed(
+        "FOLDER/sweep.csv",
+        README,
+        None,
+        "the rows a sweep writes in the folder its user names",
+    ),
+    allowed(
+        "sweep.json",
+        README,
+        None,
+        "the summary a sweep writes beside its rows",
+    ),
     allowed(
         "NAME.zip",
         README,
@@ -453,21 +465,21 @@ fn the_readme_exit_code_table_is_the_programs_own() {
 /// The example measurement's JSON with what a measurement may also hold: the allocator model's
 /// prediction (attached here for the recorded H200 run, as `measure` does) and a block map
 /// (`measure --blocks`, needs a GPU: empty maps here).
+/// The measurement recorded on the H200 with `--blocks`: every optional key present (the
+/// prediction, the block maps, the free memory at start, the model's verdict).
 fn full_measurement() -> Value {
-    let bytes = read("data/exemple-mesure-h200-petit-essai.json");
-    let mut m = Measurement::from_bytes(bytes.as_bytes(), "example").unwrap();
-    m.attach_prediction(iteragpu_lab::allocator::WorkspaceSettings::from_lookup(
-        |_| None,
-    ));
+    let bytes = read("data/exemple-mesure-h200-blocs.json");
+    let m = Measurement::from_bytes(bytes.as_bytes(), "example").unwrap();
     assert!(
         m.model.as_ref().is_some_and(|x| x.not_predicted.is_none()),
         "{:?}",
         m.model
     );
-    m.phases[0].blocks = Some(PhaseBlocks {
-        at_end: Vec::new(),
-        at_peak: Vec::new(),
-    });
+    assert!(m
+        .phases
+        .iter()
+        .all(|p| p.blocks.is_some() && p.prediction.is_some()));
+    assert!(m.runtime_free_at_start_bytes.is_some());
     serde_json::to_value(&m).unwrap()
 }
 

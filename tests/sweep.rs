@@ -207,3 +207,28 @@ fn predict_refuses_what_it_does_not_model() {
     .code(USAGE)
     .stderr(contains("overflow"));
 }
+
+/// The sweep recorded on an H200 and shipped in `data/` draws its chart without a GPU.
+#[test]
+fn the_recorded_sweep_draws_its_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("sweep.svg");
+    mm().args(["plot", "--sweep", "data/exemple-balayage-h200", "--output"])
+        .arg(&svg)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for label in [
+        "NVIDIA H200",
+        "measured peak reserved",
+        "predicted peak reserved",
+        "out of memory",
+        "device memory",
+    ] {
+        assert!(text.contains(label), "{label}");
+    }
+    mm().args(["plot", "--sweep", "data/exemple-balayage-h200", "--output"])
+        .arg(&svg)
+        .assert()
+        .code(OUTPUT_EXISTS);
+}

@@ -1,0 +1,163 @@
+//! Output into a closed pipe (`| head -1` under `pipefail`), for every program: the output stops
+//! quietly, nothing panics, a file the command writes is still written whole, and the exit code is
+//! still the verdict's (0 for a success, 65 for a broken grid or a tampered bundle).
+
+mod common;
+
+use common::{DATA_ERROR, RECORDED, ROOT};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Runs `program args` with its standard output the write end of a pipe whose read end is already
+/// closed, so that every write fails with a broken pipe; returns the exit code.
+fn into_closed_pipe(program: &str, args: &[&str]) -> i32 {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(assert_cmd::cargo::cargo_bin(program))
+        .args(args)
+        .current_dir(ROOT)
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{program} {args:?}: {stderr}");
+    out.status.code().expect("exited, not killed")
+}
+
+#[test]
+fn successes_exit_0_into_a_closed_pipe() {
+    let estimate = [
+        "estimate",
+        "--parameters",
+        "7000000000",
+        "--bits",
+        "16",
+        "--reserve-gib",
+        "4",
+    ];
+    let predict = [
+        "predict",
+        "--batch",
+        "1",
+        "--context",
+        "16",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+        "--warmup",
+        "1",
+        "--repeats",
+        "2",
+    ];
+    for json in [false, true] {
+        let extra: &[&str] = if json { &["--json"] } else { &[] };
+        fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+            base.iter().chain(extra).copied().collect()
+        }
+        assert_eq!(
+            into_closed_pipe("mesure_memoire", &with(&estimate, extra)),
+            0
+        );
+        assert_eq!(
+            into_closed_pipe("mesure_memoire", &with(&predict, extra)),
+            0
+        );
+        assert_eq!(
+            into_closed_pipe(
+                "calcul_forfaits",
+                &with(&["--gpu", "b200", "--days", "7", "--lots", "2"], extra)
+            ),
+            0
+        );
+        assert_eq!(
+            into_closed_pipe("calcul_forfaits", &with(&["--list"], extra)),
+            0
+        );
+        assert_eq!(
+            into_closed_pipe(
+                "resultats_bruts",
+                &with(&["check", "--grid", "data/resultats-bruts.csv"], extra)
+            ),
+            0
+        );
+    }
+}
+
+#[test]
+fn files_are_still_written_into_a_closed_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("phases.svg");
+    let code = into_closed_pipe(
+        "mesure_memoire",
+        &[
+            "plot",
+            "--measurement",
+            RECORDED,
+            "--output",
+            svg.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0);
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("</svg>"));
+    let grid = dir.path().join("resultats-bruts.csv");
+    std::fs::copy(Path::new(ROOT).join("data/resultats-bruts.csv"), &grid).unwrap();
+    let code = into_closed_pipe(
+        "resultats_bruts",
+        &[
+            "append",
+            "--grid",
+            grid.to_str().unwrap(),
+            "--measurement",
+            RECORDED,
+            "--gpu",
+            "b200",
+            "--days",
+            "7",
+            "--lots",
+            "2",
+            "--useful-work-unit",
+            "one ticket classified",
+            "--threshold",
+            "label equals the reviewer's label",
+            "--accepted-results",
+            "1200",
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(&grid).unwrap().lines().count(), 2);
+}
+
+#[test]
+fn failures_keep_their_code_into_a_closed_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let grid = dir.path().join("broken.csv");
+    std::fs::write(&grid, "not,the,header\n1,2,3\n").unwrap();
+    let tampered = dir.path().join("bundle");
+    for json in [false, true] {
+        let mut args = vec!["check", "--grid", grid.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        assert_eq!(
+            into_closed_pipe("resultats_bruts", &args),
+            DATA_ERROR,
+            "{args:?}"
+        );
+    }
+    // A folder with a manifest that does not match its files.
+    std::fs::create_dir(&tampered).unwrap();
+    std::fs::write(tampered.join("MANIFEST.json"), "{\"schema\": \"other\"}").unwrap();
+    for json in [false, true] {
+        let mut args = vec!["verify", tampered.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        assert_eq!(
+            into_closed_pipe("paquet_lab", &args),
+            DATA_ERROR,
+            "{args:?}"
+        );
+    }
+}

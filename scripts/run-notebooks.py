@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Executes notebooks headless under the project's Rust kernel and fails on any cell error.
 
-    python3 scripts/run-notebooks.py [--kernel iteragpu-rust] NOTEBOOK...
+    python3 scripts/run-notebooks.py [--kernel iteragpu-rust] [--first-cell-only] NOTEBOOK...
 
 Each notebook runs from its own folder (as under Jupyter) on an in-memory copy: nothing is written
 back (unless --save names a folder for executed copies). Prints, per notebook, the time from kernel
 start to the first output and to the end, and fails (exit 1) when a cell stops with an error, when
 any cell carries an error output, or when a code cell with code in it has no execution count after
-the run (it did not run).
+the run (it did not run). With --first-cell-only, only the first code cell of each notebook runs
+(its `:dep` lines): scripts/lab does this before JupyterLab opens, so that the dependencies are
+already compiled in the kernel's build folder when a person opens a notebook.
 """
 import argparse
 import sys
@@ -24,11 +26,15 @@ def main() -> int:
     ap.add_argument("--kernel", default="iteragpu-rust")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     ap.add_argument("--save", help="also write the executed copies into this folder")
+    ap.add_argument("--first-cell-only", action="store_true",
+                    help="run only each notebook's first code cell (compiles its dependencies)")
     ap.add_argument("notebooks", nargs="+")
     a = ap.parse_args()
     failed = 0
     for path in map(Path, a.notebooks):
         nb = nbformat.read(path, as_version=4)
+        if a.first_cell_only:
+            nb.cells = [next(c for c in nb.cells if c.cell_type == "code")]
         started = time.perf_counter()
         first = {}
 

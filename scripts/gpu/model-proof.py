@@ -10,8 +10,10 @@ scripts/prepare-gpu-run.
    residual (measured − predicted): every residual must be 0.
 2. A subset measured again with `--blocks`: the six figures of every row must be identical to the
    run without it (reading the map costs no byte), no block may be `unknown`, the map at the end of
-   the last phase must equal the model's segment by segment (pool, size, named blocks), and the
-   tensors alive at each phase's peak must be the ones the model names.
+   the last phase must equal the model's segment by segment (pool, size, named blocks), the
+   tensors alive at each phase's peak must be the ones the model names, and the allocator's other
+   statistics at each end (requested bytes, inactive split bytes and blocks, segments, retries,
+   out-of-memory errors) the model's.
 3. The workspace settings PyTorch reads (CUBLAS_WORKSPACE_CONFIG, CUBLASLT_WORKSPACE_SIZE,
    TORCH_CUBLASLT_UNIFIED_WORKSPACE, DISABLE_ADDMM_CUDA_LT), each on the seed's small run.
 It writes OUT/report.md (also printed) and exits non-zero on any residual or mismatch.
@@ -158,8 +160,8 @@ def main() -> int:
         BLOCK_SHAPES.clear()
     say("## 2. The allocator's own map with `--blocks`\n")
     say("| configuration | figures as without `--blocks` | unknown blocks | end map = model's | "
-        "tensors at each peak = model's |")
-    say("| --- | --- | --- | --- | --- |")
+        "tensors at each peak = model's | statistics at each end = model's |")
+    say("| --- | --- | --- | --- | --- | --- |")
     for name in BLOCK_SHAPES:
         shape = SHAPES[name]
         m, _ = measure(f"blocks-{BLOCK_SHAPES.index(name)}", shape, "float32", ["--blocks"])
@@ -173,14 +175,15 @@ def main() -> int:
         end_same = canonical(m["phases"][-1]["blocks"]["at_end"]) == canonical(predicted[-1]["segments_at_end"])
         peaks_same = all(names(r["blocks"]["at_peak"]) == collections.Counter(t["name"] for t in q["live_at_peak"])
                          for r, q in zip(m["phases"], predicted))
-        ok = same and unknown == 0 and end_same and peaks_same
+        stats_same = all(r["blocks"]["stats_at_end"] == q["stats_at_end"] for r, q in zip(m["phases"], predicted))
+        ok = same and unknown == 0 and end_same and peaks_same and stats_same
         failures += not ok
         if not end_same:
             (out / f"blocks-{BLOCK_SHAPES.index(name)}-maps.json").write_text(json.dumps(
                 {"measured": canonical(m["phases"][-1]["blocks"]["at_end"]),
                  "predicted": canonical(predicted[-1]["segments_at_end"])}, indent=1))
         say(f"| {name} | {'yes' if same else '**NO**'} | {unknown} | {'yes' if end_same else '**NO**'} | "
-            f"{'yes' if peaks_same else '**NO**'} |")
+            f"{'yes' if peaks_same else '**NO**'} | {'yes' if stats_same else '**NO**'} |")
     if BLOCK_SHAPES:
         example = m["phases"][2]["blocks"]["at_peak"]
         say("\nThe last one's `cold_forward` at its peak, as the allocator lists it:\n")

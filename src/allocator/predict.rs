@@ -120,6 +120,9 @@ pub struct PhasePrediction {
     pub live_at_peak: Vec<Tensor>,
     /// The allocator's segments at the end reading, in address order.
     pub segments_at_end: Vec<SegmentView>,
+    /// The allocator's other statistics at the end reading (no retry and no out-of-memory: the
+    /// model has no device capacity).
+    pub stats_at_end: crate::measure::DeviceStats,
 }
 
 /// What the model predicts for one configuration.
@@ -226,6 +229,14 @@ impl Replay {
             live_at_end: self.tensors(),
             live_at_peak: std::mem::take(&mut self.live_at_peak),
             segments_at_end: self.allocator.snapshot(),
+            stats_at_end: crate::measure::DeviceStats {
+                requested_bytes: end.requested.current,
+                inactive_split_bytes: end.inactive_split.current,
+                inactive_split_blocks: end.inactive_split_blocks.current,
+                segments: end.segments.current,
+                alloc_retries: 0,
+                ooms: 0,
+            },
         };
         self.free("output");
         prediction

@@ -8,7 +8,8 @@ mod steps;
 
 pub use config::{ConfigError, Dtype, MeasureConfig, SyntheticModel, MAX_PASSES};
 pub use protocol::{
-    run_protocol, AllocatorReading, Backend, Phase, PhaseBlocks, PhaseRecord, RowPrediction,
+    run_protocol, AllocatorReading, Backend, DeviceStats, Phase, PhaseBlocks, PhaseRecord,
+    RowPrediction,
 };
 pub use report::{phase_cells, Measurement, Shown, PHASE_COLUMNS, SCHEMA};
 pub use steps::{StepLog, StepReading};

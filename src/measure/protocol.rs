@@ -113,6 +113,26 @@ pub struct PhaseBlocks {
     pub at_end: Vec<SegmentView>,
     /// When `allocated` peaked during the phase (read after each operation of a pass).
     pub at_peak: Vec<SegmentView>,
+    /// The allocator's own statistics at the end reading.
+    pub stats_at_end: DeviceStats,
+}
+
+/// Statistics of the caching allocator beyond the four figures (`torch.cuda.memory_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    /// Bytes asked for by live tensors, before rounding (`requested_bytes.all.current`).
+    pub requested_bytes: u64,
+    /// Free bytes in segments that also hold live blocks (`inactive_split_bytes.all.current`).
+    pub inactive_split_bytes: u64,
+    /// Free blocks in such segments (`inactive_split.all.current`).
+    pub inactive_split_blocks: u64,
+    /// Segments held from the driver (`segment.all.current`).
+    pub segments: u64,
+    /// Times `cudaMalloc` failed and the allocator released its cache to try again
+    /// (`num_alloc_retries`).
+    pub alloc_retries: u64,
+    /// Out-of-memory errors raised (`num_ooms`).
+    pub ooms: u64,
 }
 
 impl PhaseRecord {

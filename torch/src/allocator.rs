@@ -34,6 +34,10 @@ impl Allocator {
         open_device(device)?;
         Ok(Allocator { device })
     }
+    /// The GPU's index, `N` of `cuda:N`.
+    pub fn index(&self) -> u32 {
+        self.device.index
+    }
     pub fn device(&self) -> Device {
         Device::Cuda(self.device.index as usize)
     }

@@ -8,7 +8,7 @@
 use crate::{ffi, shim_err};
 use iteragpu_lab::allocator::simulator::SegmentView;
 use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
-use iteragpu_lab::measure::{MeasureError, PhaseBlocks};
+use iteragpu_lab::measure::{DeviceStats, MeasureError, PhaseBlocks};
 use std::collections::HashMap;
 use tch::Tensor;
 
@@ -86,11 +86,24 @@ impl BlockRecorder {
         Ok(())
     }
 
-    /// The phase's maps: at the end reading, and where `allocated` peaked.
+    /// The phase's maps: at the end reading, and where `allocated` peaked; and the allocator's
+    /// statistics at the end.
     pub fn phase(&mut self) -> Result<PhaseBlocks, MeasureError> {
         self.observe()?;
         let at_end = self.map()?;
         let at_peak = self.peak.take().map_or_else(|| at_end.clone(), |(_, m)| m);
-        Ok(PhaseBlocks { at_end, at_peak })
+        let s = ffi::memory_stats(self.device).map_err(shim_err)?;
+        Ok(PhaseBlocks {
+            at_end,
+            at_peak,
+            stats_at_end: DeviceStats {
+                requested_bytes: s.requested_current,
+                inactive_split_bytes: s.inactive_split_bytes_current,
+                inactive_split_blocks: s.inactive_split_current,
+                segments: s.segments_current,
+                alloc_retries: s.alloc_retries,
+                ooms: s.ooms,
+            },
+        })
     }
 }

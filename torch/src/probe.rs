@@ -7,12 +7,16 @@ use crate::{torch_err, Allocator};
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::markup::Html;
 use iteragpu_lab::measure::{MeasureError, StepLog, StepReading};
-use std::collections::BTreeMap;
+use iteragpu_lab::allocator::simulator::SegmentView;
+use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
+use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 
 pub struct Probe {
     gpu: Option<Allocator>,
     tensors: BTreeMap<String, Tensor>,
+    /// Blocks no tensor of the probe holds, named when they appear (cuBLAS's workspace).
+    others: HashMap<u64, String>,
     /// Every reading so far, or why there is none.
     pub log: StepLog,
 }
@@ -27,6 +31,7 @@ impl Probe {
         let mut p = Probe {
             gpu,
             tensors: BTreeMap::new(),
+            others: HashMap::new(),
             log: StepLog {
                 unavailable,
                 ..Default::default()
@@ -108,6 +113,13 @@ impl Probe {
             let c = a.f_matmul(&a).map_err(torch_err)?;
             drop(a);
             p.tensors.insert(name.into(), c);
+            // What the product left that no tensor holds: cuBLAS's workspace, kept for the life
+            // of the process (on the first product only).
+            for b in p.segments()?.iter().flat_map(|s| &s.blocks) {
+                if b.label.as_deref() == Some(UNKNOWN) {
+                    p.others.insert(b.address, "cublas_workspace".into());
+                }
+            }
             Ok(())
         })
     }
@@ -123,6 +135,45 @@ impl Probe {
         self.step("empty cache".into(), |p| {
             p.gpu.as_ref().expect("live").empty_cache()
         })
+    }
+
+    /// The allocator's own map now, each block named after the probe's tensor it holds.
+    fn segments(&self) -> Result<Vec<SegmentView>, MeasureError> {
+        let gpu = self.gpu.as_ref().expect("steps run only with a GPU");
+        let mut names = self.others.clone();
+        for (name, t) in &self.tensors {
+            names.insert(t.data_ptr() as u64, name.clone());
+        }
+        let text = crate::ffi::snapshot(gpu.index()).map_err(crate::shim_err)?;
+        snapshot::parse(&text, &names).map_err(|e| MeasureError::from_torch_message(&e))
+    }
+
+    /// The allocator's map after the last step, drawn: one bar per segment, its blocks named
+    /// (live, cached, or free inside a split segment), with the inactive-split bytes and the
+    /// segments the allocator counts. Without a GPU, why there is none.
+    pub fn map(&self) -> Html {
+        if self.gpu.is_none() {
+            return self.log.last(0);
+        }
+        match self.segments() {
+            Ok(segments) => {
+                let step = self.log.steps.last().map_or("start", |s| s.step.as_str());
+                let split: u64 = segments
+                    .iter()
+                    .flat_map(|s| &s.blocks)
+                    .filter(|b| b.inactive_split)
+                    .map(|b| b.size)
+                    .sum();
+                iteragpu_lab::plot::segment_map(&format!("The allocator's map after: {step}"), &segments)
+                    .with_caption(&format!(
+                        "{} segment(s); {} bytes free inside segments that also hold live blocks \
+                         (inactive split: empty_cache cannot return them)",
+                        segments.len(),
+                        split
+                    ))
+            }
+            Err(e) => Html::note(&format!("{} {e}", iteragpu_lab::markup::labels::LAST_STEP_FAILED)),
+        }
     }
 
     /// The last `n` steps (see [`StepLog::last`]).

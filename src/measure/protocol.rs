@@ -113,8 +113,10 @@ pub struct PhaseBlocks {
     pub at_end: Vec<SegmentView>,
     /// When `allocated` peaked during the phase (read after each operation of a pass).
     pub at_peak: Vec<SegmentView>,
-    /// The allocator's own statistics at the end reading.
-    pub stats_at_end: DeviceStats,
+    /// The allocator's own statistics at the end reading (absent from files written before it
+    /// existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_at_end: Option<DeviceStats>,
 }
 
 /// Statistics of the caching allocator beyond the four figures (`torch.cuda.memory_stats`).

@@ -96,14 +96,14 @@ impl BlockRecorder {
         Ok(PhaseBlocks {
             at_end,
             at_peak,
-            stats_at_end: DeviceStats {
+            stats_at_end: Some(DeviceStats {
                 requested_bytes: s.requested_current,
                 inactive_split_bytes: s.inactive_split_bytes_current,
                 inactive_split_blocks: s.inactive_split_current,
                 segments: s.segments_current,
                 alloc_retries: s.alloc_retries,
                 ooms: s.ooms,
-            },
+            }),
         })
     }
 }

@@ -4,11 +4,11 @@
 //! no figure is ever made up.
 
 use crate::{torch_err, Allocator};
+use iteragpu_lab::allocator::simulator::SegmentView;
+use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::markup::Html;
 use iteragpu_lab::measure::{MeasureError, StepLog, StepReading};
-use iteragpu_lab::allocator::simulator::SegmentView;
-use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
 use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 
@@ -164,15 +164,21 @@ impl Probe {
                     .filter(|b| b.inactive_split)
                     .map(|b| b.size)
                     .sum();
-                iteragpu_lab::plot::segment_map(&format!("The allocator's map after: {step}"), &segments)
-                    .with_caption(&format!(
-                        "{} segment(s); {} bytes free inside segments that also hold live blocks \
+                iteragpu_lab::plot::segment_map(
+                    &format!("The allocator's map after: {step}"),
+                    &segments,
+                )
+                .with_caption(&format!(
+                    "{} segment(s); {} bytes free inside segments that also hold live blocks \
                          (inactive split: empty_cache cannot return them)",
-                        segments.len(),
-                        split
-                    ))
+                    segments.len(),
+                    split
+                ))
             }
-            Err(e) => Html::note(&format!("{} {e}", iteragpu_lab::markup::labels::LAST_STEP_FAILED)),
+            Err(e) => Html::note(&format!(
+                "{} {e}",
+                iteragpu_lab::markup::labels::LAST_STEP_FAILED
+            )),
         }
     }
 

@@ -323,31 +323,10 @@ impl Sweep {
             self.learn(m);
         }
         let predicted = self.predicted(config);
-        let mut row = SweepRow {
-            dimension: self.dimension,
-            value,
-            status: String::new(),
-            oom_phase: String::new(),
-            message: String::new(),
-            batch: config.batch,
-            context: config.context,
-            width: config.width,
-            hidden: config.hidden(),
-            dtype: config.dtype.name().into(),
-            peak_phase: String::new(),
-            allocated_baseline_bytes: None,
-            allocated_end_bytes: None,
-            peak_allocated_bytes: None,
-            reserved_baseline_bytes: None,
-            reserved_end_bytes: None,
-            peak_reserved_bytes: None,
-            predicted_peak_allocated_bytes: predicted.map(|p| p.0),
-            predicted_peak_reserved_bytes: predicted.map(|p| p.1),
-            runtime_free_at_start_bytes: None,
-            libraries_outside_allocator_bytes: None,
-            seconds,
-            measurement_file: String::new(),
-        };
+        let mut row = SweepRow::blank(self.dimension, value, config);
+        row.predicted_peak_allocated_bytes = predicted.map(|p| p.0);
+        row.predicted_peak_reserved_bytes = predicted.map(|p| p.1);
+        row.seconds = seconds;
         match outcome {
             PointOutcome::Interrupted => return None,
             PointOutcome::OutOfMemory { phase, message } => {
@@ -453,34 +432,45 @@ fn read_capped(path: &Path) -> Result<Vec<u8>, SweepError> {
     Ok(bytes)
 }
 
+impl SweepRow {
+    /// The row of `value` for `config`, with no outcome, figure or time yet.
+    pub fn blank(dimension: Dimension, value: u64, config: &MeasureConfig) -> SweepRow {
+        SweepRow {
+            dimension,
+            value,
+            status: String::new(),
+            oom_phase: String::new(),
+            message: String::new(),
+            batch: config.batch,
+            context: config.context,
+            width: config.width,
+            hidden: config.hidden(),
+            dtype: config.dtype.name().into(),
+            peak_phase: String::new(),
+            allocated_baseline_bytes: None,
+            allocated_end_bytes: None,
+            peak_allocated_bytes: None,
+            reserved_baseline_bytes: None,
+            reserved_end_bytes: None,
+            peak_reserved_bytes: None,
+            predicted_peak_allocated_bytes: None,
+            predicted_peak_reserved_bytes: None,
+            runtime_free_at_start_bytes: None,
+            libraries_outside_allocator_bytes: None,
+            seconds: 0.0,
+            measurement_file: String::new(),
+        }
+    }
+}
+
 /// The CSV header, derived from [`SweepRow`]'s fields.
 pub fn csv_header() -> Vec<String> {
     let mut w = csv::Writer::from_writer(Vec::new());
-    w.serialize(SweepRow {
-        dimension: Dimension::Batch,
-        value: 0,
-        status: String::new(),
-        oom_phase: String::new(),
-        message: String::new(),
-        batch: 0,
-        context: 0,
-        width: 0,
-        hidden: 0,
-        dtype: String::new(),
-        peak_phase: String::new(),
-        allocated_baseline_bytes: None,
-        allocated_end_bytes: None,
-        peak_allocated_bytes: None,
-        reserved_baseline_bytes: None,
-        reserved_end_bytes: None,
-        peak_reserved_bytes: None,
-        predicted_peak_allocated_bytes: None,
-        predicted_peak_reserved_bytes: None,
-        runtime_free_at_start_bytes: None,
-        libraries_outside_allocator_bytes: None,
-        seconds: 0.0,
-        measurement_file: String::new(),
-    })
+    w.serialize(SweepRow::blank(
+        Dimension::Batch,
+        0,
+        &MeasureConfig::default(),
+    ))
     .expect("writing to memory");
     let bytes = w.into_inner().expect("writing to memory");
     let mut r = csv::Reader::from_reader(bytes.as_slice());

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{DATA_ERROR, RECORDED, ROOT};
+use common::{DATA_ERROR, RECORDED, ROOT, SEED_SMALL};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -36,21 +36,7 @@ fn successes_exit_0_into_a_closed_pipe() {
         "--reserve-gib",
         "4",
     ];
-    let predict = [
-        "predict",
-        "--batch",
-        "1",
-        "--context",
-        "16",
-        "--width",
-        "64",
-        "--dtype",
-        "float32",
-        "--warmup",
-        "1",
-        "--repeats",
-        "2",
-    ];
+    let predict: Vec<&str> = ["predict"].into_iter().chain(SEED_SMALL).collect();
     for json in [false, true] {
         let extra: &[&str] = if json { &["--json"] } else { &[] };
         fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {

@@ -5,7 +5,7 @@
 mod common;
 
 use assert_cmd::Command;
-use common::{json_of, mesure_memoire as mm, OUTPUT_EXISTS, UNAVAILABLE, USAGE};
+use common::{json_of, mesure_memoire as mm, OUTPUT_EXISTS, SEED_SMALL, UNAVAILABLE, USAGE};
 use predicates::str::contains;
 
 fn sweep_args(extra: &[&str], output: &std::path::Path) -> Vec<String> {
@@ -103,22 +103,7 @@ fn without_the_companion_a_sweep_exits_2_and_a_folder_with_results_is_kept() {
 
 #[test]
 fn predict_gives_every_figure_and_names_every_block() {
-    let v = json_of(mm().args([
-        "predict",
-        "--batch",
-        "1",
-        "--context",
-        "16",
-        "--width",
-        "64",
-        "--dtype",
-        "float32",
-        "--warmup",
-        "1",
-        "--repeats",
-        "2",
-        "--json",
-    ]));
+    let v = json_of(mm().arg("predict").args(SEED_SMALL).arg("--json"));
     let cold = &v["phases"][2];
     assert_eq!(cold["phase"], "cold_forward");
     assert_eq!(cold["figures"]["allocated_end_bytes"], 34_743_808u64);
@@ -133,27 +118,14 @@ fn predict_gives_every_figure_and_names_every_block() {
         names.contains(&"cublas_workspace") && names.contains(&"output"),
         "{names:?}"
     );
-    mm().args([
-        "predict",
-        "--batch",
-        "1",
-        "--context",
-        "16",
-        "--width",
-        "64",
-        "--dtype",
-        "float32",
-        "--warmup",
-        "1",
-        "--repeats",
-        "2",
-    ])
-    .assert()
-    .success()
-    .stdout(contains(
-        "cold_forward     -         136704       34743808       34772480",
-    ))
-    .stdout(contains("cublas_workspace 33 554 432 B"));
+    mm().arg("predict")
+        .args(SEED_SMALL)
+        .assert()
+        .success()
+        .stdout(contains(
+            "cold_forward     -         136704       34743808       34772480",
+        ))
+        .stdout(contains("cublas_workspace 33 554 432 B"));
 }
 
 #[test]

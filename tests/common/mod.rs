@@ -13,6 +13,23 @@ pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// A measurement recorded on an NVIDIA H200 by `mesure_memoire measure` (see docs/benchmarks.md).
 pub const RECORDED: &str = "data/exemple-mesure-h200-petit-essai.json";
 
+/// The shape of the seed's first measurement, as flags (`--batch 1 --context 16 --width 64
+/// --dtype float32 --warmup 1 --repeats 2`).
+pub const SEED_SMALL: [&str; 12] = [
+    "--batch",
+    "1",
+    "--context",
+    "16",
+    "--width",
+    "64",
+    "--dtype",
+    "float32",
+    "--warmup",
+    "1",
+    "--repeats",
+    "2",
+];
+
 /// An exit status's code, as `assert_cmd` compares them.
 pub const fn code(status: Status) -> i32 {
     status as i32

@@ -129,6 +129,7 @@ impl StepLog {
             Some(b) => format!("{:+}", now as i128 - b as i128),
             None => String::new(),
         };
+        let runtime = |v: Option<u64>| v.map_or("—".to_string(), |b| b.to_string());
         let rows: Vec<Vec<String>> = (start..self.steps.len())
             .map(|i| {
                 let s = &self.steps[i];
@@ -143,13 +144,17 @@ impl StepLog {
                     s.peak_allocated.to_string(),
                     s.peak_reserved.to_string(),
                     s.segments.to_string(),
-                    s.runtime_used.to_string(),
-                    (s.runtime_used as i128 - s.reserved as i128).to_string(),
+                    runtime(s.runtime_used),
+                    runtime(s.runtime_used.map(|u| u.saturating_sub(s.reserved))),
                 ]
             })
             .collect();
+        let caption = match &self.source {
+            Some(source) => format!("{source}: caching allocator, bytes"),
+            None => "Caching allocator, bytes".to_string(),
+        };
         let mut h = table(
-            "Caching allocator, bytes",
+            &caption,
             &[
                 "step",
                 "requested",

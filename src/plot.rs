@@ -145,15 +145,22 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
 pub fn step_chart(log: &StepLog) -> Svg {
     let steps: Vec<String> = log.steps.iter().map(|s| s.step.clone()).collect();
     let series = |f: fn(&StepReading) -> u64| log.steps.iter().map(f).collect::<Vec<u64>>();
-    timeline_chart(
-        "Allocator and runtime over the steps (MiB)",
-        &steps,
-        &[
-            ("allocated", series(|s| s.allocated)),
-            ("reserved", series(|s| s.reserved)),
-            ("GPU used (runtime)", series(|s| s.runtime_used)),
-        ],
-    )
+    let mut lines = vec![
+        ("allocated", series(|s| s.allocated)),
+        ("reserved", series(|s| s.reserved)),
+    ];
+    // The runtime's view exists only for measured steps.
+    if log.steps.iter().all(|s| s.runtime_used.is_some()) {
+        lines.push((
+            "GPU used (runtime)",
+            series(|s| s.runtime_used.unwrap_or(0)),
+        ));
+    }
+    let title = match &log.source {
+        Some(source) => format!("{source}: allocator over the steps (MiB)"),
+        None => "Allocator and runtime over the steps (MiB)".to_string(),
+    };
+    timeline_chart(&title, &steps, &lines)
 }
 
 /// A sweep: measured peak allocated and reserved against the varied dimension, the model's
@@ -375,9 +382,16 @@ pub fn segment_map(title: &str, segments: &[SegmentView]) -> Svg {
             );
             text(&label, 12, y + 8, 13, &BLACK);
             let mut x = left as f64;
+            let end = (left + width) as f64;
             for b in &seg.blocks {
-                let w = width as f64 * b.size as f64 / seg.size.max(1) as f64;
-                let (x0, x1) = (x.round() as i32, (x + w).round().max(x + 1.0) as i32);
+                // In proportion, but a live block is never thinner than 6 px, so that a 512-byte
+                // tensor in a 2 MiB segment still shows (its size is written in the legend).
+                let mut w = width as f64 * b.size as f64 / seg.size.max(1) as f64;
+                if b.allocated {
+                    w = w.max(6.0);
+                }
+                let w = w.min(end - x).max(1.0);
+                let (x0, x1) = (x.round() as i32, (x + w).round() as i32);
                 let color = match &b.label {
                     Some(name) => {
                         if !names.contains(&name.as_str()) {
@@ -453,10 +467,21 @@ fn tensor_color(name: &str) -> RGBColor {
         "cublas_workspace",
         "cublaslt_workspace",
     ];
-    NAMES
-        .iter()
-        .position(|n| *n == name)
-        .map_or(RGBColor(220, 40, 40), |i| PALETTE[i])
+    const OTHERS: [RGBColor; 8] = [
+        RGBColor(230, 85, 13),
+        RGBColor(49, 130, 189),
+        RGBColor(117, 107, 177),
+        RGBColor(99, 99, 99),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+        RGBColor(214, 39, 40),
+        RGBColor(140, 86, 75),
+    ];
+    match NAMES.iter().position(|n| *n == name) {
+        Some(i) => PALETTE[i],
+        // Any other name (the live lesson's tensors): a colour of its own, the same every time.
+        None => OTHERS[name.bytes().fold(0usize, |h, b| h * 31 + b as usize) % OTHERS.len()],
+    }
 }
 
 /// Lines over steps: one named series of byte counts per line, shown in MiB.

@@ -5,6 +5,7 @@
 //! `measure` records the prediction beside each measured row with the residual.
 //! `docs/allocator-model.md` lists each rule, its place in PyTorch's source and the run that proved it.
 
+pub mod lesson;
 pub mod predict;
 pub mod simulator;
 pub mod snapshot;

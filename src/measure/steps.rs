@@ -17,8 +17,9 @@ pub struct StepReading {
     /// Device memory segments the allocator holds.
     pub segments: u64,
     /// Device memory in use on the whole GPU, from `cudaMemGetInfo` (total − free): what
-    /// `nvidia-smi` shows, all processes included.
-    pub runtime_used: u64,
+    /// `nvidia-smi` shows, all processes included; `None` in a prediction (the model sees only
+    /// the allocator).
+    pub runtime_used: Option<u64>,
 }
 
 /// The readings of a sequence of steps, or why there are none.
@@ -29,4 +30,7 @@ pub struct StepLog {
     pub unavailable: Option<String>,
     /// The last step's error, if one failed.
     pub error: Option<String>,
+    /// Where the figures come from when they are not measured (a prediction), said above them.
+    #[serde(default)]
+    pub source: Option<String>,
 }

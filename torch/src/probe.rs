@@ -1,11 +1,14 @@
 //! A live look at the caching allocator: allocate and free tensors on a GPU step by step and
 //! record, after each step, what the allocator and the CUDA runtime report, into a
-//! [`StepLog`] that the library draws. Without a GPU every step is skipped and the log says why:
-//! no figure is ever made up.
+//! [`StepLog`] that the library draws. Every step also runs on the allocator model
+//! ([`LessonModel`]): on a GPU its prediction is shown beside the measurement; without a GPU it is
+//! shown alone, labelled as a prediction, and no figure is ever presented as measured.
 
 use crate::{torch_err, Allocator};
+use iteragpu_lab::allocator::lesson::{LessonModel, PREDICTED};
 use iteragpu_lab::allocator::simulator::SegmentView;
 use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
+use iteragpu_lab::allocator::ComputeCapability;
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::markup::Html;
 use iteragpu_lab::measure::{MeasureError, StepLog, StepReading};
@@ -19,6 +22,8 @@ pub struct Probe {
     others: HashMap<u64, String>,
     /// Every reading so far, or why there is none.
     pub log: StepLog,
+    /// The same steps on the allocator model.
+    pub model: LessonModel,
 }
 
 impl Probe {
@@ -28,6 +33,13 @@ impl Probe {
             Ok(a) => (Some(a), None),
             Err(e) => (None, Some(e.to_string())),
         };
+        // The model takes the GPU's architecture, or the H200's where there is no GPU.
+        let cc = gpu
+            .as_ref()
+            .and_then(|g| crate::ffi::device_properties(g.index()).ok())
+            .map_or(ComputeCapability::new(9, 0), |p| {
+                ComputeCapability::new(p.major as u32, p.minor as u32)
+            });
         let mut p = Probe {
             gpu,
             tensors: BTreeMap::new(),
@@ -36,6 +48,7 @@ impl Probe {
                 unavailable,
                 ..Default::default()
             },
+            model: LessonModel::new(cc),
         };
         p.record("start");
         p
@@ -56,18 +69,22 @@ impl Probe {
                 peak_reserved: s.reserved_peak,
                 requested: s.requested_current,
                 segments: s.segments_current,
-                runtime_used: total.0.saturating_sub(free.0),
+                runtime_used: Some(total.0.saturating_sub(free.0)),
             }),
             Err(e) => self.log.error = Some(e.to_string()),
         }
         self
     }
 
+    /// Runs one step on the model (always) and on the GPU (when there is one), recording both.
     fn step(
         &mut self,
         label: String,
+        model: impl FnOnce(&mut LessonModel),
         work: impl FnOnce(&mut Self) -> Result<(), MeasureError>,
     ) -> &mut Self {
+        model(&mut self.model);
+        self.model.record(&label);
         if self.gpu.is_none() {
             return self;
         }
@@ -89,50 +106,62 @@ impl Probe {
 
     /// Keeps a new tensor of `bytes` bytes (uninitialised uint8) on the GPU under `name`.
     pub fn allocate(&mut self, name: &str, bytes: u64) -> &mut Self {
-        self.step(format!("allocate {name} ({bytes} B)"), |p| {
-            let t =
-                Tensor::f_empty([bytes as i64], (Kind::Uint8, p.device())).map_err(torch_err)?;
-            p.tensors.insert(name.into(), t);
-            Ok(())
-        })
+        self.step(
+            format!("allocate {name} ({bytes} B)"),
+            |m| m.allocate(name, bytes),
+            |p| {
+                let t = Tensor::f_empty([bytes as i64], (Kind::Uint8, p.device()))
+                    .map_err(torch_err)?;
+                p.tensors.insert(name.into(), t);
+                Ok(())
+            },
+        )
     }
 
     /// Drops the tensor `name`: its block goes back to the allocator's cache, not to the driver.
     pub fn free(&mut self, name: &str) -> &mut Self {
-        self.step(format!("free {name}"), |p| {
-            p.tensors.remove(name);
-            Ok(())
-        })
+        self.step(
+            format!("free {name}"),
+            |m| m.free(name),
+            |p| {
+                p.tensors.remove(name);
+                Ok(())
+            },
+        )
     }
 
     /// Squares a new n×n float32 matrix A (A·A), keeping the product as `name`; the first matrix
     /// product of a process also makes cuBLAS allocate its workspace through the allocator.
     pub fn matmul(&mut self, name: &str, n: i64) -> &mut Self {
-        self.step(format!("{name} = A·A, {n}×{n} float32"), |p| {
-            let a = Tensor::f_ones([n, n], (Kind::Float, p.device())).map_err(torch_err)?;
-            let c = a.f_matmul(&a).map_err(torch_err)?;
-            drop(a);
-            p.tensors.insert(name.into(), c);
-            // What the product left that no tensor holds: cuBLAS's workspace, kept for the life
-            // of the process (on the first product only).
-            for b in p.segments()?.iter().flat_map(|s| &s.blocks) {
-                if b.label.as_deref() == Some(UNKNOWN) {
-                    p.others.insert(b.address, "cublas_workspace".into());
+        self.step(
+            format!("{name} = A·A, {n}×{n} float32"),
+            |m| m.matmul(name, n as u64),
+            |p| {
+                let a = Tensor::f_ones([n, n], (Kind::Float, p.device())).map_err(torch_err)?;
+                let c = a.f_matmul(&a).map_err(torch_err)?;
+                drop(a);
+                p.tensors.insert(name.into(), c);
+                // What the product left that no tensor holds: cuBLAS's workspace, kept for the life
+                // of the process (on the first product only).
+                for b in p.segments()?.iter().flat_map(|s| &s.blocks) {
+                    if b.label.as_deref() == Some(UNKNOWN) {
+                        p.others.insert(b.address, "cublas_workspace".into());
+                    }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
     }
 
     pub fn reset_peaks(&mut self) -> &mut Self {
-        self.step("reset peaks".into(), |p| {
+        self.step("reset peaks".into(), LessonModel::reset_peaks, |p| {
             p.gpu.as_ref().expect("live").reset_peaks()
         })
     }
 
     /// Returns cached blocks that hold no tensor to the driver (`torch.cuda.empty_cache`).
     pub fn empty_cache(&mut self) -> &mut Self {
-        self.step("empty cache".into(), |p| {
+        self.step("empty cache".into(), LessonModel::empty_cache, |p| {
             p.gpu.as_ref().expect("live").empty_cache()
         })
     }
@@ -152,12 +181,17 @@ impl Probe {
     /// (live, cached, or free inside a split segment), with the inactive-split bytes and the
     /// segments the allocator counts. Without a GPU, why there is none.
     pub fn map(&self) -> Html {
+        let step = self.log.steps.last().map_or("start", |s| s.step.as_str());
+        let predicted = iteragpu_lab::plot::segment_map(
+            &format!("{PREDICTED}: the map after the same step"),
+            &self.model.segments(),
+        )
+        .html();
         if self.gpu.is_none() {
-            return self.log.last(0);
+            return self.log.last(0).then(predicted);
         }
         match self.segments() {
             Ok(segments) => {
-                let step = self.log.steps.last().map_or("start", |s| s.step.as_str());
                 let split: u64 = segments
                     .iter()
                     .flat_map(|s| &s.blocks)
@@ -174,6 +208,7 @@ impl Probe {
                     segments.len(),
                     split
                 ))
+                .then(predicted)
             }
             Err(e) => Html::note(&format!(
                 "{} {e}",
@@ -182,21 +217,25 @@ impl Probe {
         }
     }
 
-    /// The last `n` steps (see [`StepLog::last`]).
+    /// The last `n` steps, measured (or why not), then predicted.
     pub fn last(&self, n: usize) -> Html {
-        self.log.last(n)
+        self.log.last(n).then(self.model.log.last(n))
     }
 
     pub fn html(&self) -> Html {
-        self.log.html()
+        self.last(self.model.log.steps.len())
     }
 
     pub fn evcxr_display(&self) {
-        self.log.evcxr_display()
+        self.html().evcxr_display()
     }
 
-    /// The chart of every step (see [`StepLog::chart`]).
+    /// The chart of every step: measured on a GPU, else predicted (each says which).
     pub fn chart(&self) -> Html {
-        self.log.chart()
+        if self.gpu.is_some() {
+            self.log.chart()
+        } else {
+            self.log.last(0).then(self.model.log.chart())
+        }
     }
 }

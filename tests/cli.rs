@@ -414,28 +414,13 @@ fn environment_report_is_valid_and_collects_no_environment_value() {
 }
 
 fn measure_args(output: &Path) -> Vec<String> {
-    [
-        "measure",
-        "--device",
-        "cuda:0",
-        "--batch",
-        "1",
-        "--context",
-        "16",
-        "--width",
-        "64",
-        "--dtype",
-        "float32",
-        "--warmup",
-        "1",
-        "--repeats",
-        "2",
-        "--output",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([output.display().to_string()])
-    .collect()
+    ["measure", "--device", "cuda:0"]
+        .into_iter()
+        .chain(common::SEED_SMALL)
+        .chain(["--output"])
+        .map(String::from)
+        .chain([output.display().to_string()])
+        .collect()
 }
 
 fn has_gpu() -> bool {

@@ -142,21 +142,7 @@ fn oversized_inputs_are_refused_naming_the_limit() {
 #[test]
 fn warmup_and_repeats_state_the_documented_bound() {
     let predict = |flag: &str, value: &str| {
-        let mut args = vec![
-            "predict",
-            "--batch",
-            "1",
-            "--context",
-            "16",
-            "--width",
-            "64",
-            "--dtype",
-            "float32",
-            "--warmup",
-            "1",
-            "--repeats",
-            "2",
-        ];
+        let mut args: Vec<&str> = ["predict"].into_iter().chain(common::SEED_SMALL).collect();
         let i = args.iter().position(|a| *a == flag).unwrap();
         args[i + 1] = value;
         mm().args(args).assert()

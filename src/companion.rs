@@ -64,17 +64,24 @@ impl Companion {
         }
     }
 
+    /// The companion as a command: told this process's id (so that it dies with it), reading
+    /// nothing.
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.path);
+        command
+            .env(PARENT_VARIABLE, std::process::id().to_string())
+            .stdin(Stdio::null());
+        command
+    }
+
     /// Runs the companion with `args`; stdout and stderr are inherited, or captured with
     /// `capture`. Polls for [`INTERRUPTED`] while it runs and stops it then.
     pub fn run(&self, args: &[OsString], capture: bool) -> std::io::Result<Ended> {
         if interrupted() {
             return Ok(Ended::Interrupted);
         }
-        let mut command = Command::new(&self.path);
-        command
-            .args(args)
-            .env(PARENT_VARIABLE, std::process::id().to_string())
-            .stdin(Stdio::null());
+        let mut command = self.command();
+        command.args(args);
         if capture {
             command.stdout(Stdio::null()).stderr(Stdio::piped());
         }
@@ -165,35 +172,21 @@ impl Companion {
         &self,
         device: crate::device::CudaDevice,
     ) -> Result<crate::environment::EnvironmentReport, MeasureError> {
-        let dir = tempfile::tempdir().map_err(|e| MeasureError::Torch {
-            phase: None,
-            message: format!("cannot make a temporary folder: {e}"),
-        })?;
-        let file = dir.path().join("environment.json");
-        let out = std::fs::File::create(&file).map_err(|e| MeasureError::Torch {
-            phase: None,
-            message: e.to_string(),
-        })?;
-        let status = Command::new(&self.path)
+        let out = self
+            .command()
             .args(["environment", "--json", "--device", &device.to_string()])
-            .env(PARENT_VARIABLE, std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(out)
             .stderr(Stdio::null())
-            .status()
+            .output()
             .map_err(|e| {
                 MeasureError::LibtorchNotLoadable(format!("cannot start {PROGRAM}: {e}"))
             })?;
-        if !status.success() {
+        if !out.status.success() {
             return Err(MeasureError::LibtorchNotLoadable(format!(
-                "{PROGRAM} could not report ({status})"
+                "{PROGRAM} could not report ({})",
+                out.status
             )));
         }
-        let bytes = std::fs::read(&file).map_err(|e| MeasureError::Torch {
-            phase: None,
-            message: e.to_string(),
-        })?;
-        serde_json::from_slice(&bytes).map_err(|e| MeasureError::Torch {
+        serde_json::from_slice(&out.stdout).map_err(|e| MeasureError::Torch {
             phase: None,
             message: format!("{PROGRAM} printed no environment report: {e}"),
         })

@@ -104,46 +104,59 @@ pub fn read_capped(path: &Path, kind: Input) -> Result<Vec<u8>, ReadError> {
     read_limited(path, kind, kind.limit())
 }
 
-/// [`read_capped`] with an explicit limit in bytes.
-fn read_limited(path: &Path, kind: Input, limit: u64) -> Result<Vec<u8>, ReadError> {
-    let io = |source| ReadError::Io {
-        kind,
-        path: path.to_path_buf(),
-        source,
+/// Why [`read_regular`] refused a file.
+#[derive(Debug)]
+pub enum Refused {
+    /// The system could not read it.
+    Io(std::io::Error),
+    /// It is not a regular file: what it is, in words (`a named pipe`, `a device`...).
+    NotRegular(&'static str),
+    /// It is larger than the limit.
+    TooLarge,
+}
+
+/// Reads the whole regular file at `path`, at most `limit` bytes: a named pipe, a device or a
+/// folder is refused before it is opened (and again once open, in case the path was replaced in
+/// between), a larger file from its size, a file that grows while read by the cap.
+pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, Refused> {
+    let check = |meta: &std::fs::Metadata| match not_regular(meta) {
+        Some(what) => Err(Refused::NotRegular(what)),
+        None if meta.len() > limit => Err(Refused::TooLarge),
+        None => Ok(()),
     };
-    let refuse = |meta: &std::fs::Metadata| -> Result<(), ReadError> {
-        if let Some(what) = not_regular(meta) {
-            return Err(ReadError::NotRegular {
-                kind,
-                path: path.to_path_buf(),
-                what,
-            });
-        }
-        if meta.len() > limit {
-            return Err(ReadError::TooLarge {
-                kind,
-                path: path.to_path_buf(),
-                limit,
-            });
-        }
-        Ok(())
-    };
-    // Checked before opening, so that no device is ever opened, and again on the open file, in
-    // case the path was replaced in between.
-    refuse(&std::fs::metadata(path).map_err(io)?)?;
-    let file = open_without_waiting(path).map_err(io)?;
-    refuse(&file.metadata().map_err(io)?)?;
+    check(&std::fs::metadata(path).map_err(Refused::Io)?)?;
+    let file = open_without_waiting(path).map_err(Refused::Io)?;
+    check(&file.metadata().map_err(Refused::Io)?)?;
     let mut bytes = Vec::new();
-    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(Refused::Io)?;
     if bytes.len() as u64 > limit {
-        // The file grew while it was read.
-        return Err(ReadError::TooLarge {
-            kind,
-            path: path.to_path_buf(),
-            limit,
-        });
+        return Err(Refused::TooLarge);
     }
     Ok(bytes)
+}
+
+/// [`read_capped`] with an explicit limit in bytes.
+fn read_limited(path: &Path, kind: Input, limit: u64) -> Result<Vec<u8>, ReadError> {
+    let path_buf = || path.to_path_buf();
+    read_regular(path, limit).map_err(|refused| match refused {
+        Refused::Io(source) => ReadError::Io {
+            kind,
+            path: path_buf(),
+            source,
+        },
+        Refused::NotRegular(what) => ReadError::NotRegular {
+            kind,
+            path: path_buf(),
+            what,
+        },
+        Refused::TooLarge => ReadError::TooLarge {
+            kind,
+            path: path_buf(),
+            limit,
+        },
+    })
 }
 
 /// What a file that is not a regular file is, in words; `None` for a regular file.

@@ -15,7 +15,8 @@
 
 use super::simulator::{BlockId, CachingAllocator, Pool, SegmentView};
 use super::workspace::{ComputeCapability, WorkspaceError, Workspaces};
-use crate::measure::{MeasureConfig, Phase};
+use crate::measure::report::phase_line;
+use crate::measure::{MeasureConfig, Phase, PHASE_COLUMNS};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -352,32 +353,15 @@ impl fmt::Display for Prediction {
                 (true, Some(b)) => format!("{} ({})", Bytes(b).grouped(), Bytes(b).mib_text()),
             }
         )?;
-        let widths = [13, 4, 14, 14, 14, 14, 14, 14];
-        let header = [
-            "phase",
-            "rep",
-            "alloc base",
-            "alloc end",
-            "alloc peak",
-            "resv base",
-            "resv end",
-            "resv peak",
-        ];
-        let line = |f: &mut fmt::Formatter<'_>, cells: &[String]| {
-            write!(f, "{:<w$}", cells[0], w = widths[0])?;
-            for (cell, width) in cells[1..].iter().zip(&widths[1..]) {
-                write!(f, " {cell:>width$}")?;
-            }
-            writeln!(f)
-        };
-        line(f, &header.map(String::from))?;
+        // The figure columns of a measurement's table, without the times.
+        phase_line(f, &PHASE_COLUMNS[..8])?;
         for p in &self.phases {
             let mut cells = vec![
                 p.phase.name().to_string(),
                 p.repetition.map_or("-".into(), |r| r.to_string()),
             ];
             cells.extend(p.figures.named().map(|(_, v)| v.to_string()));
-            line(f, &cells)?;
+            phase_line(f, &cells.iter().map(String::as_str).collect::<Vec<_>>())?;
         }
         writeln!(f, "Live blocks (name, block size):")?;
         for p in &self.phases {

@@ -256,12 +256,7 @@ impl PointRunner for Reporting {
         config: &crate::measure::MeasureConfig,
         output: &std::path::Path,
     ) -> PointOutcome {
-        let value = match self.dimension {
-            Dimension::Batch => config.batch,
-            Dimension::Context => config.context,
-            Dimension::Width => config.width,
-            Dimension::Hidden => config.hidden(),
-        };
+        let value = self.dimension.value_of(config);
         self.bar.set_message(format!(
             "{} = {value}, out of memory: {}",
             self.dimension, self.ooms

@@ -107,26 +107,17 @@ impl Measurement {
             crate::allocator::workspace::WorkspaceError,
         >,
     ) {
-        use crate::allocator::{predict, ComputeCapability, Workspaces};
         let cc = self
             .environment
             .device
             .as_ref()
             .map(|d| d.compute_capability.clone());
-        let outcome = (|| -> Result<_, String> {
-            let cc: ComputeCapability = cc
-                .as_deref()
-                .ok_or("the measured GPU's architecture is not in the environment")?
-                .parse()
-                .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())?;
-            let workspaces = Workspaces::for_gpu(cc, &settings.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
-            let p = predict(&self.configuration, cc, workspaces).map_err(|e| e.to_string())?;
-            Ok((workspaces, p))
-        })();
+        let outcome = settings
+            .map_err(|e| e.to_string())
+            .and_then(|settings| self.model_prediction(&settings));
         let rows = self.phases.len();
         self.model = Some(match outcome {
-            Ok((workspaces, p)) => {
+            Ok(p) => {
                 for (row, predicted) in self.phases.iter_mut().zip(&p.phases) {
                     row.prediction = Some(RowPrediction {
                         figures: predicted.figures,
@@ -136,7 +127,7 @@ impl Measurement {
                 ModelComparison {
                     model: p.model,
                     compute_capability: cc,
-                    workspaces: Some(workspaces),
+                    workspaces: Some(p.workspaces),
                     not_predicted: None,
                     exact_rows: self
                         .phases
@@ -155,6 +146,25 @@ impl Measurement {
                 rows,
             },
         });
+    }
+
+    /// The allocator model's prediction for this measurement's configuration on its GPU's
+    /// architecture, under `settings`; or why there is none.
+    pub fn model_prediction(
+        &self,
+        settings: &crate::allocator::WorkspaceSettings,
+    ) -> Result<crate::allocator::Prediction, String> {
+        use crate::allocator::{predict, ComputeCapability, Workspaces};
+        let cc: ComputeCapability = self
+            .environment
+            .device
+            .as_ref()
+            .ok_or("the measured GPU's architecture is not in the environment")?
+            .compute_capability
+            .parse()
+            .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())?;
+        let workspaces = Workspaces::for_gpu(cc, settings).map_err(|e| e.to_string())?;
+        predict(&self.configuration, cc, workspaces).map_err(|e| e.to_string())
     }
 
     /// Reads a measurement file written by `measure` (a regular file of at most
@@ -275,8 +285,8 @@ impl Shown {
         let cold = m.phases.iter().find(|p| p.phase == Phase::ColdForward);
         let (segments, whence) = match cold.and_then(|p| p.blocks.as_ref()) {
             Some(b) => (b.at_peak.clone(), "the allocator's own map, measured".to_string()),
-            None => match self.model_prediction() {
-                Some(p) => (
+            None => match self.measurement.model_prediction(&Default::default()) {
+                Ok(p) => (
                     p.phases
                         .iter()
                         .find(|r| r.phase == Phase::ColdForward)
@@ -285,26 +295,11 @@ impl Shown {
                     "PREDICTED by the allocator model (this file holds no map): the end of the pass"
                         .to_string(),
                 ),
-                None => (Vec::new(), "no map recorded and no prediction possible".to_string()),
+                Err(_) => (Vec::new(), "no map recorded and no prediction possible".to_string()),
             },
         };
         crate::plot::segment_map(&format!("cold_forward: {whence}"), &segments)
             .with_caption(&self.origin())
-    }
-
-    /// The model's prediction for this measurement's configuration and GPU, with the workspace
-    /// settings PyTorch uses by default.
-    fn model_prediction(&self) -> Option<crate::allocator::Prediction> {
-        let m = &self.measurement;
-        let cc = m
-            .environment
-            .device
-            .as_ref()?
-            .compute_capability
-            .parse()
-            .ok()?;
-        let ws = crate::allocator::Workspaces::for_gpu(cc, &Default::default()).ok()?;
-        crate::allocator::predict(&m.configuration, cc, ws).ok()
     }
 
     /// Each phase row measured, predicted and their difference, as a table.
@@ -399,14 +394,7 @@ impl fmt::Display for Measurement {
             m.parameters,
             m.parameter_size()
         )?;
-        // The phase name is left-aligned, the figures right-aligned.
-        let line = |f: &mut fmt::Formatter<'_>, cells: &[&str]| {
-            write!(f, "{:<w$}", cells[0], w = COLUMN_WIDTHS[0])?;
-            for (cell, width) in cells[1..].iter().zip(&COLUMN_WIDTHS[1..]) {
-                write!(f, " {cell:>width$}")?;
-            }
-            writeln!(f)
-        };
+        let line = phase_line;
         line(f, &PHASE_COLUMNS)?;
         for p in &self.phases {
             let cells = phase_cells(p);
@@ -457,6 +445,16 @@ pub const PHASE_COLUMNS: [&str; 10] = [
     "gpu ms",
 ];
 const COLUMN_WIDTHS: [usize; 10] = [13, 4, 14, 14, 14, 14, 14, 14, 10, 10];
+
+/// One line of a phase table in text, cells in the order of [`PHASE_COLUMNS`] (fewer cells
+/// leave the last columns out): the phase name left-aligned, the figures right-aligned.
+pub fn phase_line(f: &mut fmt::Formatter<'_>, cells: &[&str]) -> fmt::Result {
+    write!(f, "{:<w$}", cells[0], w = COLUMN_WIDTHS[0])?;
+    for (cell, width) in cells[1..].iter().zip(&COLUMN_WIDTHS[1..]) {
+        write!(f, " {cell:>width$}")?;
+    }
+    writeln!(f)
+}
 
 /// One phase row as table cells, in the order of [`PHASE_COLUMNS`].
 pub fn phase_cells(p: &PhaseRecord) -> [String; 10] {

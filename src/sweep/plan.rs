@@ -31,6 +31,16 @@ impl Dimension {
         }
     }
 
+    /// This dimension's value in `config`.
+    pub fn value_of(self, config: &MeasureConfig) -> u64 {
+        match self {
+            Dimension::Batch => config.batch,
+            Dimension::Context => config.context,
+            Dimension::Width => config.width,
+            Dimension::Hidden => config.hidden(),
+        }
+    }
+
     /// `base` with this dimension set to `value`.
     pub fn apply(self, base: &MeasureConfig, value: u64) -> MeasureConfig {
         let mut c = base.clone();

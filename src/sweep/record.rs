@@ -407,29 +407,18 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 const CSV_LIMIT: u64 = 64 << 20;
 
 fn read_capped(path: &Path) -> Result<Vec<u8>, SweepError> {
-    use std::io::Read;
-    let io = |source| SweepError::Io {
+    let invalid = |message: String| SweepError::Invalid {
         file: path.display().to_string(),
-        source,
+        message,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    if !file.metadata().map_err(io)?.is_file() {
-        return Err(SweepError::Invalid {
+    files::read_regular(path, CSV_LIMIT).map_err(|refused| match refused {
+        files::Refused::Io(source) => SweepError::Io {
             file: path.display().to_string(),
-            message: "not a regular file".into(),
-        });
-    }
-    let mut bytes = Vec::new();
-    file.take(CSV_LIMIT + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    if bytes.len() as u64 > CSV_LIMIT {
-        return Err(SweepError::Invalid {
-            file: path.display().to_string(),
-            message: format!("larger than {CSV_LIMIT} bytes"),
-        });
-    }
-    Ok(bytes)
+            source,
+        },
+        files::Refused::NotRegular(what) => invalid(format!("it is {what}, not a regular file")),
+        files::Refused::TooLarge => invalid(format!("larger than {CSV_LIMIT} bytes")),
+    })
 }
 
 impl SweepRow {

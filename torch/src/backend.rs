@@ -53,17 +53,6 @@ impl TorchBackend {
         })
     }
 
-    /// Names `tensor`'s block and reads the map (with `--blocks` only).
-    fn made(&mut self, tensor: &Tensor, name: &str) -> Result<(), MeasureError> {
-        match &mut self.recorder {
-            Some(r) => {
-                r.name(tensor, name);
-                r.observe()
-            }
-            None => Ok(()),
-        }
-    }
-
     fn gpu(&self) -> Device {
         self.allocator.device()
     }
@@ -137,7 +126,10 @@ impl Backend for TorchBackend {
         let c = &self.config;
         let shape = [c.batch as i64, c.context as i64, c.width as i64];
         let x = Tensor::f_randn(shape, (kind(c.dtype), self.gpu())).map_err(torch_err)?;
-        self.made(&x, "input")?;
+        if let Some(r) = self.recorder.as_mut() {
+            r.name(&x, "input");
+            r.observe()?;
+        }
         self.inputs = Some(x);
         Ok(())
     }

@@ -19,6 +19,7 @@
 #![deny(unsafe_code)]
 
 pub mod allocator;
+pub mod budget;
 pub mod bundle;
 pub mod catalog;
 #[cfg(feature = "cli")]

@@ -1,0 +1,6 @@
+//! The VRAM budget of a real workload: every term a named formula with its status, and the fit
+//! planner that turns a budget into packages of the catalog.
+
+pub mod shape;
+
+pub use shape::{AttentionKind, LinearTarget, ModelShape, ShapeError, WeightTensor};

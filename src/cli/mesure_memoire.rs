@@ -37,6 +37,8 @@ pub enum Command {
     Measure(MeasureArgs),
     /// Predict every figure of `measure` with the allocator model, every block named (no GPU needed).
     Predict(PredictArgs),
+    /// The GPU memory budget of a real model, term by term; with --fit, the packages that hold it.
+    Budget(super::budget::BudgetArgs),
     /// Vary one dimension over a range, each point measured in a fresh process; find the limit.
     Sweep(super::sweep::SweepArgs),
     /// Draw the per-phase chart of a measurement, or the chart of a sweep (SVG, no GPU needed).
@@ -282,6 +284,7 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
             let prediction = predict(&config, a.compute_capability, workspaces)?;
             super::print(&prediction, a.json)?;
         }
+        Command::Budget(a) => return super::budget::run(a),
         Command::Sweep(a) => return super::sweep::run(a),
         Command::Plot {
             measurement,

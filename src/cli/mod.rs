@@ -8,6 +8,7 @@
 //! An error is printed by [`report`] with each of its causes once, and with any character that a
 //! terminal would obey (escape sequences, NUL, bidirectional overrides) escaped.
 
+pub mod budget;
 pub mod calcul_forfaits;
 pub mod mesure_memoire;
 pub mod paquet_lab;
@@ -42,6 +43,13 @@ where
 }
 
 impl Failure {
+    /// A flag combination refused by this layer (exit 64).
+    pub fn usage(message: &'static str) -> Failure {
+        Failure {
+            status: Status::Usage,
+            error: anyhow::anyhow!(message),
+        }
+    }
     /// Adds what was being done, keeping the status.
     pub fn context(self, what: impl Display + Send + Sync + 'static) -> Failure {
         Failure {

@@ -1,0 +1,335 @@
+//! The budget and the fit plan as a person reads them: text tables with exact bytes beside GiB
+//! and GB, and the same tables in HTML for notebooks.
+
+use super::fit::{FitPlan, FitRow};
+use super::terms::{Budget, Split, Term};
+use super::workload::{Mode, WeightFormat};
+use crate::markup::{table, Html};
+use crate::units::{Bytes, ROUNDING_RULE};
+use std::fmt;
+
+/// Column titles of the budget table.
+pub const TERM_COLUMNS: [&str; 7] = ["term", "bytes", "GiB", "GB", "at peak", "status", "split"];
+/// Column titles of the fit table.
+pub const FIT_COLUMNS: [&str; 8] = [
+    "GPU",
+    "days",
+    "lots",
+    "GPUs",
+    "usable / GPU",
+    "need / GPU",
+    "headroom / GPU",
+    "total price",
+];
+
+impl Budget {
+    /// One line naming the workload.
+    pub fn title(&self) -> String {
+        let w = &self.workload;
+        let model = w.preset.clone().unwrap_or_else(|| "custom shape".into());
+        let weights = match w.weights {
+            WeightFormat::Dense => w.dtype.to_string(),
+            f => format!("{} weights, {} compute", f.name(), w.dtype),
+        };
+        let mode = match &w.mode {
+            Mode::Inference {
+                generated,
+                kv_cache,
+            } => format!(
+                "inference, batch {}, {} prompt + {generated} generated tokens, KV cache {}",
+                w.batch,
+                w.context,
+                kv_cache.name()
+            ),
+            Mode::Lora { rank, .. } => format!(
+                "{} rank {rank}, batch {}, sequence {}",
+                if w.weights == WeightFormat::Nf4 {
+                    "QLoRA"
+                } else {
+                    "LoRA"
+                },
+                w.batch,
+                w.context
+            ),
+            Mode::Full { optimizer } => format!(
+                "full training ({}), batch {}, sequence {}",
+                optimizer.name(),
+                w.batch,
+                w.context
+            ),
+        };
+        let extras = [
+            (w.checkpointing, "gradient checkpointing"),
+            (w.flash_attention, "flash attention"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>();
+        let extras = if extras.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", extras.join(", "))
+        };
+        format!("{model}, {weights}, {mode}{extras}")
+    }
+
+    fn cells(t: &Term) -> Vec<String> {
+        vec![
+            t.name.clone(),
+            t.bytes.grouped(),
+            t.bytes.gib(2).to_string(),
+            t.bytes.gb(2).to_string(),
+            if t.at_peak == t.bytes {
+                "all".into()
+            } else {
+                t.at_peak.gib_text()
+            },
+            t.status.name().into(),
+            split_name(t.split).into(),
+        ]
+    }
+
+    fn summary(&self) -> Vec<(String, Bytes)> {
+        vec![
+            ("predicted peak of allocated".into(), self.peak_allocated),
+            ("total on one GPU".into(), self.total),
+        ]
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut notes = vec![format!("Peak: {}.", self.peak_rule)];
+        for t in &self.terms {
+            let status = match &t.status {
+                super::TermStatus::Estimated { source, bound } => {
+                    format!(" [estimated: {source}; {bound}]")
+                }
+                super::TermStatus::Measured { on, source } => {
+                    format!(" [measured on {on}: {source}]")
+                }
+                _ => String::new(),
+            };
+            notes.push(format!("{}: {}{status}", t.name, t.formula));
+        }
+        notes.push(format!(
+            "1 GiB = 2^30 bytes, 1 GB = 10^9 bytes; {ROUNDING_RULE}."
+        ));
+        notes
+    }
+
+    pub fn html(&self) -> Html {
+        let mut rows: Vec<Vec<String>> = self.terms.iter().map(Self::cells).collect();
+        for (label, b) in self.summary() {
+            rows.push(vec![
+                label,
+                b.grouped(),
+                b.gib(2).to_string(),
+                b.gb(2).to_string(),
+            ]);
+        }
+        let mut h = table(&format!("Budget — {}", self.title()), &TERM_COLUMNS, &rows);
+        for n in self.notes() {
+            h = h.then(Html::note(&n));
+        }
+        h
+    }
+
+    pub fn evcxr_display(&self) {
+        self.html().evcxr_display()
+    }
+}
+
+fn split_name(s: Split) -> &'static str {
+    match s {
+        Split::Sharded => "sharded",
+        Split::KvHeads => "by KV heads",
+        Split::PerGpu => "per GPU",
+    }
+}
+
+/// Writes `rows` under `header` as aligned text columns (first column left, others right).
+fn text_table(f: &mut fmt::Formatter<'_>, header: &[&str], rows: &[Vec<String>]) -> fmt::Result {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |f: &mut fmt::Formatter<'_>, cells: Vec<&str>| -> fmt::Result {
+        for (i, c) in cells.iter().enumerate() {
+            if i == 0 {
+                write!(f, "{c:<w$}", w = widths[0])?;
+            } else {
+                write!(f, "  {c:>w$}", w = widths[i])?;
+            }
+        }
+        writeln!(f)
+    };
+    line(f, header.to_vec())?;
+    for r in rows {
+        line(f, r.iter().map(String::as_str).collect())?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Budget — {}", self.title())?;
+        writeln!(
+            f,
+            "{} parameters, {} trained",
+            Bytes(self.parameters).grouped().trim_end_matches(" B"),
+            Bytes(self.trainable_parameters)
+                .grouped()
+                .trim_end_matches(" B")
+        )?;
+        let mut rows: Vec<Vec<String>> = self.terms.iter().map(Self::cells).collect();
+        for (label, b) in self.summary() {
+            rows.push(vec![
+                label,
+                b.grouped(),
+                b.gib(2).to_string(),
+                b.gb(2).to_string(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        text_table(f, &TERM_COLUMNS, &rows)?;
+        for n in self.notes() {
+            writeln!(f, "- {n}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FitRow {
+    fn cells(&self) -> Vec<String> {
+        let (lots, gpus, need, headroom, price) = match &self.fit {
+            Some(fit) => (
+                fit.lots.to_string(),
+                fit.gpus.to_string(),
+                fit.need_per_gpu.gib_text(),
+                fit.headroom_per_gpu.gib_text(),
+                fit.total_usd_cents.to_string(),
+            ),
+            None => (
+                "—".into(),
+                "—".into(),
+                "does not fit".into(),
+                self.shortfall
+                    .map_or("—".into(), |s| format!("short by {}", s.gib_text())),
+                "—".into(),
+            ),
+        };
+        vec![
+            format!("{} ({})", self.model, self.display_name),
+            self.duration_days.to_string(),
+            lots,
+            gpus,
+            self.usable_per_gpu.gib_text(),
+            need,
+            headroom,
+            price,
+        ]
+    }
+}
+
+impl FitPlan {
+    fn verdict(&self) -> String {
+        match (self.cheapest(), self.smallest_shortfall()) {
+            (Some(r), _) => {
+                let fit = r.fit.as_ref().expect("a fitting row");
+                format!(
+                    "Cheapest: {} lot(s) of {} ({} GPU(s)) for {} days, {}.",
+                    fit.lots, r.model, fit.gpus, r.duration_days, fit.total_usd_cents
+                )
+            }
+            (None, Some(r)) => format!(
+                "Nothing in the catalog fits on up to {} GPUs; the smallest shortfall is {} per GPU, on {}.",
+                self.max_gpus,
+                r.shortfall.expect("a short row").gib_text(),
+                r.model
+            ),
+            (None, None) => "Nothing in the catalog fits.".into(),
+        }
+    }
+
+    pub fn html(&self) -> Html {
+        let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
+        table(
+            &format!(
+                "Fit — {} (budget {} on one GPU)",
+                self.workload,
+                self.budget_total.gib_text()
+            ),
+            &FIT_COLUMNS,
+            &rows,
+        )
+        .then(Html::note(&self.verdict()))
+        .then(Html::note(&format!("Split rule: {}", self.split_rule)))
+        .then(Html::note(&format!("Catalog: {}", self.catalog)))
+        .then(Html::note(self.banner()))
+    }
+
+    pub fn evcxr_display(&self) {
+        self.html().evcxr_display()
+    }
+}
+
+impl fmt::Display for FitPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "Fit — {} (budget {} on one GPU)",
+            self.workload,
+            self.budget_total.gib_text()
+        )?;
+        let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
+        text_table(f, &FIT_COLUMNS, &rows)?;
+        writeln!(f, "{}", self.verdict())?;
+        writeln!(f, "Split rule: {}", self.split_rule)?;
+        writeln!(f, "Catalog: {}", self.catalog)?;
+        write!(f, "{}", self.banner())
+    }
+}
+
+impl fmt::Display for super::Presets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Model presets ({})", self.file)?;
+        let rows: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|p| {
+                vec![
+                    p.preset.clone(),
+                    p.name.clone(),
+                    Bytes(p.shape().parameters())
+                        .grouped()
+                        .trim_end_matches(" B")
+                        .into(),
+                    p.layers.to_string(),
+                    p.hidden.to_string(),
+                    format!("{}/{}", p.heads, p.kv_heads),
+                    p.vocab.to_string(),
+                    p.attention.name().into(),
+                ]
+            })
+            .collect();
+        text_table(
+            f,
+            &[
+                "preset",
+                "name",
+                "parameters",
+                "layers",
+                "hidden",
+                "heads/KV",
+                "vocab",
+                "attention",
+            ],
+            &rows,
+        )?;
+        write!(f, "Sources: the config.json named in each row of the file.")
+    }
+}

@@ -1,0 +1,511 @@
+//! The budget: every term of a workload's GPU memory as a named formula with its bytes, its
+//! status (exact arithmetic, a named estimate, a measured constant or a user's hypothesis), the
+//! part of it present at the peak, and how it splits over several GPUs.
+
+use super::activations::{self, Activations};
+use super::constants::GpuConstants;
+use super::shape::{LinearTarget, WeightTensor};
+use super::workload::{Mode, Optimizer, WeightFormat, Workload};
+use crate::allocator::Workspaces;
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// How sure a term is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum TermStatus {
+    /// Arithmetic of the shape and of the storage format: no approximation.
+    Exact,
+    /// A formula derived from what the computation keeps; `source` names it, `bound` says how
+    /// far it was found from a measurement.
+    Estimated { source: String, bound: String },
+    /// A constant recorded on a named GPU.
+    Measured { on: String, source: String },
+    /// A choice of the user (a reserve), not a fact.
+    Hypothesis,
+}
+
+impl TermStatus {
+    pub fn name(&self) -> &'static str {
+        match self {
+            TermStatus::Exact => "exact",
+            TermStatus::Estimated { .. } => "estimated",
+            TermStatus::Measured { .. } => "measured",
+            TermStatus::Hypothesis => "hypothesis",
+        }
+    }
+}
+
+/// How a term divides when the workload is spread over `n` GPUs (the fit planner's rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// Divided evenly, rounded up (weights, gradients, optimizer states: ZeRO-3 / FSDP sharding).
+    Sharded,
+    /// Divided by KV heads: each GPU holds ⌈kv_heads / n⌉ heads (tensor parallelism).
+    KvHeads,
+    /// Whole on every GPU (activations of the GPU's batch, workspaces, the CUDA context).
+    PerGpu,
+}
+
+/// Whether a term lives inside the caching allocator (`allocated`) or beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Place {
+    Allocator,
+    OutsideAllocator,
+    Reserve,
+}
+
+/// One line of the budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Term {
+    pub key: String,
+    pub name: String,
+    /// The formula with the workload's numbers.
+    pub formula: String,
+    pub bytes: Bytes,
+    /// The part of the term present at the peak (gradients and activations do not all coexist).
+    pub at_peak: Bytes,
+    #[serde(flatten)]
+    pub status: TermStatus,
+    pub split: Split,
+    pub place: Place,
+}
+
+/// The tag of a budget file.
+pub const SCHEMA: &str = "iteragpu-lab/budget/1";
+
+/// The budget of a workload on one GPU.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Budget {
+    pub schema: String,
+    pub workload: Workload,
+    pub parameters: u64,
+    pub trainable_parameters: u64,
+    pub terms: Vec<Term>,
+    /// What the peak is made of, in words.
+    pub peak_rule: String,
+    /// Σ at_peak of the allocator's terms: the predicted peak of `allocated`.
+    pub peak_allocated: Bytes,
+    /// The whole peak on one GPU: allocator, outside it and the reserve.
+    pub total: Bytes,
+    pub constants: GpuConstants,
+}
+
+/// The inputs of a budget besides the workload.
+#[derive(Debug, Clone)]
+pub struct BudgetSettings {
+    pub constants: GpuConstants,
+    /// cuBLAS/cuBLASLt workspaces of the GPU's architecture (`allocator::workspace`).
+    pub workspaces: Workspaces,
+    /// A reserve for fragmentation, chosen by the user.
+    pub reserve_bytes: u64,
+}
+
+struct Builder {
+    terms: Vec<Term>,
+}
+
+impl Builder {
+    fn push(
+        &mut self,
+        key: &'static str,
+        name: &'static str,
+        formula: String,
+        bytes: u64,
+    ) -> &mut Term {
+        self.terms.push(Term {
+            key: key.into(),
+            name: name.into(),
+            formula,
+            bytes: Bytes(bytes),
+            at_peak: Bytes(bytes),
+            status: TermStatus::Exact,
+            split: Split::Sharded,
+            place: Place::Allocator,
+        });
+        self.terms.last_mut().expect("just pushed")
+    }
+}
+
+impl Term {
+    fn status(&mut self, status: TermStatus) -> &mut Self {
+        self.status = status;
+        self
+    }
+    fn split(&mut self, split: Split) -> &mut Self {
+        self.split = split;
+        self
+    }
+    fn place(&mut self, place: Place) -> &mut Self {
+        self.place = place;
+        self
+    }
+    fn at_peak(&mut self, bytes: u64) -> &mut Self {
+        self.at_peak = Bytes(bytes);
+        self
+    }
+}
+
+/// Bytes of a weight tensor stored in `format` (quantization metadata apart), and its metadata.
+fn stored(t: &WeightTensor, w: &Workload) -> (u64, u64) {
+    let dense = t.elements * w.dtype.bytes();
+    let (rows_out, cols_in) = t.linear.map_or((0, 0), |target| linear_dims(w, target));
+    match (t.linear, w.weights) {
+        (None, _) | (_, WeightFormat::Dense) => (dense, 0),
+        (Some(_), WeightFormat::Int8) => (t.elements, rows_out * 4),
+        (Some(_), WeightFormat::Int4 { group_size }) => {
+            // qweight: 8 weights per int32; scales: float16 per (group, column); qzeros: 8 per
+            // int32 per group; g_idx: one int32 per input row.
+            let groups = cols_in / group_size;
+            (
+                t.elements / 2,
+                groups * rows_out * 2 + groups * rows_out / 2 + cols_in * 4,
+            )
+        }
+        (Some(_), WeightFormat::Nf4) => {
+            // 64-weight blocks with an 8-bit absmax; one float32 per 256 blocks (double
+            // quantization); rounded up per tensor.
+            let blocks = t.elements.div_ceil(64);
+            (t.elements.div_ceil(2), blocks + blocks.div_ceil(256) * 4)
+        }
+    }
+}
+
+/// (output rows, input columns) of a layer's linear matrix.
+fn linear_dims(w: &Workload, target: LinearTarget) -> (u64, u64) {
+    let s = &w.shape;
+    match target {
+        LinearTarget::Q => (s.q_dim(), s.hidden),
+        LinearTarget::K | LinearTarget::V => (s.kv_dim(), s.hidden),
+        LinearTarget::O => (s.hidden, s.q_dim()),
+        LinearTarget::Gate | LinearTarget::Up => (s.intermediate, s.hidden),
+        LinearTarget::Down => (s.hidden, s.intermediate),
+    }
+}
+
+/// LoRA parameters: for every layer (and expert) and target, rank × (in + out).
+fn lora_parameters(w: &Workload, rank: u64, targets: &[LinearTarget]) -> u64 {
+    w.shape
+        .tensors()
+        .iter()
+        .filter_map(|t| t.linear.filter(|l| targets.contains(l)))
+        .map(|l| {
+            let (out, inp) = linear_dims(w, l);
+            rank * (out + inp)
+        })
+        .sum()
+}
+
+fn estimated(source: &str, bound: &str) -> TermStatus {
+    TermStatus::Estimated {
+        source: source.into(),
+        bound: bound.into(),
+    }
+}
+
+/// Computes the budget of a validated workload.
+pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
+    let s = &w.shape;
+    let e = w.dtype.bytes();
+    let tensors = s.tensors();
+    let parameters: u64 = tensors.iter().map(|t| t.elements).sum();
+    let mut b = Builder { terms: Vec::new() };
+
+    // Weights and their quantization metadata.
+    let (weight_bytes, metadata_bytes) = tensors
+        .iter()
+        .map(|t| stored(t, w))
+        .fold((0, 0), |(a, m), (x, y)| (a + x, m + y));
+    let weights_formula = match w.weights {
+        WeightFormat::Dense => format!("{parameters} parameters × {e} B ({})", w.dtype),
+        f => format!(
+            "layers' linear matrices in {}, embeddings, LM head, norms and biases in {} ({e} B)",
+            f.name(),
+            w.dtype
+        ),
+    };
+    b.push("weights", "Weights", weights_formula, weight_bytes);
+    if metadata_bytes > 0 {
+        let formula = match w.weights {
+            WeightFormat::Int8 => "one float32 scale per output row of each linear matrix".into(),
+            WeightFormat::Int4 { group_size } => format!(
+                "per group of {group_size} input rows and output column: float16 scale + 4-bit \
+                 zero point; one int32 group index per input row"
+            ),
+            WeightFormat::Nf4 => {
+                "one 8-bit absmax per 64 weights + one float32 per 256 blocks".into()
+            }
+            WeightFormat::Dense => unreachable!("dense weights carry no metadata"),
+        };
+        b.push(
+            "quantization_metadata",
+            "Quantization metadata",
+            formula,
+            metadata_bytes,
+        );
+    }
+
+    let trainable = match &w.mode {
+        Mode::Inference { .. } => 0,
+        Mode::Full { .. } => parameters,
+        Mode::Lora { rank, targets } => lora_parameters(w, *rank, targets),
+    };
+    let acts = activations::estimate(w);
+
+    match &w.mode {
+        Mode::Inference { kv_cache, .. } => {
+            let kv = 2 * s.layers * w.batch * w.tokens() * s.kv_dim() * kv_cache.bytes();
+            b.push(
+                "kv_cache",
+                "KV cache",
+                format!(
+                    "2 (K, V) × {} layers × batch {} × {} tokens × {} KV heads × {} head dim × {} B ({})",
+                    s.layers,
+                    w.batch,
+                    w.tokens(),
+                    s.kv_heads,
+                    s.head_dim,
+                    kv_cache.bytes(),
+                    kv_cache.name()
+                ),
+                kv,
+            )
+            .split(Split::KvHeads);
+            push_activations(&mut b, &acts);
+        }
+        Mode::Lora { rank, targets } => {
+            let names: Vec<&str> = targets.iter().map(|t| t.module()).collect();
+            let formula = |what: &str, per: u64| {
+                format!(
+                    "{trainable} adapter parameters (rank {rank} × (in + out) on {} of every \
+                     layer) × {per} B {what}",
+                    names.join(", ")
+                )
+            };
+            b.push(
+                "lora_adapters",
+                "LoRA adapters",
+                formula("(float32)", 4),
+                trainable * 4,
+            );
+            b.push(
+                "gradients",
+                "Gradients",
+                formula("(float32 adapter gradients)", 4),
+                trainable * 4,
+            )
+            .at_peak(0);
+            b.push(
+                "optimizer_states",
+                "Optimizer states",
+                formula("(AdamW: two float32 moments)", 8),
+                trainable * 8,
+            );
+            push_activations(&mut b, &acts);
+        }
+        Mode::Full { optimizer } => {
+            let grads = parameters * e;
+            // The peak is at the start of backward (every saved activation, the loss's
+            // gradients, the LM head's gradient) or later, when every gradient exists (end of
+            // backward, or the optimizer step with its float32 temporaries of one tensor).
+            let largest = tensors.iter().map(|t| t.elements).max().unwrap_or(0);
+            let step_temporaries = match optimizer {
+                Optimizer::AdamwMixed => 8 * largest,
+                _ => 0,
+            };
+            let at_start = acts.bytes + acts.logits_bytes + acts.gradients_at_peak;
+            let at_end = grads + acts.backward_end_bytes.max(step_temporaries);
+            let start_is_peak = at_start >= at_end;
+            b.push(
+                "gradients",
+                "Gradients",
+                format!("{parameters} parameters × {e} B ({})", w.dtype),
+                grads,
+            )
+            .at_peak(if start_is_peak {
+                acts.gradients_at_peak
+            } else {
+                grads
+            });
+            if *optimizer == Optimizer::AdamwMixed && e < 4 {
+                b.push(
+                    "master_weights",
+                    "Master weights",
+                    format!("{parameters} parameters × 4 B (float32 copy)"),
+                    parameters * 4,
+                );
+            }
+            let (per, what) = match optimizer {
+                Optimizer::AdamwMixed => (8, "two float32 moments".to_string()),
+                Optimizer::Adamw => (2 * e, format!("two moments in {}", w.dtype)),
+                Optimizer::SgdMomentum => (e, format!("one momentum buffer in {}", w.dtype)),
+                Optimizer::Adamw8bit => (2, "two 8-bit moments".to_string()),
+            };
+            b.push(
+                "optimizer_states",
+                "Optimizer states",
+                format!("{parameters} parameters × {per} B ({what})"),
+                parameters * per,
+            );
+            if *optimizer == Optimizer::Adamw8bit {
+                let blocks: u64 = tensors.iter().map(|t| t.elements.div_ceil(256)).sum();
+                b.push(
+                    "optimizer_metadata",
+                    "Optimizer quantization metadata",
+                    format!("2 moments × {blocks} blocks of 256 × 4 B (float32 absmax)"),
+                    2 * blocks * 4,
+                )
+                .status(estimated(
+                    "bitsandbytes 8-bit blockwise optimizers (block 256)",
+                    "tensors under 4096 elements keep 32-bit states in bitsandbytes: not counted",
+                ));
+            }
+            push_activations(&mut b, &acts);
+            if !start_is_peak {
+                for t in b
+                    .terms
+                    .iter_mut()
+                    .filter(|t| t.key == "activations" || t.key == "logits")
+                {
+                    t.at_peak = Bytes(0);
+                }
+                if let Some(t) = b.terms.iter_mut().find(|t| t.key == "activations") {
+                    t.at_peak = Bytes(acts.backward_end_bytes.max(step_temporaries));
+                }
+            }
+        }
+    }
+
+    // cuBLAS workspaces: one per handle and stream; training runs backward on autograd's own
+    // thread, hence its own handle and workspace.
+    let per_stream =
+        settings.workspaces.cublas_bytes + settings.workspaces.cublaslt_bytes.unwrap_or(0);
+    let streams = if w.mode.trains() { 2 } else { 1 };
+    b.push(
+        "cublas_workspace",
+        "cuBLAS workspaces",
+        format!(
+            "{streams} × ({} cuBLAS + {} cuBLASLt) (PyTorch 2.11 defaults for the architecture; \
+             one per thread that runs matrix products)",
+            settings.workspaces.cublas_bytes,
+            settings.workspaces.cublaslt_bytes.unwrap_or(0)
+        ),
+        streams * per_stream,
+    )
+    .status(TermStatus::Measured {
+        on: "NVIDIA H200 (compute capability 9.0)".into(),
+        source: "docs/allocator-model.md".into(),
+    })
+    .split(Split::PerGpu);
+    let c = settings.constants.clone();
+    b.push(
+        "cuda_context",
+        "CUDA context and libraries",
+        format!(
+            "{} context + {} cuBLAS handle, outside the allocator ({})",
+            c.cuda_context_bytes, c.libraries_bytes, c.software
+        ),
+        c.cuda_context_bytes + c.libraries_bytes,
+    )
+    .status(TermStatus::Measured {
+        on: c.recorded_on.clone(),
+        source: c.source.clone(),
+    })
+    .split(Split::PerGpu)
+    .place(Place::OutsideAllocator);
+    b.push(
+        "reserve",
+        "Fragmentation reserve",
+        "chosen by the user (--reserve-gib); cached but unused blocks of the allocator".into(),
+        settings.reserve_bytes,
+    )
+    .status(TermStatus::Hypothesis)
+    .split(Split::PerGpu)
+    .place(Place::Reserve);
+
+    let terms = b.terms;
+    let peak_allocated = terms
+        .iter()
+        .filter(|t| t.place == Place::Allocator)
+        .map(|t| t.at_peak.0)
+        .sum();
+    let total = terms.iter().map(|t| t.at_peak.0).sum();
+    Budget {
+        schema: SCHEMA.into(),
+        workload: w.clone(),
+        parameters,
+        trainable_parameters: trainable,
+        peak_rule: acts.peak_rule.clone(),
+        terms,
+        peak_allocated: Bytes(peak_allocated),
+        total: Bytes(total),
+        constants: c,
+    }
+}
+
+fn push_activations(b: &mut Builder, a: &Activations) {
+    b.push("activations", "Activations", a.formula.clone(), a.bytes)
+        .status(estimated(&a.source, &a.bound))
+        .split(Split::PerGpu);
+    if a.logits_bytes > 0 {
+        b.push(
+            "logits",
+            "Logits and loss",
+            a.logits_formula.clone(),
+            a.logits_bytes,
+        )
+        .status(estimated(&a.source, &a.bound))
+        .split(Split::PerGpu);
+    }
+}
+
+/// Why a budget file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetFileError {
+    #[error(transparent)]
+    Read(#[from] crate::files::ReadError),
+    #[error("{file} is not a budget file: {message}")]
+    Invalid { file: String, message: String },
+}
+
+impl crate::status::Classify for BudgetFileError {
+    fn status(&self) -> crate::status::Status {
+        match self {
+            BudgetFileError::Read(e) => e.status(),
+            BudgetFileError::Invalid { .. } => crate::status::Status::DataError,
+        }
+    }
+}
+
+impl Budget {
+    /// Reads a budget written by `mesure_memoire budget --output` (a measurement-sized file).
+    pub fn load(path: &std::path::Path) -> Result<Budget, BudgetFileError> {
+        let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
+        Self::from_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// Parses budget bytes and checks what the planner relies on.
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Budget, BudgetFileError> {
+        let invalid = |message: String| BudgetFileError::Invalid {
+            file: file.into(),
+            message,
+        };
+        let b: Budget = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        if b.schema != SCHEMA {
+            return Err(invalid(format!(
+                "schema `{}`, expected `{SCHEMA}`",
+                b.schema
+            )));
+        }
+        b.workload
+            .clone()
+            .validated()
+            .map_err(|e| invalid(format!("workload: {e}")))?;
+        if let Some(t) = b.terms.iter().find(|t| t.at_peak > t.bytes) {
+            return Err(invalid(format!("term {}: at_peak exceeds bytes", t.key)));
+        }
+        Ok(b)
+    }
+}

@@ -1,0 +1,237 @@
+//! Command-line tests of `mesure_memoire budget` and `calcul_forfaits --fit`: presets and explicit
+//! shapes, the JSON read back, refusals with their exit codes, and budget files never
+//! overwritten.
+
+mod common;
+
+use common::{
+    calcul_forfaits as cf, json_of, mesure_memoire as mm, DATA_ERROR, OUTPUT_EXISTS, USAGE,
+};
+use predicates::str::contains;
+
+const LLAMA2_7B: [&str; 8] = [
+    "budget",
+    "--model",
+    "llama-2-7b",
+    "--mode",
+    "inference",
+    "--context",
+    "4096",
+    "--flash-attention",
+];
+
+#[test]
+fn a_preset_budget_names_every_term_with_bytes_gib_and_gb() {
+    mm().args(LLAMA2_7B)
+        .assert()
+        .success()
+        .stdout(contains("6 738 415 616 parameters"))
+        // 2 × 32 layers × 4096 tokens × 32 heads × 128 × 2 B.
+        .stdout(contains(
+            "KV cache                      2 147 483 648 B   2.00   2.15",
+        ))
+        .stdout(contains(
+            "Weights                      13 476 831 232 B  12.55  13.48",
+        ))
+        .stdout(contains("CUDA context and libraries"))
+        .stdout(contains("measured on NVIDIA H200"))
+        .stdout(contains("1 GiB = 2^30 bytes, 1 GB = 10^9 bytes"));
+}
+
+#[test]
+fn the_json_budget_holds_each_term_and_its_status() {
+    let v = json_of(mm().args(LLAMA2_7B).arg("--json"));
+    let terms = v["terms"].as_array().unwrap();
+    let kv = terms.iter().find(|t| t["key"] == "kv_cache").unwrap();
+    assert_eq!(kv["bytes"]["bytes"], 2_147_483_648u64);
+    assert_eq!(kv["status"], "exact");
+    assert_eq!(kv["split"], "kv_heads");
+    let acts = terms.iter().find(|t| t["key"] == "activations").unwrap();
+    assert_eq!(acts["status"], "estimated");
+    assert!(acts["source"]
+        .as_str()
+        .unwrap()
+        .contains("synthetic transformer"));
+    assert_eq!(v["schema"], "iteragpu-lab/budget/1");
+}
+
+#[test]
+fn an_explicit_shape_equals_its_preset() {
+    let explicit = json_of(mm().args([
+        "budget",
+        "--layers",
+        "32",
+        "--hidden",
+        "4096",
+        "--heads",
+        "32",
+        "--intermediate",
+        "11008",
+        "--vocab",
+        "32000",
+        "--mode",
+        "inference",
+        "--context",
+        "4096",
+        "--flash-attention",
+        "--json",
+    ]));
+    let preset = json_of(mm().args(LLAMA2_7B).arg("--json"));
+    assert_eq!(explicit["terms"], preset["terms"]);
+}
+
+#[test]
+fn refusals_name_what_is_wrong() {
+    mm().args([
+        "budget",
+        "--model",
+        "llama-9",
+        "--mode",
+        "inference",
+        "--context",
+        "8",
+    ])
+    .assert()
+    .code(USAGE)
+    .stderr(contains(
+        "unknown model preset \"llama-9\"; known: llama-2-7b",
+    ));
+    mm().args([
+        "budget",
+        "--model",
+        "mistral-7b-v0.1",
+        "--mode",
+        "inference",
+        "--context",
+        "8",
+    ])
+    .assert()
+    .code(USAGE)
+    .stderr(contains("mistral-7b-v0.1 uses sliding-window attention"));
+    mm().args([
+        "budget",
+        "--model",
+        "llama-2-7b",
+        "--mode",
+        "qlora",
+        "--weights",
+        "int8",
+        "--context",
+        "8",
+    ])
+    .assert()
+    .code(USAGE)
+    .stderr(contains("--mode qlora stores the weights in NF4"));
+    mm().args([
+        "budget",
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "6",
+        "--kv-heads",
+        "4",
+        "--intermediate",
+        "128",
+        "--vocab",
+        "10",
+        "--mode",
+        "full",
+        "--context",
+        "8",
+    ])
+    .assert()
+    .code(USAGE)
+    .stderr(contains("heads (6) must be a multiple of kv_heads (4)"));
+    mm().args([
+        "budget",
+        "--model",
+        "llama-2-7b",
+        "--mode",
+        "lora",
+        "--targets",
+        "q,x",
+        "--context",
+        "8",
+    ])
+    .assert()
+    .code(USAGE)
+    .stderr(contains("unknown module \"x\""));
+}
+
+#[test]
+fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("budget.json");
+    let mut args: Vec<String> = [
+        "budget",
+        "--model",
+        "llama-3.1-70b",
+        "--mode",
+        "qlora",
+        "--context",
+        "2048",
+        "--checkpointing",
+        "--flash-attention",
+        "--output",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push(file.display().to_string());
+    mm().args(&args)
+        .assert()
+        .success()
+        .stdout(contains("Budget written to"));
+    let saved = std::fs::read(&file).unwrap();
+    mm().args(&args).assert().code(OUTPUT_EXISTS);
+    assert_eq!(std::fs::read(&file).unwrap(), saved);
+
+    let fit = cf().arg("--fit").arg(&file).assert().success();
+    let out = String::from_utf8(fit.get_output().stdout.clone()).unwrap();
+    assert!(out.contains("Cheapest: "), "{out}");
+    assert!(out.contains("ILLUSTRATIVE"), "{out}");
+    assert!(out.contains("sha256 "), "{out}");
+    // The same plan as `budget --fit`.
+    let direct = mm()
+        .args(&args[..args.len() - 2])
+        .arg("--fit")
+        .assert()
+        .success();
+    let direct = String::from_utf8(direct.get_output().stdout.clone()).unwrap();
+    assert!(direct.ends_with(&out), "{direct}\n---\n{out}");
+}
+
+#[test]
+fn a_bad_budget_file_is_a_data_error_with_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("b.json");
+    std::fs::write(
+        &file,
+        "{\"schema\": \"iteragpu-lab/budget/1\",\n \"workload\": 7}",
+    )
+    .unwrap();
+    cf().arg("--fit")
+        .arg(&file)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("is not a budget file"))
+        .stderr(contains("line 2 column"));
+    cf().args(["--fit", "data/tarifs-forfaits.csv"])
+        .assert()
+        .code(DATA_ERROR);
+    cf().args(["--fit", "data/modeles.csv", "--gpu", "h200"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains("cannot be used with"));
+}
+
+#[test]
+fn presets_are_listed_with_their_parameter_counts() {
+    mm().args(["budget", "--list-models"])
+        .assert()
+        .success()
+        .stdout(contains("llama-3.1-70b"))
+        .stdout(contains("70 553 706 496"))
+        .stdout(contains("mixtral-8x7b"));
+}

@@ -532,6 +532,139 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
     })
 }
 
+/// The budget stacked term by term, on 1, 2, 4 and 8 GPUs under the fit planner's split rule,
+/// against the memory of each GPU model of `catalog` (dashed lines, named).
+pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog) -> Svg {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const PALETTE: [RGBColor; 10] = [
+        RGBColor(31, 119, 180),
+        RGBColor(174, 199, 232),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+    ];
+    let gpus = [1u64, 2, 4, 8];
+    let terms: Vec<&crate::budget::Term> = b.terms.iter().filter(|t| t.at_peak.0 > 0).collect();
+    let per_gpu = |t: &crate::budget::Term, n: u64| -> f64 {
+        let one = crate::budget::Budget {
+            terms: vec![(*t).clone()],
+            ..b.clone()
+        };
+        let inside = crate::budget::fit::need_per_gpu(&one, n);
+        let bytes = if t.place == crate::budget::Place::OutsideAllocator {
+            t.at_peak.0
+        } else {
+            inside
+        };
+        bytes as f64 / GIB
+    };
+    // (GiB, as the catalog writes it, the models of that size)
+    let mut sizes: Vec<(f64, String, String)> = Vec::new();
+    for row in &catalog.rows {
+        let text = row.memory_per_gpu_gib.to_string();
+        match sizes.iter_mut().find(|(_, t, _)| *t == text) {
+            Some((_, _, names)) => {
+                if !names.split(", ").any(|n| n == row.model) {
+                    *names += &format!(", {}", row.model);
+                }
+            }
+            None => sizes.push((text.parse().unwrap_or(0.0), text, row.model.clone())),
+        }
+    }
+    let tallest = gpus
+        .iter()
+        .map(|&n| terms.iter().map(|t| per_gpu(t, n)).sum::<f64>())
+        .fold(0.0, f64::max);
+    let top = sizes.iter().map(|(g, _, _)| *g).fold(tallest, f64::max) * 1.08;
+    let title = format!("Budget per GPU: {}", b.title());
+    let title = if title.chars().count() > 110 {
+        format!("{}…", title.chars().take(109).collect::<String>())
+    } else {
+        title
+    };
+    canvas((1000, 600), |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(&title, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..7.5f64, 0f64..top)
+            .expect("valid ranges");
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc("GiB per GPU")
+            .draw()
+            .expect("drawing to memory");
+        for (i, n) in gpus.iter().enumerate() {
+            let x = i as f64 + 0.2;
+            let mut bottom = 0.0;
+            for (k, t) in terms.iter().enumerate() {
+                let h = per_gpu(t, *n);
+                let color = PALETTE[k % PALETTE.len()];
+                chart
+                    .draw_series([Rectangle::new(
+                        [(x, bottom), (x + 0.6, bottom + h)],
+                        color.filled(),
+                    )])
+                    .expect("drawing to memory");
+                bottom += h;
+            }
+            chart
+                .draw_series([Text::new(
+                    format!(
+                        "{n} GPU{}: {:.1} GiB",
+                        if *n > 1 { "s" } else { "" },
+                        bottom
+                    ),
+                    (x - 0.05, -top * 0.045),
+                    ("sans-serif", 13),
+                )])
+                .expect("drawing to memory");
+        }
+        for (gib, _, names) in &sizes {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, *gib), (4.0, *gib)],
+                    6,
+                    4,
+                    BLACK.mix(0.45).stroke_width(1),
+                ))
+                .expect("drawing to memory");
+            chart
+                .draw_series([Text::new(
+                    format!("{gib:.2} GiB: {names}"),
+                    (4.05, *gib),
+                    ("sans-serif", 11),
+                )])
+                .expect("drawing to memory");
+        }
+        for (k, t) in terms.iter().enumerate().rev() {
+            let color = PALETTE[k % PALETTE.len()];
+            chart
+                .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+                .expect("drawing to memory")
+                .label(format!("{} ({})", t.name, t.status.name()))
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .expect("drawing to memory");
+    })
+}
+
 /// Draws on a white SVG canvas of `size` pixels and returns the SVG text.
 fn canvas(size: (u32, u32), draw: impl FnOnce(&DrawingArea<SVGBackend, Shift>)) -> Svg {
     let mut text = String::new();
@@ -586,6 +719,43 @@ mod tests {
             assert!(svg.contains(name), "{name}");
         }
         assert!(svg.contains("large 32.00 MiB") && svg.contains("small 2.00 MiB"));
+    }
+
+    #[test]
+    fn a_budget_chart_names_every_term_and_gpu_size() {
+        use crate::budget::*;
+        let p = Presets::builtin();
+        let w = Workload {
+            preset: Some("llama-2-13b".into()),
+            shape: p.get("llama-2-13b").unwrap().shape(),
+            mode: Mode::Full {
+                optimizer: Optimizer::AdamwMixed,
+            },
+            dtype: crate::measure::Dtype::Bfloat16,
+            weights: WeightFormat::Dense,
+            batch: 1,
+            context: 2048,
+            checkpointing: true,
+            flash_attention: true,
+        };
+        let cc = crate::allocator::ComputeCapability::new(9, 0);
+        let settings = BudgetSettings {
+            constants: constants::h200(),
+            workspaces: crate::allocator::Workspaces::for_gpu(cc, &Default::default()).unwrap(),
+            reserve_bytes: 0,
+        };
+        let b = budget(&w.validated().unwrap(), settings);
+        let catalog = crate::catalog::Catalog::parse(crate::catalog::BUILTIN_CSV, "c").unwrap();
+        let svg = budget_chart(&b, &catalog).0;
+        for name in [
+            "Master weights (exact)",
+            "Activations (estimated)",
+            "8 GPUs",
+            "140.40 GiB: h200",
+            "23.99 GiB: rtx4090",
+        ] {
+            assert!(svg.contains(name), "{name}");
+        }
     }
 
     #[test]

@@ -134,6 +134,9 @@ pub struct BudgetArgs {
     /// Also plan the budget over the catalog's packages.
     #[arg(long)]
     pub fit: bool,
+    /// Also draw the budget per GPU against the catalog's GPU sizes (a new SVG file).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub plan: PlanArgs,
 }
@@ -258,7 +261,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         super::print(&presets, a.json)?;
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(out) = &a.output {
+    for out in [&a.output, &a.plot].into_iter().flatten() {
         crate::files::check_new_file(out)?;
     }
     let b = a.budget()?;
@@ -269,6 +272,11 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     }
     if a.fit {
         plan_and_print(&b, &a.plan, a.json)?;
+    }
+    if let Some(plot) = &a.plot {
+        let catalog = Catalog::load(a.plan.catalog.as_deref())?;
+        crate::plot::budget_chart(&b, &catalog).write_new(plot)?;
+        super::say(format_args!("Chart written to {}", plot.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -628,6 +628,9 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
                 )])
                 .expect("drawing to memory");
         }
+        // Sizes closer than 3 % of the axis share one label, so that no two labels overlap.
+        sizes.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut clusters: Vec<(f64, f64, Vec<String>)> = Vec::new();
         for (gib, _, names) in &sizes {
             chart
                 .draw_series(DashedLineSeries::new(
@@ -637,10 +640,24 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
                     BLACK.mix(0.45).stroke_width(1),
                 ))
                 .expect("drawing to memory");
+            match clusters.last_mut() {
+                Some((_, hi, all)) if *gib - *hi < top * 0.03 => {
+                    *hi = *gib;
+                    all.push(names.clone());
+                }
+                _ => clusters.push((*gib, *gib, vec![names.clone()])),
+            }
+        }
+        for (lo, hi, names) in clusters {
+            let range = if hi > lo {
+                format!("{lo:.2}–{hi:.2} GiB")
+            } else {
+                format!("{lo:.2} GiB")
+            };
             chart
                 .draw_series([Text::new(
-                    format!("{gib:.2} GiB: {names}"),
-                    (4.05, *gib),
+                    format!("{range}: {}", names.join(", ")),
+                    (4.05, hi),
                     ("sans-serif", 11),
                 )])
                 .expect("drawing to memory");
@@ -752,7 +769,7 @@ mod tests {
             "Activations (estimated)",
             "8 GPUs",
             "140.40 GiB: h200",
-            "23.99 GiB: rtx4090",
+            "22.03–23.99 GiB: l4, rtx4090",
         ] {
             assert!(svg.contains(name), "{name}");
         }

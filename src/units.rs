@@ -37,6 +37,19 @@ pub fn ratio_is_exact(numerator: u128, denominator: u128, decimals: u32) -> bool
     (numerator * 10u128.pow(decimals)).is_multiple_of(denominator)
 }
 
+/// A count with its digits grouped by three (`6 738 415 616`).
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// A byte count shown in bytes, GiB and GB side by side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Bytes(pub u64);
@@ -54,15 +67,7 @@ impl Bytes {
     }
     /// The exact count with its digits grouped by three (`34 743 808 B`).
     pub fn grouped(self) -> String {
-        let digits = self.0.to_string();
-        let mut out = String::new();
-        for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i).is_multiple_of(3) {
-                out.push(' ');
-            }
-            out.push(c);
-        }
-        out + " B"
+        grouped(self.0) + " B"
     }
     /// GiB with two decimals, for tables and labels.
     pub fn gib_text(self) -> String {

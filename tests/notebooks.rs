@@ -18,7 +18,7 @@ fn notebooks() -> Vec<std::path::PathBuf> {
 #[test]
 fn notebooks_are_committed_stripped() {
     let all = notebooks();
-    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(all.len(), 3, "{all:?}");
     for path in all {
         let bytes = std::fs::read(&path).unwrap();
         let problems = unstripped_cells(&bytes).unwrap();

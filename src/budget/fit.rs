@@ -159,7 +159,11 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     Ok(FitPlan {
         workload: budget.title(),
         budget_total: budget.total,
-        split_rule: SPLIT_RULE.into(),
+        split_rule: format!(
+            "{SPLIT_RULE} The CUDA context and libraries were measured on {} ({}); other GPUs and \
+             drivers differ.",
+            budget.constants.recorded_on, budget.constants.software
+        ),
         max_gpus,
         catalog: catalog.source.clone(),
         rows,

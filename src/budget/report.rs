@@ -5,7 +5,7 @@ use super::fit::{FitPlan, FitRow};
 use super::terms::{Budget, Split, Term};
 use super::workload::{Mode, WeightFormat};
 use crate::markup::{table, Html};
-use crate::units::{Bytes, ROUNDING_RULE};
+use crate::units::{grouped, Bytes, ROUNDING_RULE};
 use std::fmt;
 
 /// Column titles of the budget table.
@@ -294,20 +294,26 @@ impl fmt::Display for FitPlan {
     }
 }
 
-impl fmt::Display for super::Presets {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "Model presets ({})", self.file)?;
-        let rows: Vec<Vec<String>> = self
-            .rows
+const PRESET_COLUMNS: [&str; 8] = [
+    "preset",
+    "name",
+    "parameters",
+    "layers",
+    "hidden",
+    "heads/KV",
+    "vocab",
+    "attention",
+];
+
+impl super::Presets {
+    fn cells(&self) -> Vec<Vec<String>> {
+        self.rows
             .iter()
             .map(|p| {
                 vec![
                     p.preset.clone(),
                     p.name.clone(),
-                    Bytes(p.shape().parameters())
-                        .grouped()
-                        .trim_end_matches(" B")
-                        .into(),
+                    grouped(p.shape().parameters()),
                     p.layers.to_string(),
                     p.hidden.to_string(),
                     format!("{}/{}", p.heads, p.kv_heads),
@@ -315,21 +321,31 @@ impl fmt::Display for super::Presets {
                     p.attention.name().into(),
                 ]
             })
-            .collect();
-        text_table(
-            f,
-            &[
-                "preset",
-                "name",
-                "parameters",
-                "layers",
-                "hidden",
-                "heads/KV",
-                "vocab",
-                "attention",
-            ],
-            &rows,
-        )?;
-        write!(f, "Sources: the config.json named in each row of the file.")
+            .collect()
+    }
+
+    pub fn html(&self) -> Html {
+        table(
+            &format!("Model presets ({})", self.file),
+            &PRESET_COLUMNS,
+            &self.cells(),
+        )
+        .then(Html::note(SOURCES_NOTE))
+    }
+
+    pub fn evcxr_display(&self) {
+        self.html().evcxr_display()
+    }
+}
+
+const SOURCES_NOTE: &str =
+    "Sources: the config.json named in each row of the file. Sliding-window \
+and latent attention are listed but refused by budgets.";
+
+impl fmt::Display for super::Presets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Model presets ({})", self.file)?;
+        text_table(f, &PRESET_COLUMNS, &self.cells())?;
+        write!(f, "{SOURCES_NOTE}")
     }
 }

@@ -7,7 +7,7 @@ use super::constants::GpuConstants;
 use super::shape::{LinearTarget, WeightTensor};
 use super::workload::{Mode, Optimizer, WeightFormat, Workload};
 use crate::allocator::Workspaces;
-use crate::units::Bytes;
+use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
 
 /// How sure a term is.
@@ -101,6 +101,22 @@ pub struct BudgetSettings {
     pub workspaces: Workspaces,
     /// A reserve for fragmentation, chosen by the user.
     pub reserve_bytes: u64,
+}
+
+impl BudgetSettings {
+    /// The H200's measured constants and the default workspaces of its architecture (9.0), no
+    /// reserve.
+    pub fn h200() -> BudgetSettings {
+        BudgetSettings {
+            constants: super::constants::h200(),
+            workspaces: Workspaces::for_gpu(
+                crate::allocator::ComputeCapability::new(9, 0),
+                &crate::allocator::WorkspaceSettings::default(),
+            )
+            .expect("the default settings are valid"),
+            reserve_bytes: 0,
+        }
+    }
 }
 
 struct Builder {
@@ -219,7 +235,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         .map(|t| stored(t, w))
         .fold((0, 0), |(a, m), (x, y)| (a + x, m + y));
     let weights_formula = match w.weights {
-        WeightFormat::Dense => format!("{parameters} parameters × {e} B ({})", w.dtype),
+        WeightFormat::Dense => format!("{} parameters × {e} B ({})", grouped(parameters), w.dtype),
         f => format!(
             "layers' linear matrices in {}, embeddings, LM head, norms and biases in {} ({e} B)",
             f.name(),
@@ -279,8 +295,9 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
             let names: Vec<&str> = targets.iter().map(|t| t.module()).collect();
             let formula = |what: &str, per: u64| {
                 format!(
-                    "{trainable} adapter parameters (rank {rank} × (in + out) on {} of every \
+                    "{} adapter parameters (rank {rank} × (in + out) on {} of every \
                      layer) × {per} B {what}",
+                    grouped(trainable),
                     names.join(", ")
                 )
             };
@@ -321,7 +338,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
             b.push(
                 "gradients",
                 "Gradients",
-                format!("{parameters} parameters × {e} B ({})", w.dtype),
+                format!("{} parameters × {e} B ({})", grouped(parameters), w.dtype),
                 grads,
             )
             .at_peak(if start_is_peak {
@@ -333,7 +350,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 b.push(
                     "master_weights",
                     "Master weights",
-                    format!("{parameters} parameters × 4 B (float32 copy)"),
+                    format!("{} parameters × 4 B (float32 copy)", grouped(parameters)),
                     parameters * 4,
                 );
             }
@@ -346,7 +363,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
             b.push(
                 "optimizer_states",
                 "Optimizer states",
-                format!("{parameters} parameters × {per} B ({what})"),
+                format!("{} parameters × {per} B ({what})", grouped(parameters)),
                 parameters * per,
             );
             if *optimizer == Optimizer::Adamw8bit {
@@ -404,8 +421,10 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         "cuda_context",
         "CUDA context and libraries",
         format!(
-            "{} context + {} cuBLAS handle, outside the allocator ({})",
-            c.cuda_context_bytes, c.libraries_bytes, c.software
+            "{} B context + {} B cuBLAS handle, outside the allocator ({})",
+            grouped(c.cuda_context_bytes),
+            grouped(c.libraries_bytes),
+            c.software
         ),
         c.cuda_context_bytes + c.libraries_bytes,
     )

@@ -2,20 +2,11 @@
 //! small catalog.
 
 use super::*;
-use crate::allocator::{ComputeCapability, WorkspaceSettings, Workspaces};
 use crate::catalog::Catalog;
 use crate::measure::Dtype;
 
 fn settings() -> BudgetSettings {
-    BudgetSettings {
-        constants: constants::h200(),
-        workspaces: Workspaces::for_gpu(
-            ComputeCapability::new(9, 0),
-            &WorkspaceSettings::default(),
-        )
-        .unwrap(),
-        reserve_bytes: 0,
-    }
+    BudgetSettings::h200()
 }
 
 fn workload(preset: &str, mode: Mode) -> Workload {

@@ -218,6 +218,30 @@ impl crate::status::Classify for WorkloadError {
 }
 
 impl Workload {
+    /// A shipped preset in `mode`, bfloat16 dense weights, flash attention, no recomputation,
+    /// validated; change a field with `Workload { batch: 8, ..w }` and validate again.
+    pub fn preset(
+        name: &str,
+        mode: Mode,
+        batch: u64,
+        context: u64,
+    ) -> Result<Workload, PresetOrWorkload> {
+        let presets = super::Presets::builtin();
+        let p = presets.get(name)?;
+        Ok(Workload {
+            preset: Some(p.preset.clone()),
+            shape: p.shape(),
+            mode,
+            dtype: Dtype::Bfloat16,
+            weights: WeightFormat::Dense,
+            batch,
+            context,
+            checkpointing: false,
+            flash_attention: true,
+        }
+        .validated()?)
+    }
+
     /// Checks the shape and the sizes, and refuses what the formulas do not cover.
     pub fn validated(mut self) -> Result<Self, WorkloadError> {
         self.shape = self.shape.validated()?;
@@ -292,4 +316,13 @@ impl Workload {
             _ => self.context,
         }
     }
+}
+
+/// Why [`Workload::preset`] failed: the name or the workload.
+#[derive(Debug, thiserror::Error)]
+pub enum PresetOrWorkload {
+    #[error(transparent)]
+    Preset(#[from] super::PresetError),
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
 }

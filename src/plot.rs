@@ -549,20 +549,20 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
         RGBColor(188, 189, 34),
     ];
     let gpus = [1u64, 2, 4, 8];
-    let terms: Vec<&crate::budget::Term> = b.terms.iter().filter(|t| t.at_peak.0 > 0).collect();
-    let per_gpu = |t: &crate::budget::Term, n: u64| -> f64 {
-        let one = crate::budget::Budget {
-            terms: vec![(*t).clone()],
-            ..b.clone()
-        };
-        let inside = crate::budget::fit::need_per_gpu(&one, n);
-        let bytes = if t.place == crate::budget::Place::OutsideAllocator {
-            t.at_peak.0
-        } else {
-            inside
-        };
-        bytes as f64 / GIB
-    };
+    // Each term's share on n GPUs, at the peak moment for n; terms never held are left out.
+    let shares: Vec<Vec<f64>> = gpus
+        .iter()
+        .map(|&n| {
+            crate::budget::fit::per_gpu(b, n)
+                .bytes
+                .iter()
+                .map(|&x| x as f64 / GIB)
+                .collect()
+        })
+        .collect();
+    let shown: Vec<usize> = (0..b.terms.len())
+        .filter(|&k| shares.iter().any(|s| s[k] > 0.0))
+        .collect();
     // (GiB, as the catalog writes it, the models of that size)
     let mut sizes: Vec<(f64, String, String)> = Vec::new();
     for row in &catalog.rows {
@@ -576,9 +576,9 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
             None => sizes.push((text.parse().unwrap_or(0.0), text, row.model.clone())),
         }
     }
-    let tallest = gpus
+    let tallest = shares
         .iter()
-        .map(|&n| terms.iter().map(|t| per_gpu(t, n)).sum::<f64>())
+        .map(|s| s.iter().sum::<f64>())
         .fold(0.0, f64::max);
     let top = sizes.iter().map(|(g, _, _)| *g).fold(tallest, f64::max) * 1.08;
     let title = format!("Budget per GPU: {}", b.title());
@@ -605,9 +605,9 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
         for (i, n) in gpus.iter().enumerate() {
             let x = i as f64 + 0.2;
             let mut bottom = 0.0;
-            for (k, t) in terms.iter().enumerate() {
-                let h = per_gpu(t, *n);
-                let color = PALETTE[k % PALETTE.len()];
+            for (c, &k) in shown.iter().enumerate() {
+                let h = shares[i][k];
+                let color = PALETTE[c % PALETTE.len()];
                 chart
                     .draw_series([Rectangle::new(
                         [(x, bottom), (x + 0.6, bottom + h)],
@@ -662,8 +662,9 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
                 )])
                 .expect("drawing to memory");
         }
-        for (k, t) in terms.iter().enumerate().rev() {
-            let color = PALETTE[k % PALETTE.len()];
+        for (c, &k) in shown.iter().enumerate().rev() {
+            let t = &b.terms[k];
+            let color = PALETTE[c % PALETTE.len()];
             chart
                 .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
                 .expect("drawing to memory")

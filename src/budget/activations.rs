@@ -15,8 +15,8 @@ pub struct Activations {
     /// Logits, loss and their gradients (0 where negligible).
     pub logits_bytes: u64,
     pub logits_formula: String,
-    /// Bytes of gradients already made when the activations peak (the LM head's).
-    pub gradients_at_peak: u64,
+    /// The LM head's gradient, made at the start of backward (full training).
+    pub head_gradient: u64,
     /// Working memory of the last part of backward, when every gradient exists.
     pub backward_end_bytes: u64,
     pub source: String,
@@ -67,7 +67,7 @@ pub fn estimate(w: &Workload) -> Activations {
                 ),
                 logits_bytes: logits,
                 logits_formula: format!("last position only: batch {b} × vocab {v} × ({e} + 4 float32) B"),
-                gradients_at_peak: 0,
+                head_gradient: 0,
                 backward_end_bytes: 0,
                 source: SOURCE.into(),
                 bound: "not yet checked on a GPU".into(),
@@ -113,11 +113,11 @@ pub fn estimate(w: &Workload) -> Activations {
                 logits_formula: format!(
                     "final norm + log-probabilities, their gradient and the logits' gradient: 3 × b·t {bs} × vocab {v} × 4 B"
                 ),
-                gradients_at_peak: head_gradient,
+                head_gradient,
                 backward_end_bytes: e * bs * h,
                 source: SOURCE.into(),
                 bound: "not yet checked on a GPU".into(),
-                peak_rule: "persistent states + the larger of (every activation + the loss's gradients at the start of backward) and (every gradient at its end)".into(),
+                peak_rule: "persistent states + the larger of two moments: the start of backward (every saved activation, the loss's gradients, the LM head's gradient) and the end of backward or the optimizer step (every gradient, the last working memory)".into(),
             }
         }
     }

@@ -69,26 +69,51 @@ impl crate::status::Classify for FitError {
     }
 }
 
-/// Bytes one GPU of `gpus` holds of the budget's allocator terms and reserve.
-pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
+/// What one GPU of `gpus` holds of each term, at the largest of the budget's moments for that
+/// number of GPUs (sharding shrinks the states, not the activations, so the peak moment may
+/// change with the number of GPUs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerGpu {
+    pub moment: String,
+    /// Bytes of each term of the budget, in its order (the terms outside the allocator whole).
+    pub bytes: Vec<u64>,
+    /// Σ of the allocator's terms and the reserve: what must fit in the usable memory.
+    pub need: u64,
+}
+
+pub fn per_gpu(budget: &Budget, gpus: u64) -> PerGpu {
     let kv_heads = budget.workload.shape.kv_heads;
+    let share = |t: &super::Term, b: u64| match t.split {
+        Split::Sharded => b.div_ceil(gpus),
+        // The cache is a whole number of heads' worth: exact division.
+        Split::KvHeads => b / kv_heads * kv_heads.div_ceil(gpus),
+        Split::PerGpu => b,
+    };
     budget
-        .terms
+        .moments
         .iter()
-        .filter(|t| t.place != Place::OutsideAllocator)
-        .map(|t| {
-            let b = t.at_peak.0;
-            match t.split {
-                Split::Sharded => b.div_ceil(gpus),
-                Split::KvHeads => {
-                    let heads = kv_heads.div_ceil(gpus);
-                    // The cache is a whole number of heads' worth: exact division.
-                    b / kv_heads * heads
-                }
-                Split::PerGpu => b,
+        .map(|m| {
+            let bytes: Vec<u64> = budget.terms.iter().map(|t| share(t, m.held(t))).collect();
+            let need = budget
+                .terms
+                .iter()
+                .zip(&bytes)
+                .filter(|(t, _)| t.place != Place::OutsideAllocator)
+                .map(|(_, b)| *b)
+                .sum();
+            PerGpu {
+                moment: m.name.clone(),
+                bytes,
+                need,
             }
         })
-        .sum()
+        .max_by_key(|p| p.need)
+        .expect("a budget has at least one moment")
+}
+
+/// Bytes one GPU of `gpus` must hold (see [`per_gpu`]).
+pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
+    per_gpu(budget, gpus).need
 }
 
 fn outside_allocator(budget: &Budget) -> u64 {

@@ -98,7 +98,10 @@ impl Budget {
     }
 
     fn notes(&self) -> Vec<String> {
-        let mut notes = vec![format!("Peak: {}.", self.peak_rule)];
+        let mut notes = vec![format!(
+            "Peak on one GPU: the {} ({}).",
+            self.peak_moment, self.peak_rule
+        )];
         for t in &self.terms {
             let status = match &t.status {
                 super::TermStatus::Estimated { source, bound } => {

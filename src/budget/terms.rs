@@ -73,6 +73,30 @@ pub struct Term {
     pub place: Place,
 }
 
+/// A moment of the step and what differs then from the terms' full sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moment {
+    pub name: String,
+    /// (term key, bytes held at this moment) for the terms not held whole.
+    pub partial: Vec<(String, u64)>,
+}
+
+impl Moment {
+    fn new(name: &str, partial: &[(&str, u64)]) -> Moment {
+        Moment {
+            name: name.into(),
+            partial: partial.iter().map(|(k, b)| (k.to_string(), *b)).collect(),
+        }
+    }
+    /// Bytes `term` holds at this moment.
+    pub fn held(&self, term: &Term) -> u64 {
+        self.partial
+            .iter()
+            .find(|(k, _)| *k == term.key)
+            .map_or(term.bytes.0, |(_, b)| *b)
+    }
+}
+
 /// The tag of a budget file.
 pub const SCHEMA: &str = "iteragpu-lab/budget/1";
 
@@ -84,6 +108,12 @@ pub struct Budget {
     pub parameters: u64,
     pub trainable_parameters: u64,
     pub terms: Vec<Term>,
+    /// The moments that may be the peak; each term's `at_peak` is its share of the largest on
+    /// one GPU. Spread over several GPUs another moment may be the largest (the fit planner
+    /// takes the largest for each number of GPUs).
+    pub moments: Vec<Moment>,
+    /// The moment that is the peak on one GPU.
+    pub peak_moment: String,
     /// What the peak is made of, in words.
     pub peak_rule: String,
     /// Σ at_peak of the allocator's terms: the predicted peak of `allocated`.
@@ -156,10 +186,6 @@ impl Term {
     }
     fn place(&mut self, place: Place) -> &mut Self {
         self.place = place;
-        self
-    }
-    fn at_peak(&mut self, bytes: u64) -> &mut Self {
-        self.at_peak = Bytes(bytes);
         self
     }
 }
@@ -269,6 +295,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         Mode::Lora { rank, targets } => lora_parameters(w, *rank, targets),
     };
     let acts = activations::estimate(w);
+    let mut moments = vec![Moment::new("prefill", &[])];
 
     match &w.mode {
         Mode::Inference { kv_cache, .. } => {
@@ -312,8 +339,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 "Gradients",
                 formula("(float32 adapter gradients)", 4),
                 trainable * 4,
-            )
-            .at_peak(0);
+            );
             b.push(
                 "optimizer_states",
                 "Optimizer states",
@@ -321,6 +347,13 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 trainable * 8,
             );
             push_activations(&mut b, &acts);
+            moments = vec![
+                Moment::new("start of backward", &[("gradients", 0)]),
+                Moment::new(
+                    "end of backward",
+                    &[("activations", acts.backward_end_bytes), ("logits", 0)],
+                ),
+            ];
         }
         Mode::Full { optimizer } => {
             let grads = parameters * e;
@@ -332,20 +365,12 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 Optimizer::AdamwMixed => 8 * largest,
                 _ => 0,
             };
-            let at_start = acts.bytes + acts.logits_bytes + acts.gradients_at_peak;
-            let at_end = grads + acts.backward_end_bytes.max(step_temporaries);
-            let start_is_peak = at_start >= at_end;
             b.push(
                 "gradients",
                 "Gradients",
                 format!("{} parameters × {e} B ({})", grouped(parameters), w.dtype),
                 grads,
-            )
-            .at_peak(if start_is_peak {
-                acts.gradients_at_peak
-            } else {
-                grads
-            });
+            );
             if *optimizer == Optimizer::AdamwMixed && e < 4 {
                 b.push(
                     "master_weights",
@@ -380,18 +405,16 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 ));
             }
             push_activations(&mut b, &acts);
-            if !start_is_peak {
-                for t in b
-                    .terms
-                    .iter_mut()
-                    .filter(|t| t.key == "activations" || t.key == "logits")
-                {
-                    t.at_peak = Bytes(0);
-                }
-                if let Some(t) = b.terms.iter_mut().find(|t| t.key == "activations") {
-                    t.at_peak = Bytes(acts.backward_end_bytes.max(step_temporaries));
-                }
-            }
+            moments = vec![
+                Moment::new("start of backward", &[("gradients", acts.head_gradient)]),
+                Moment::new(
+                    "end of backward and optimizer step",
+                    &[
+                        ("activations", acts.backward_end_bytes.max(step_temporaries)),
+                        ("logits", 0),
+                    ],
+                ),
+            ];
         }
     }
 
@@ -444,7 +467,22 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
     .split(Split::PerGpu)
     .place(Place::Reserve);
 
-    let terms = b.terms;
+    let mut terms = b.terms;
+    let on_one_gpu = |m: &Moment| -> u64 {
+        terms
+            .iter()
+            .filter(|t| t.place == Place::Allocator)
+            .map(|t| m.held(t))
+            .sum()
+    };
+    let peak = moments
+        .iter()
+        .max_by_key(|m| on_one_gpu(m))
+        .expect("at least one moment")
+        .clone();
+    for t in &mut terms {
+        t.at_peak = Bytes(peak.held(t));
+    }
     let peak_allocated = terms
         .iter()
         .filter(|t| t.place == Place::Allocator)
@@ -458,6 +496,8 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         trainable_parameters: trainable,
         peak_rule: acts.peak_rule.clone(),
         terms,
+        moments,
+        peak_moment: peak.name,
         peak_allocated: Bytes(peak_allocated),
         total: Bytes(total),
         constants: c,
@@ -524,6 +564,9 @@ impl Budget {
             .map_err(|e| invalid(format!("workload: {e}")))?;
         if let Some(t) = b.terms.iter().find(|t| t.at_peak > t.bytes) {
             return Err(invalid(format!("term {}: at_peak exceeds bytes", t.key)));
+        }
+        if b.moments.is_empty() {
+            return Err(invalid("no moment: the planner needs at least one".into()));
         }
         Ok(b)
     }

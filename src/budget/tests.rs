@@ -319,3 +319,53 @@ fn a_budget_file_reads_back_and_refuses_what_the_planner_cannot_use() {
         "b.json is not a budget file: workload: kv_heads must be at least 1"
     );
 }
+
+#[test]
+fn spread_over_gpus_the_peak_moment_may_change() {
+    // 70B full training with recomputation: on one GPU every gradient at the end of backward
+    // outweighs the activations; sharded over 64 GPUs the states shrink and the start of
+    // backward, with every activation and the loss's gradients, is the peak.
+    let w = Workload {
+        checkpointing: true,
+        ..workload(
+            "llama-2-70b",
+            Mode::Full {
+                optimizer: Optimizer::AdamwMixed,
+            },
+        )
+    };
+    let b = budget(&w.validated().unwrap(), settings());
+    assert_eq!(b.peak_moment, "end of backward and optimizer step");
+    let one = fit::per_gpu(&b, 1);
+    assert_eq!(one.moment, b.peak_moment);
+    assert_eq!(one.need, b.peak_allocated.0);
+    let many = fit::per_gpu(&b, 64);
+    assert_eq!(many.moment, "start of backward");
+    let at_start = &b.moments[0];
+    let expected: u64 = b
+        .terms
+        .iter()
+        .filter(|t| t.place == Place::Allocator)
+        .map(|t| match t.split {
+            Split::Sharded => at_start.held(t).div_ceil(64),
+            _ => at_start.held(t),
+        })
+        .sum();
+    assert_eq!(many.need, expected);
+    // LoRA of a high rank over short sequences: the adapters' gradients make the end of backward
+    // the peak.
+    let lora = Workload {
+        context: 128,
+        ..workload(
+            "llama-2-70b",
+            Mode::Lora {
+                rank: 512,
+                targets: LinearTarget::ALL.to_vec(),
+            },
+        )
+    };
+    let b = budget(&lora.validated().unwrap(), settings());
+    assert_eq!(b.peak_moment, "end of backward");
+    let g = b.terms.iter().find(|t| t.key == "gradients").unwrap();
+    assert_eq!(g.at_peak, g.bytes);
+}

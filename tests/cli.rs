@@ -846,3 +846,258 @@ fn measure_out_of_memory_is_exit_3_naming_the_phase_and_writes_nothing() {
     );
     assert!(plot.exists());
 }
+
+/// `mesure_memoire transformer` for a tiny inference run, writing to `output`.
+fn transformer_args(output: &Path) -> Vec<String> {
+    [
+        "transformer",
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--intermediate",
+        "128",
+        "--vocab",
+        "256",
+        "--dtype",
+        "bfloat16",
+        "--mode",
+        "inference",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--generated",
+        "4",
+        "--flash-attention",
+        "--output",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain([output.display().to_string()])
+    .collect()
+}
+
+/// `args` with `flag`'s value replaced by `value` (or the flag added with it).
+fn with_flag(mut args: Vec<String>, flag: &str, value: Option<&str>) -> Vec<String> {
+    match (args.iter().position(|a| a == flag), value) {
+        (Some(i), Some(v)) => args[i + 1] = v.into(),
+        (Some(_), None) => {}
+        (None, v) => {
+            args.push(flag.into());
+            args.extend(v.map(String::from));
+        }
+    }
+    args
+}
+
+/// Without a GPU `transformer` fails as `measure` does: exit 2, nothing written; without its
+/// companion too, naming it.
+#[test]
+fn transformer_without_a_gpu_exits_2_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let front = common::copy_program("mesure_memoire", dir.path());
+    Command::new(&front)
+        .args(transformer_args(&out))
+        .assert()
+        .code(UNAVAILABLE)
+        .stderr(contains("mesure_memoire_torch"))
+        .stderr(contains("nothing was measured, no file written"));
+    assert!(!out.exists());
+    if has_gpu() {
+        tell("transformer_without_a_gpu_exits_2_and_writes_nothing: a GPU is visible, benching for real");
+        mm().args(transformer_args(&out))
+            .arg("--quiet")
+            .assert()
+            .success();
+        let report: iteragpu_lab::budget::BenchReport =
+            serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(report.stages.len(), 4);
+        return;
+    }
+    mm().args(transformer_args(&out))
+        .assert()
+        .code(UNAVAILABLE)
+        .stderr(contains("no usable GPU"))
+        .stderr(contains("nothing was measured, no file written"));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the copied program: no result, no temporary file"
+    );
+}
+
+#[test]
+fn transformer_refuses_bad_flags_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let base = transformer_args(&out);
+    let training = with_flag(
+        with_flag(base.clone(), "--mode", Some("full")),
+        "--generated",
+        Some("0"),
+    );
+    let cases = [
+        (with_flag(base.clone(), "--layers", Some("0")), "--layers"),
+        (
+            with_flag(base.clone(), "--kv-heads", Some("3")),
+            "--kv-heads",
+        ),
+        (with_flag(base.clone(), "--batch", Some("-1")), "--batch"),
+        (with_flag(base.clone(), "--mode", Some("qlora")), "--mode"),
+        (with_flag(base.clone(), "--dtype", Some("int8")), "--dtype"),
+        (with_flag(base.clone(), "--device", Some("cpu")), "--device"),
+        (
+            with_flag(base.clone(), "--checkpointing", None),
+            "--checkpointing",
+        ),
+        (
+            with_flag(base.clone(), "--lora-rank", Some("8")),
+            "--lora-rank",
+        ),
+        (
+            with_flag(training.clone(), "--generated", Some("4")),
+            "--generated",
+        ),
+        (
+            with_flag(
+                with_flag(training.clone(), "--mode", Some("lora")),
+                "--lora-targets",
+                Some("q,x"),
+            ),
+            "--lora-targets",
+        ),
+        (
+            with_flag(
+                with_flag(training, "--mode", Some("lora")),
+                "--lora-targets",
+                Some("q,v,q"),
+            ),
+            "--lora-targets",
+        ),
+    ];
+    for (args, flag) in cases {
+        mm().args(&args)
+            .assert()
+            .code(USAGE)
+            .stderr(contains(flag))
+            .stderr(contains("panicked").not());
+    }
+    mm().args(with_flag(base.clone(), "--kv-heads", Some("3")))
+        .assert()
+        .stderr(contains("heads (4) must be a multiple of kv_heads (3)"));
+    std::fs::write(&out, "previous result").unwrap();
+    mm().args(&base)
+        .assert()
+        .code(OUTPUT_EXISTS)
+        .stderr(contains("already exists"))
+        .stderr(contains("mesure_memoire_torch").not());
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "previous result");
+}
+
+/// A stand-in GPU for the transformer bench: every stage holds the weights' bytes, and a device
+/// smaller than them runs out of memory in the `weights` stage, as libtorch reports it.
+struct SimulatedBench {
+    capacity: u64,
+}
+
+impl iteragpu_lab::measure::Gpu for SimulatedBench {
+    fn environment(
+        &self,
+        device: Option<iteragpu_lab::device::CudaDevice>,
+    ) -> iteragpu_lab::environment::EnvironmentReport {
+        iteragpu_lab::environment::EnvironmentReport::without_libtorch(device, Default::default())
+    }
+    fn measure(
+        &self,
+        _config: &iteragpu_lab::measure::MeasureConfig,
+        _blocks: bool,
+        _on_phase: &mut dyn FnMut(&iteragpu_lab::measure::PhaseRecord),
+    ) -> Result<iteragpu_lab::measure::Measurement, iteragpu_lab::measure::MeasureError> {
+        unreachable!("only the transformer bench is simulated")
+    }
+    fn transformer(&self) -> Option<&dyn iteragpu_lab::budget::TransformerBench> {
+        Some(self)
+    }
+}
+
+impl iteragpu_lab::budget::TransformerBench for SimulatedBench {
+    fn run(
+        &self,
+        run: &iteragpu_lab::budget::BenchRun,
+    ) -> Result<iteragpu_lab::budget::BenchReport, iteragpu_lab::measure::MeasureError> {
+        use iteragpu_lab::budget::{bench::stage, StageReading};
+        use iteragpu_lab::measure::{Gpu, MeasureError};
+        let weights = run.shape.parameters() * run.dtype.bytes();
+        if weights > self.capacity {
+            return Err(MeasureError::from_torch_message(&format!(
+                "CUDA out of memory. Tried to allocate {weights} bytes"
+            ))
+            .in_stage(stage::WEIGHTS));
+        }
+        let stages = run
+            .mode
+            .stages()
+            .iter()
+            .map(|&name| StageReading {
+                stage: name.into(),
+                allocated_before: if name == stage::WEIGHTS { 0 } else { weights },
+                allocated_after: weights,
+                reserved_after: weights.next_multiple_of(1 << 21),
+                peak_allocated: weights,
+                peak_reserved: weights.next_multiple_of(1 << 21),
+                host_ms: 1.0,
+            })
+            .collect();
+        Ok(iteragpu_lab::budget::BenchReport::new(
+            run.clone(),
+            self.environment(Some(run.device)),
+            stages,
+        ))
+    }
+}
+
+/// The GPU side of `transformer` on a simulated bench: out of memory is exit 3 naming the stage,
+/// with nothing written; a run that fits writes a report that reads back.
+#[test]
+fn transformer_out_of_memory_is_exit_3_naming_the_stage_and_a_report_is_written_otherwise() {
+    use clap::Parser;
+    use iteragpu_lab::cli::mesure_memoire::{run, Args, Mode};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench.json");
+    let mut line = transformer_args(&out);
+    line.insert(0, "mesure_memoire".into());
+    let args = Args::try_parse_from(&line).unwrap();
+    // 2 layers of hidden 64 and a vocabulary of 256: 106 816 parameters, 213 632 bytes in bfloat16.
+    let failure = run(&args, Mode::Engine(&SimulatedBench { capacity: 200_000 })).unwrap_err();
+    let message = format!("{:#}", failure.error);
+    assert_eq!(
+        common::code(failure.status),
+        common::OUT_OF_MEMORY,
+        "{message}"
+    );
+    assert!(
+        message.contains("benching inference bfloat16, 2 layers")
+            && message.contains("during stage `weights` of the transformer bench")
+            && message.contains("CUDA ran out of memory")
+            && message.contains("Tried to allocate 213632 bytes"),
+        "{message}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+    run(&args, Mode::Engine(&SimulatedBench { capacity: 1 << 30 })).unwrap();
+    let report: iteragpu_lab::budget::BenchReport =
+        serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(report.run.generated, 4);
+    assert!(report.run.flash_attention);
+    let names: Vec<&str> = report.stages.iter().map(|s| s.stage.as_str()).collect();
+    assert_eq!(names, ["weights", "kv_cache", "prefill", "decode"]);
+    assert_eq!(report.stages[0].allocated_after, 213_632);
+}

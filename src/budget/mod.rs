@@ -2,6 +2,7 @@
 //! planner that turns a budget into packages of the catalog.
 
 pub mod activations;
+pub mod bench;
 pub mod constants;
 pub mod fit;
 pub mod presets;
@@ -10,6 +11,9 @@ pub mod shape;
 pub mod terms;
 pub mod workload;
 
+pub use bench::{
+    linear_features, BenchError, BenchMode, BenchReport, BenchRun, StageReading, TransformerBench,
+};
 pub use fit::{plan, FitError, FitPlan};
 pub use presets::{Preset, PresetError, Presets};
 pub use shape::{AttentionKind, LinearTarget, ModelShape, ShapeError, WeightTensor};

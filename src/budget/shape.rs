@@ -158,7 +158,7 @@ impl ModelShape {
                 return Err(ShapeError::Zero { field });
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ShapeError::Grouping {
                 heads: self.heads,
                 kv_heads: self.kv_heads,

@@ -41,6 +41,8 @@ pub enum Command {
     Budget(super::budget::BudgetArgs),
     /// Vary one dimension over a range, each point measured in a fresh process; find the limit.
     Sweep(super::sweep::SweepArgs),
+    /// Measure a synthetic decoder-only transformer stage by stage (inference or training).
+    Transformer(super::transformer::TransformerArgs),
     /// Draw the per-phase chart of a measurement, or the chart of a sweep (SVG, no GPU needed).
     Plot {
         /// Measurement JSON written by `measure`.
@@ -263,20 +265,10 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
             }
             match mode {
                 Mode::Engine(gpu) => run_measure(gpu, a, &config)?,
-                Mode::Front => {
-                    return run_engine().map_err(|why| {
-                        if why.companion_found {
-                            MeasureError::LibtorchNotLoadable(why.message)
-                        } else {
-                            MeasureError::NoCompanion {
-                                companion: ENGINE.into(),
-                            }
-                        }
-                        .into()
-                    })
-                }
+                Mode::Front => return hand_over_to_engine(),
             }
         }
+        Command::Transformer(a) => return super::transformer::run(a, mode),
         Command::Predict(a) => {
             let config = a.shape.config(CudaDevice { index: 0 })?;
             let settings = workspace_settings()?;
@@ -352,6 +344,21 @@ fn run_measure(
 /// The workspace settings of this process's environment (only the variables the model names).
 fn workspace_settings() -> Result<WorkspaceSettings, crate::allocator::workspace::WorkspaceError> {
     WorkspaceSettings::from_lookup(|name| std::env::var(name).ok())
+}
+
+/// Hands this command line over to the companion (see [`run_engine`]); a companion that is
+/// missing or cannot be loaded is exit 2.
+pub(super) fn hand_over_to_engine() -> Outcome {
+    run_engine().map_err(|why| {
+        if why.companion_found {
+            MeasureError::LibtorchNotLoadable(why.message)
+        } else {
+            MeasureError::NoCompanion {
+                companion: ENGINE.into(),
+            }
+        }
+        .into()
+    })
 }
 
 /// Why the companion could not do the work.

@@ -16,6 +16,7 @@ pub mod progress;
 pub mod resultats_bruts;
 pub mod signals;
 pub mod sweep;
+pub mod transformer;
 pub mod values;
 
 use crate::status::{Classify, Status};

@@ -52,6 +52,17 @@ pub enum MeasureError {
     },
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A transformer bench run refused before any GPU work (`budget::bench`).
+    #[error(transparent)]
+    Bench(#[from] crate::budget::BenchError),
+    /// A failure inside a stage of the transformer bench (out of memory, a libtorch error), with
+    /// the stage's name; the failure keeps its own exit status.
+    #[error("during stage `{stage}` of the transformer bench")]
+    InStage {
+        stage: String,
+        #[source]
+        error: Box<MeasureError>,
+    },
 }
 
 impl MeasureError {
@@ -67,6 +78,17 @@ impl MeasureError {
                 message,
             },
             other => other,
+        }
+    }
+
+    /// Attaches the transformer bench stage in which the error happened.
+    pub fn in_stage(self, stage: &str) -> MeasureError {
+        match self {
+            already @ MeasureError::InStage { .. } => already,
+            error => MeasureError::InStage {
+                stage: stage.into(),
+                error: Box::new(error),
+            },
         }
     }
 
@@ -96,7 +118,8 @@ impl Classify for MeasureError {
             | MeasureError::DeviceMissing { .. } => Status::Unavailable,
             MeasureError::OutOfMemory { .. } => Status::OutOfMemory,
             MeasureError::Torch { .. } => Status::Failure,
-            MeasureError::Config(_) => Status::Usage,
+            MeasureError::Config(_) | MeasureError::Bench(_) => Status::Usage,
+            MeasureError::InStage { error, .. } => error.status(),
         }
     }
 }
@@ -115,4 +138,8 @@ pub trait Gpu {
         blocks: bool,
         on_phase: &mut dyn FnMut(&PhaseRecord),
     ) -> Result<Measurement, MeasureError>;
+    /// The transformer bench on this GPU, where this backend runs it.
+    fn transformer(&self) -> Option<&dyn crate::budget::TransformerBench> {
+        None
+    }
 }

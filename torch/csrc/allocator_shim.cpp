@@ -1,10 +1,12 @@
 // The one C++ boundary of the crate (its C interface is declared in allocator_shim.h): reads what tch does not expose (the CUDA caching allocator's
-// statistics, device properties, runtime and driver versions, CUDA events) from the same libtorch.
+// statistics, device properties, runtime and driver versions, CUDA events) from the same libtorch,
+// and the two autograd calls tch lacks (backward with a given gradient, clearing a gradient).
 // Every entry point catches every C++ exception: it returns a non-zero status and leaves the
 // message in a thread-local string that the Rust side reads with igl_last_error().
 #include "allocator_shim.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -202,6 +204,16 @@ int igl_snapshot(int device, const char** text) {
     snapshot_text = out.str();
     *text = snapshot_text.c_str();
   });
+}
+
+int igl_backward_with_gradient(const void* output, const void* gradient) {
+  return guarded([&] {
+    static_cast<const at::Tensor*>(output)->backward(*static_cast<const at::Tensor*>(gradient));
+  });
+}
+
+int igl_clear_grad(const void* tensor) {
+  return guarded([&] { static_cast<const at::Tensor*>(tensor)->mutable_grad().reset(); });
 }
 
 }  // extern "C"

@@ -51,6 +51,12 @@ void igl_event_destroy(void* event);
 // a line "S address total_size is_large stream" per segment, in address order, each followed by
 // a line "B address size requested_size allocated" per block, in address order.
 int igl_snapshot(int device, const char** text);
+// Autograd on tch's tensors: each `const void*` is what a tch `Tensor` holds, a `torch::Tensor*`
+// (torch-sys: `typedef torch::Tensor *tensor`). `output.backward(gradient)`, accumulating into the
+// leaves' gradients, which tch offers only for a scalar output:
+int igl_backward_with_gradient(const void* output, const void* gradient);
+// Sets the tensor's gradient to None, freeing it (`param.grad = None`), which tch cannot do.
+int igl_clear_grad(const void* tensor);
 
 #ifdef __cplusplus
 }  // extern "C"

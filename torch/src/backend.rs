@@ -8,7 +8,8 @@ use iteragpu_lab::measure::{
 };
 use tch::{Device, Kind, Tensor};
 
-fn kind(d: Dtype) -> Kind {
+/// The libtorch element type of `d`.
+pub(crate) fn kind(d: Dtype) -> Kind {
     match d {
         Dtype::Float32 => Kind::Float,
         Dtype::Float16 => Kind::Half,

@@ -1,7 +1,8 @@
 //! The only `unsafe` code of the crate: the declarations of `csrc/allocator_shim.h` and safe
-//! wrappers. Every shim call returns a status; a non-zero status carries the C++ exception's
-//! message, read here and returned as an `Err`. The structs' sizes and offsets are asserted below
-//! with the same numbers as the header's `static_assert`s.
+//! wrappers (tensors are passed as the `torch::Tensor*` a tch tensor holds). Every shim call
+//! returns a status; a non-zero status carries the C++ exception's message, read here and returned
+//! as an `Err`. The structs' sizes and offsets are asserted below with the same numbers as the
+//! header's `static_assert`s.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -70,6 +71,8 @@ extern "C" {
     fn igl_event_elapsed_ms(start: *mut c_void, end: *mut c_void, ms: *mut f32) -> c_int;
     fn igl_event_destroy(event: *mut c_void);
     fn igl_snapshot(device: c_int, text: *mut *const c_char) -> c_int;
+    fn igl_backward_with_gradient(output: *const c_void, gradient: *const c_void) -> c_int;
+    fn igl_clear_grad(tensor: *const c_void) -> c_int;
 }
 
 /// Turns a shim status into a Result, taking the message of a caught C++ exception.
@@ -175,6 +178,26 @@ pub fn snapshot(device: u32) -> Result<String, String> {
     Ok(unsafe { CStr::from_ptr(text) }
         .to_string_lossy()
         .into_owned())
+}
+
+/// The `torch::Tensor*` a tch tensor holds (torch-sys: `typedef torch::Tensor *tensor`).
+fn tensor_ptr(t: &tch::Tensor) -> *const c_void {
+    t.as_ptr().cast()
+}
+
+/// `output.backward(gradient)`: gradients flow from `output`, seeded with `gradient` (same shape),
+/// and accumulate into the leaves that require them; the graph is freed.
+pub fn backward_with_gradient(output: &tch::Tensor, gradient: &tch::Tensor) -> Result<(), String> {
+    // SAFETY: both pointers are the live `torch::Tensor*` of borrowed tch tensors, valid for the
+    // whole call; the shim only reads them.
+    checked(unsafe { igl_backward_with_gradient(tensor_ptr(output), tensor_ptr(gradient)) })
+}
+
+/// Sets `tensor`'s gradient to None, freeing it when nothing else holds it (`tensor.grad = None`).
+pub fn clear_grad(tensor: &tch::Tensor) -> Result<(), String> {
+    // SAFETY: the pointer is the live `torch::Tensor*` of a borrowed tch tensor; the shim resets
+    // the gradient slot of its TensorImpl, which the Rust side never aliases.
+    checked(unsafe { igl_clear_grad(tensor_ptr(tensor)) })
 }
 
 /// Asks the kernel to kill this process when the thread that started it ends (Linux

@@ -1,7 +1,8 @@
-//! The libtorch backend of IteraGPU Lab: the synthetic network on a CUDA GPU through `tch`, the
-//! caching allocator's own figures through a small C++ shim (`csrc/allocator_shim.{h,cpp}`), and
-//! the environment probe. It implements the library's [`Gpu`] trait; the companion program
-//! `mesure_memoire_torch` hands it to the command line. All `unsafe` code is in `ffi.rs`.
+//! The libtorch backend of IteraGPU Lab: the synthetic network and the transformer bench on a CUDA
+//! GPU through `tch`, the caching allocator's own figures through a small C++ shim
+//! (`csrc/allocator_shim.{h,cpp}`), and the environment probe. It implements the library's [`Gpu`]
+//! and `TransformerBench` traits; the companion program `mesure_memoire_torch` hands it to the
+//! command line. All `unsafe` code is in `ffi.rs`.
 
 mod allocator;
 mod backend;
@@ -9,6 +10,7 @@ mod blocks;
 mod environment;
 mod ffi;
 mod probe;
+mod transformer;
 
 pub use allocator::{open_device, Allocator};
 pub use backend::TorchBackend;
@@ -71,6 +73,10 @@ impl Gpu for TorchGpu {
         let mut m = Measurement::new(environment, config.clone(), phases)?;
         m.runtime_free_at_start_bytes = Some(free_at_start.0);
         Ok(m)
+    }
+
+    fn transformer(&self) -> Option<&dyn iteragpu_lab::budget::TransformerBench> {
+        Some(self)
     }
 }
 

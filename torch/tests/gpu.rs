@@ -81,3 +81,221 @@ fn a_missing_device_is_refused() {
     let err = Allocator::open(CudaDevice { index: 4096 }).err().unwrap();
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
+
+mod transformer {
+    //! The transformer bench on a tiny model (every tensor under 1 MiB, so each allocation is its
+    //! size rounded up to 512 bytes, exactly): the stages of each mode, the bytes of the weights,
+    //! the KV cache, the adapters and the optimizer states, and nothing left behind by an iteration.
+    use super::GPU0;
+    use iteragpu_lab::budget::bench::stage;
+    use iteragpu_lab::budget::{
+        linear_features, AttentionKind, BenchMode, BenchReport, BenchRun, LinearTarget, ModelShape,
+        TransformerBench,
+    };
+    use iteragpu_lab::device::CudaDevice;
+    use iteragpu_lab::measure::{Dtype, MeasureError};
+    use iteragpu_torch::TorchGpu;
+
+    /// What the allocator hands out for a request of `bytes` in its small pool.
+    fn block(bytes: u64) -> u64 {
+        bytes.next_multiple_of(512).max(512)
+    }
+
+    fn tiny(mode: BenchMode, dtype: Dtype) -> BenchRun {
+        let lora = mode == BenchMode::Lora;
+        BenchRun {
+            shape: ModelShape {
+                layers: 2,
+                hidden: 64,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 16,
+                intermediate: 128,
+                vocab: 256,
+                tied_embeddings: false,
+                attention_bias: true,
+                experts: 1,
+                experts_per_token: 1,
+                attention: AttentionKind::Full,
+            },
+            dtype,
+            mode,
+            batch: 2,
+            context: 16,
+            generated: if mode == BenchMode::Inference { 4 } else { 0 },
+            lora_rank: if lora { 8 } else { 0 },
+            lora_targets: if lora {
+                LinearTarget::ALL.to_vec()
+            } else {
+                Vec::new()
+            },
+            checkpointing: false,
+            flash_attention: true,
+            device: GPU0,
+        }
+    }
+
+    fn bench(run: BenchRun) -> BenchReport {
+        let report = TorchGpu
+            .run(&run)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", run.summary()));
+        let names: Vec<&str> = report.stages.iter().map(|s| s.stage.as_str()).collect();
+        assert_eq!(names, run.mode.stages(), "{}", run.summary());
+        for s in &report.stages {
+            assert!(
+                s.peak_allocated >= s.allocated_before.max(s.allocated_after),
+                "{s:?}"
+            );
+            assert!(s.reserved_after >= s.allocated_after, "{s:?}");
+            assert!(
+                s.peak_reserved >= s.reserved_after.max(s.peak_allocated),
+                "{s:?}"
+            );
+        }
+        assert_eq!(
+            delta(&report, stage::WEIGHTS),
+            run.shape
+                .tensors()
+                .iter()
+                .map(|t| block(t.elements * run.dtype.bytes()))
+                .sum::<u64>(),
+            "weights: one block per tensor of ModelShape::tensors() ({})",
+            run.summary()
+        );
+        report
+    }
+
+    fn delta(report: &BenchReport, name: &str) -> u64 {
+        let s = report.stage(name).unwrap();
+        s.allocated_after
+            .checked_sub(s.allocated_before)
+            .unwrap_or_else(|| panic!("{name} freed more than it allocated: {s:?}"))
+    }
+
+    fn after(report: &BenchReport, name: &str) -> u64 {
+        report.stage(name).unwrap().allocated_after
+    }
+
+    /// A training iteration leaves nothing behind: the second ends where the first did.
+    fn assert_steady(report: &BenchReport) {
+        assert_eq!(
+            after(report, stage::OPTIMIZER_STEP),
+            after(report, stage::FIRST_STEP),
+            "{:#?}",
+            report.stages
+        );
+        assert_eq!(
+            report.stage(stage::FORWARD).unwrap().allocated_before,
+            after(report, stage::FIRST_STEP)
+        );
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(feature = "gpu-tests"),
+        ignore = "needs a CUDA GPU: run with --features gpu-tests"
+    )]
+    fn inference_stages_hold_the_weights_and_the_kv_cache_exactly() {
+        let flash = tiny(BenchMode::Inference, Dtype::Bfloat16);
+        let mut explicit = tiny(BenchMode::Inference, Dtype::Float16);
+        explicit.flash_attention = false;
+        explicit.shape.tied_embeddings = true;
+        explicit.shape.attention_bias = false;
+        for run in [flash, explicit] {
+            let s = &run.shape;
+            let report = bench(run.clone());
+            let per_tensor = run.batch * s.kv_heads * (run.context + run.generated) * s.head_dim;
+            assert_eq!(
+                delta(&report, stage::KV_CACHE),
+                2 * s.layers * block(per_tensor * run.dtype.bytes()),
+                "K and V of each layer"
+            );
+            // The decode steps keep nothing but the cache: the prefill's token is freed.
+            assert_eq!(
+                after(&report, stage::DECODE) + block(run.batch * 8),
+                after(&report, stage::PREFILL)
+            );
+        }
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(feature = "gpu-tests"),
+        ignore = "needs a CUDA GPU: run with --features gpu-tests"
+    )]
+    fn full_training_holds_master_copies_and_moments_and_recomputation_saves_memory() {
+        let plain = tiny(BenchMode::Full, Dtype::Bfloat16);
+        let recomputed = BenchRun {
+            checkpointing: true,
+            ..plain.clone()
+        };
+        let mut float32 = tiny(BenchMode::Full, Dtype::Float32);
+        float32.flash_attention = false;
+        let mut forward_bytes = Vec::new();
+        for run in [plain, recomputed, float32] {
+            let report = bench(run.clone());
+            // Master copy (16-bit weights only), exp_avg, exp_avg_sq: float32 each.
+            let copies = if run.dtype == Dtype::Float32 { 2 } else { 3 };
+            assert_eq!(
+                delta(&report, stage::OPTIMIZER_STATES),
+                run.shape
+                    .tensors()
+                    .iter()
+                    .map(|t| copies * block(4 * t.elements))
+                    .sum::<u64>()
+            );
+            assert_steady(&report);
+            forward_bytes.push(delta(&report, stage::FORWARD));
+        }
+        assert!(
+            forward_bytes[1] < forward_bytes[0],
+            "recomputation keeps less after the forward pass: {forward_bytes:?}"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(feature = "gpu-tests"),
+        ignore = "needs a CUDA GPU: run with --features gpu-tests"
+    )]
+    fn lora_holds_its_adapters_and_their_moments_exactly() {
+        let plain = tiny(BenchMode::Lora, Dtype::Bfloat16);
+        let recomputed = BenchRun {
+            checkpointing: true,
+            flash_attention: false,
+            ..plain.clone()
+        };
+        for run in [plain, recomputed] {
+            let report = bench(run.clone());
+            let adapters: u64 = run
+                .ordered_targets()
+                .iter()
+                .map(|&t| {
+                    let (out, inp) = linear_features(&run.shape, t);
+                    block(4 * run.lora_rank * inp) + block(4 * out * run.lora_rank)
+                })
+                .sum::<u64>()
+                * run.shape.layers;
+            assert_eq!(delta(&report, stage::ADAPTERS), adapters);
+            assert_eq!(delta(&report, stage::OPTIMIZER_STATES), 2 * adapters);
+            assert_steady(&report);
+        }
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(feature = "gpu-tests"),
+        ignore = "needs a CUDA GPU: run with --features gpu-tests"
+    )]
+    fn a_missing_device_is_refused_before_any_stage() {
+        let run = BenchRun {
+            device: CudaDevice { index: 4096 },
+            ..tiny(BenchMode::Inference, Dtype::Bfloat16)
+        };
+        let err = TorchGpu.run(&run).unwrap_err();
+        assert!(
+            matches!(err, MeasureError::DeviceMissing { index: 4096, .. }),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""GPU proof of `mesure_memoire transformer`: to run on a machine with an NVIDIA GPU, from the
+repository root, with the release programs of scripts/prepare-gpu-run (and LD_LIBRARY_PATH set to
+torch's lib and nvidia/cu13/lib, as for scripts/gpu/proof.py).
+
+    python3 scripts/gpu/budget-proof.py --bin DIR --out FOLDER [--only TEXT]
+
+Runs the synthetic decoder-only transformer stage by stage, each configuration in its own
+process, for three shapes -- "125m" (12 layers, hidden 768), "1b" (16 layers, hidden 2048, 8 KV
+heads of 32, vocabulary 128256, tied embeddings) and "7b-layers" (4 layers of a 7B model) -- in
+float16 and bfloat16, in four modes each, all with batch 4, context 1024 and flash attention:
+inference (64 generated tokens), full training, full training with recomputation, LoRA (rank 16
+on q,k,v,o); plus full training of 125m in bfloat16 with the explicit attention. `--only TEXT`
+keeps the runs whose name contains TEXT.
+
+Writes FOLDER/<run>.json (one report per run) and FOLDER/summary.md, a table per run (stage,
+allocated delta, peak allocated), also printed; neither is ever overwritten (the folder must not
+hold them already). Exits non-zero if any run failed. About two minutes on an H200.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHAPES = {
+    "125m": dict(layers=12, hidden=768, heads=12, kv_heads=12, head_dim=64, intermediate=3072, vocab=32000),
+    "1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, intermediate=8192, vocab=128256,
+               tied_embeddings=True),
+    "7b-layers": dict(layers=4, hidden=4096, heads=32, kv_heads=32, head_dim=128, intermediate=11008, vocab=32000),
+}
+DTYPES = ["float16", "bfloat16"]
+BATCH = ["--batch", "4", "--context", "1024"]
+MODES = {
+    "inference": ["--mode", "inference", *BATCH, "--generated", "64", "--flash-attention"],
+    "full": ["--mode", "full", *BATCH, "--flash-attention"],
+    "full-checkpointing": ["--mode", "full", *BATCH, "--flash-attention", "--checkpointing"],
+    "lora": ["--mode", "lora", *BATCH, "--lora-rank", "16", "--lora-targets", "q,k,v,o", "--flash-attention"],
+}
+EXTRA = [("125m", "bfloat16", "full-explicit-attention", ["--mode", "full", *BATCH])]
+TIMEOUT_S = 120
+
+
+def shape_flags(shape):
+    flags = []
+    for key, value in shape.items():
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def runs():
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            for mode, flags in MODES.items():
+                yield f"{shape}-{dtype}-{mode}", shape, dtype, flags
+    for shape, dtype, mode, flags in EXTRA:
+        yield f"{shape}-{dtype}-{mode}", shape, dtype, flags
+
+
+def g(n):
+    return f"{int(n):,}".replace(",", " ")
+
+
+def signed(n):
+    return ("+" if n > 0 else "−" if n < 0 else "") + g(abs(n))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="folder holding mesure_memoire and mesure_memoire_torch")
+    ap.add_argument("--out", required=True, help="folder of the reports and summary.md")
+    ap.add_argument("--only", default="", help="keep the runs whose name contains this text")
+    a = ap.parse_args()
+    mm = Path(a.bin) / "mesure_memoire"
+    for program in (mm, Path(a.bin) / "mesure_memoire_torch"):
+        if not program.is_file():
+            print(f"budget-proof: {program} is missing: build it with scripts/prepare-gpu-run", file=sys.stderr)
+            return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = [r for r in runs() if a.only in r[0]]
+    taken = [p for p in [out / "summary.md", *(out / f"{name}.json" for name, *_ in chosen)] if p.exists()]
+    if taken:
+        print(f"budget-proof: {len(taken)} result file(s) already in {out}, e.g. {taken[0]}: "
+              "results are never overwritten; give a new --out", file=sys.stderr)
+        return 4
+    lines, failed, start = [], [], time.perf_counter()
+
+    def say(s=""):
+        lines.append(s)
+        print(s, flush=True)
+
+    say("# Transformer bench on the GPU\n")
+    for name, shape, dtype, flags in chosen:
+        report = out / f"{name}.json"
+        cmd = [str(mm), "transformer", *shape_flags(SHAPES[shape]), "--dtype", dtype, *flags,
+               "--device", "cuda:0", "--quiet", "--output", str(report)]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
+            code, stderr = p.returncode, p.stderr.strip()
+        except subprocess.TimeoutExpired:
+            code, stderr = None, f"stopped after {TIMEOUT_S} s"
+        seconds = time.perf_counter() - t0
+        shown = " ".join(["mesure_memoire", *cmd[1:-1], f"{name}.json"])
+        say(f"## {name}\n\n`{shown}`\n")
+        if code != 0 or not report.exists():
+            failed.append(name)
+            say(f"**FAILED** (exit {code}, {seconds:.1f} s): {stderr.splitlines()[-1] if stderr else 'no message'}\n")
+            continue
+        r = json.load(open(report))
+        device = (r["environment"].get("device") or {}).get("name", "unknown GPU")
+        weight_bytes = r["parameters"] * (4 if dtype == "float32" else 2)
+        say(f"{device}, {g(r['parameters'])} parameters ({g(weight_bytes)} B of weights in {dtype}), "
+            f"{seconds:.1f} s\n")
+        say("| stage | allocated delta | peak allocated |\n| --- | ---: | ---: |")
+        for s in r["stages"]:
+            say(f"| {s['stage']} | {signed(s['allocated_after'] - s['allocated_before'])} B | "
+                f"{g(s['peak_allocated'])} B |")
+        say()
+    total = time.perf_counter() - start
+    say(f"{len(chosen)} runs in {total:.0f} s; failed: {', '.join(failed) if failed else 'none'}.")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

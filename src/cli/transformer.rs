@@ -1,0 +1,153 @@
+//! `mesure_memoire transformer`: a synthetic decoder-only transformer measured stage by stage on
+//! the GPU (`budget::bench`). As for `measure`, the flags and the output path are checked in both
+//! processes before any GPU work, and the work itself runs in the companion that links libtorch.
+
+use super::mesure_memoire::{hand_over_to_engine, Mode};
+use super::{say, values, Context, Failure, Outcome};
+use crate::budget::{AttentionKind, BenchMode, BenchRun, LinearTarget, ModelShape};
+use crate::device::CudaDevice;
+use crate::files;
+use crate::measure::{Dtype, MeasureError};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The LoRA rank when `--lora-rank` is not given.
+pub const DEFAULT_LORA_RANK: u64 = 16;
+/// The adapted modules when `--lora-targets` is not given.
+pub const DEFAULT_LORA_TARGETS: [LinearTarget; 2] = [LinearTarget::Q, LinearTarget::V];
+
+#[derive(Debug, clap::Args)]
+#[command(allow_negative_numbers = true)]
+pub struct TransformerArgs {
+    /// Decoder layers.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub layers: u64,
+    /// Hidden size (the residual stream's width).
+    #[arg(long, value_parser = values::positive_u64)]
+    pub hidden: u64,
+    /// Query heads.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub heads: u64,
+    /// Key/value heads (grouped-query attention when fewer than --heads, which must be a multiple).
+    #[arg(long, value_parser = values::positive_u64)]
+    pub kv_heads: u64,
+    /// Width of one attention head.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub head_dim: u64,
+    /// Inner width of the SwiGLU MLP.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub intermediate: u64,
+    /// Vocabulary size.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub vocab: u64,
+    /// The LM head shares the embedding's matrix.
+    #[arg(long)]
+    pub tied_embeddings: bool,
+    /// Biases on the Q, K and V projections.
+    #[arg(long)]
+    pub attention_bias: bool,
+    /// Element type of weights and activations: float32, float16 or bfloat16.
+    #[arg(long, value_parser = values::dtype)]
+    pub dtype: Dtype,
+    /// inference (prefill and decode), full (every weight trained) or lora (adapters trained).
+    #[arg(long)]
+    pub mode: BenchMode,
+    /// Sequences per batch.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub batch: u64,
+    /// Prompt length (inference) or sequence length (training).
+    #[arg(long, value_parser = values::positive_u64)]
+    pub context: u64,
+    /// Tokens decoded after the prompt, one step each (inference only) [default: 0].
+    #[arg(long, value_parser = values::count_u64)]
+    pub generated: Option<u64>,
+    /// Rank of the LoRA adapters (lora only) [default: 16].
+    #[arg(long, value_parser = values::positive_u64)]
+    pub lora_rank: Option<u64>,
+    /// Adapted modules, comma-separated among q,k,v,o,gate,up,down (lora only) [default: q,v].
+    #[arg(long, value_delimiter = ',')]
+    pub lora_targets: Option<Vec<LinearTarget>>,
+    /// Full-layer recomputation: the forward pass keeps only each layer's input (training only).
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// Fused attention (scaled_dot_product_attention) instead of the explicit scores.
+    #[arg(long)]
+    pub flash_attention: bool,
+    /// The GPU, cuda:N (there is no CPU fallback).
+    #[arg(long, default_value = "cuda:0")]
+    pub device: CudaDevice,
+    /// New JSON result file; an existing file is never overwritten.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Do not print the stage table.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl TransformerArgs {
+    /// The validated run; a refusal names its flag.
+    pub fn bench_run(&self) -> Result<BenchRun, Failure> {
+        let lora = self.mode == BenchMode::Lora;
+        let run = BenchRun {
+            shape: ModelShape {
+                layers: self.layers,
+                hidden: self.hidden,
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+                head_dim: self.head_dim,
+                intermediate: self.intermediate,
+                vocab: self.vocab,
+                tied_embeddings: self.tied_embeddings,
+                attention_bias: self.attention_bias,
+                experts: 1,
+                experts_per_token: 1,
+                attention: AttentionKind::Full,
+            },
+            dtype: self.dtype,
+            mode: self.mode,
+            batch: self.batch,
+            context: self.context,
+            generated: self.generated.unwrap_or(0),
+            lora_rank: self
+                .lora_rank
+                .unwrap_or(if lora { DEFAULT_LORA_RANK } else { 0 }),
+            lora_targets: match &self.lora_targets {
+                Some(targets) => targets.clone(),
+                None if lora => DEFAULT_LORA_TARGETS.to_vec(),
+                None => Vec::new(),
+            },
+            checkpointing: self.checkpointing,
+            flash_attention: self.flash_attention,
+            device: self.device,
+        };
+        run.validated().map_err(|e| {
+            let flags = e.field().map_or_else(
+                || "--batch, --context, --generated or the shape's flags".to_string(),
+                |field| format!("--{}", field.replace('_', "-")),
+            );
+            Failure::from(e).context(format!("invalid {flags}"))
+        })
+    }
+}
+
+pub fn run(a: &TransformerArgs, mode: Mode) -> Outcome {
+    let bench_run = a.bench_run()?;
+    files::check_new_file(&a.output)?;
+    let gpu = match mode {
+        Mode::Front => return hand_over_to_engine(),
+        Mode::Engine(gpu) => gpu,
+    };
+    let bench = gpu.transformer().ok_or_else(|| MeasureError::Torch {
+        phase: None,
+        message: "this GPU backend does not run the transformer bench".into(),
+    })?;
+    let report = bench
+        .run(&bench_run)
+        .context(format!("benching {}", bench_run.summary()))?;
+    files::write_new_json(&a.output, &report)?;
+    if !a.quiet {
+        say(&report)?;
+    }
+    say(format_args!("Written to {}", a.output.display()))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -51,7 +51,8 @@ fn the_json_budget_holds_each_term_and_its_status() {
     assert!(acts["source"]
         .as_str()
         .unwrap()
-        .contains("synthetic transformer"));
+        .contains("Hugging Face's Llama operations"));
+    assert!(acts["bound"].as_str().unwrap().contains("H200"));
     assert_eq!(v["schema"], "iteragpu-lab/budget/1");
 }
 
@@ -234,4 +235,48 @@ fn presets_are_listed_with_their_parameter_counts() {
         .stdout(contains("llama-3.1-70b"))
         .stdout(contains("70 553 706 496"))
         .stdout(contains("mixtral-8x7b"));
+}
+
+/// The synthetic transformer's runs recorded on the H200 (`scripts/gpu/budget-proof.py`).
+const RECORDED_RUNS: &str = "docs/gpu-runs/2026-11-30-h200-budget";
+
+#[test]
+fn budgets_match_the_runs_recorded_on_the_h200() {
+    let mut reports: Vec<String> =
+        std::fs::read_dir(std::path::Path::new(common::ROOT).join(RECORDED_RUNS))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .map(|p| p.display().to_string())
+            .collect();
+    reports.sort();
+    assert!(reports.len() >= 25, "{reports:?}");
+    let v = json_of(mm().args(["budget", "--json", "--against"]).args(&reports));
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), reports.len());
+    const EXACT: [&str; 5] = [
+        "weights",
+        "kv_cache",
+        "lora_adapters",
+        "optimizer_states",
+        "cublas_workspace",
+    ];
+    for (run, path) in runs.iter().zip(&reports) {
+        assert!(run["gpu"].as_str().unwrap().contains("H200"), "{path}");
+        for c in run["checks"].as_array().unwrap() {
+            if EXACT.contains(&c["term"].as_str().unwrap()) {
+                assert_eq!(c["residual"], 0, "{path}: {c}");
+            }
+        }
+        let error = run["peak_error_percent"].as_f64().unwrap();
+        assert!(error.abs() < 1.0, "{path}: peak off by {error} %");
+    }
+}
+
+#[test]
+fn a_report_that_is_not_a_bench_run_is_a_data_error() {
+    mm().args(["budget", "--against", common::RECORDED])
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("is not a transformer bench report"));
 }

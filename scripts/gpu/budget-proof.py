@@ -10,8 +10,11 @@ process, for three shapes -- "125m" (12 layers, hidden 768), "1b" (16 layers, hi
 heads of 32, vocabulary 128256, tied embeddings) and "7b-layers" (4 layers of a 7B model) -- in
 float16 and bfloat16, in four modes each, all with batch 4, context 1024 and flash attention:
 inference (64 generated tokens), full training, full training with recomputation, LoRA (rank 16
-on q,k,v,o); plus full training of 125m in bfloat16 with the explicit attention. `--only TEXT`
-keeps the runs whose name contains TEXT.
+on q,k,v,o); plus full training of 125m in bfloat16 with the explicit attention; plus held-out
+configurations the formulas were not derived from (HELD_OUT). Then every run is checked against
+its budget (`mesure_memoire budget --against`): the exact terms must equal the allocator model's
+figure to the byte and the peak of `allocated` must be predicted within 1 %. `--only TEXT` keeps
+the runs whose name contains TEXT.
 
 Writes FOLDER/<run>.json (one report per run) and FOLDER/summary.md, a table per run (stage,
 allocated delta, peak allocated), also printed; neither is ever overwritten (the folder must not
@@ -39,6 +42,28 @@ MODES = {
     "lora": ["--mode", "lora", *BATCH, "--lora-rank", "16", "--lora-targets", "q,k,v,o", "--flash-attention"],
 }
 EXTRA = [("125m", "bfloat16", "full-explicit-attention", ["--mode", "full", *BATCH])]
+# Configurations the formulas were not derived from (checked afterwards, never tuned on):
+# grouped KV heads with written-out attention, LoRA on every linear layer with recomputation,
+# LoRA on the MLP alone, float32, biases (cuBLASLt's workspace), written-out inference.
+SHAPES["qwen-like"] = dict(layers=4, hidden=896, heads=14, kv_heads=2, head_dim=64, intermediate=4864,
+                           vocab=151936, tied_embeddings=True, attention_bias=True)
+HELD_OUT = [
+    ("1b", "bfloat16", "full-explicit-attention", ["--mode", "full", *BATCH]),
+    ("1b", "bfloat16", "lora-all-checkpointing",
+     ["--mode", "lora", *BATCH, "--lora-rank", "32", "--lora-targets", "q,k,v,o,gate,up,down",
+      "--flash-attention", "--checkpointing"]),
+    ("7b-layers", "float16", "lora-mlp",
+     ["--mode", "lora", "--batch", "2", "--context", "2048", "--lora-rank", "64",
+      "--lora-targets", "gate,up,down", "--flash-attention"]),
+    ("125m", "float32", "full", ["--mode", "full", *BATCH, "--flash-attention"]),
+    ("qwen-like", "bfloat16", "inference", ["--mode", "inference", *BATCH, "--generated", "32", "--flash-attention"]),
+    ("qwen-like", "bfloat16", "full", ["--mode", "full", *BATCH, "--flash-attention"]),
+    ("7b-layers", "bfloat16", "inference-explicit-attention",
+     ["--mode", "inference", "--batch", "8", "--context", "2048", "--generated", "16"]),
+]
+# Terms that are arithmetic of the shape: their residual against the allocator model must be 0.
+EXACT = {"weights", "kv_cache", "lora_adapters", "optimizer_states", "cublas_workspace"}
+PEAK_TARGET_PERCENT = 1.0
 TIMEOUT_S = 120
 
 
@@ -55,7 +80,7 @@ def runs():
         for dtype in DTYPES:
             for mode, flags in MODES.items():
                 yield f"{shape}-{dtype}-{mode}", shape, dtype, flags
-    for shape, dtype, mode, flags in EXTRA:
+    for shape, dtype, mode, flags in EXTRA + HELD_OUT:
         yield f"{shape}-{dtype}-{mode}", shape, dtype, flags
 
 
@@ -121,7 +146,31 @@ def main() -> int:
                 f"{g(s['peak_allocated'])} B |")
         say()
     total = time.perf_counter() - start
-    say(f"{len(chosen)} runs in {total:.0f} s; failed: {', '.join(failed) if failed else 'none'}.")
+    say(f"{len(chosen)} runs in {total:.0f} s; failed: {', '.join(failed) if failed else 'none'}.\n")
+    # Every run against its budget: `mesure_memoire budget --against` (no GPU needed).
+    reports = sorted(str(out / f"{name}.json") for name, *_ in chosen if (out / f"{name}.json").exists())
+    if reports:
+        p = subprocess.run([str(mm), "budget", "--against", *reports, "--json"], capture_output=True, text=True)
+        if p.returncode != 0:
+            failed.append("budget --against")
+            say(f"**budget --against FAILED** (exit {p.returncode}): {p.stderr.strip()}")
+        else:
+            say("# Budgets against the runs\n")
+            say("| run | exact terms (residual) | kept by forward: budget / measured | peak allocated: budget / measured | error |")
+            say("| --- | --- | --- | --- | ---: |")
+            for path, v in zip(reports, json.loads(p.stdout)):
+                exact = [c for c in v["checks"] if c["term"] in EXACT]
+                wrong = [c for c in exact if c["residual"] != 0]
+                kept = [c for c in v["checks"] if c["stage"] == "forward"]
+                kept_text = (f"{g(kept[0]['formula']['bytes'])} / {g(kept[0]['measured']['bytes'])}" if kept else "—")
+                error = v["peak_error_percent"]
+                if wrong or abs(error) >= PEAK_TARGET_PERCENT:
+                    failed.append(Path(path).stem)
+                say(f"| {Path(path).stem} | {len(exact) - len(wrong)}/{len(exact)} exact"
+                    f"{'' if not wrong else ' (' + ', '.join(c['term'] + ' ' + str(c['residual']) for c in wrong) + ')'} | "
+                    f"{kept_text} | {g(v['predicted_peak']['bytes'])} / {g(v['measured_peak']['bytes'])} | {error:+.4f} % |")
+            say()
+    say(f"Failed: {', '.join(failed) if failed else 'none'}.")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 

@@ -1,124 +1,241 @@
-//! Activation memory of a Llama-style decoder layer, derived from what each operation keeps:
-//! for training, the tensors autograd saves for backward; for inference, the tensors alive at
-//! once inside one layer. Derived for the computation of this project's synthetic transformer
-//! (RMSNorm in float32, SwiGLU MLP, attention with or without a fused kernel, float32 loss) and
-//! checked on the GPU (`docs/benchmarks.md`, "Budgets on the GPU"); other implementations keep
-//! other tensors, hence the status `estimated`.
+//! Activation memory of a Llama-style decoder, derived from what each operation keeps: for
+//! training, the tensors autograd saves for backward; for inference, the tensors alive at once
+//! inside one layer. The operations are those of Hugging Face's Llama (RMSNorm in float32, SwiGLU
+//! MLP, attention through PyTorch's fused kernel or written out, float32 loss; PEFT's float32
+//! adapters), as this project's synthetic transformer (`torch/src/transformer/`) runs them, and
+//! the derivation was checked against that transformer on an H200 (`docs/benchmarks.md`,
+//! "Budgets on the GPU"). Another implementation keeps other tensors: the terms are `estimated`.
 
+use super::shape::LinearTarget;
 use super::workload::{Mode, Workload};
+use crate::measure::Dtype;
 
-/// The activation terms of a workload and the moment of its peak.
+/// The activation terms of a workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Activations {
+    /// Kept from the forward pass for backward (training), or the largest working set of one
+    /// layer during the prefill (inference).
     pub bytes: u64,
     pub formula: String,
-    /// Logits, loss and their gradients (0 where negligible).
+    /// Logits and loss: what the loss keeps after forward plus, at the start of backward, the
+    /// gradients of the log-probabilities and of the logits (training); token ids (inference).
     pub logits_bytes: u64,
+    pub logits_name: &'static str,
+    /// Training: what the loss keeps after forward (final norm, log-probabilities, scalars).
+    pub loss_kept: u64,
+    /// Token ids (and targets, training).
+    pub ids: u64,
     pub logits_formula: String,
-    /// The LM head's gradient, made at the start of backward (full training).
-    pub head_gradient: u64,
-    /// Working memory of the last part of backward, when every gradient exists.
-    pub backward_end_bytes: u64,
+    /// Working memory when every gradient exists: the optimizer step's float32 copy of the
+    /// largest trained tensor's gradient (training).
+    pub step_bytes: u64,
     pub source: String,
     pub bound: String,
     pub peak_rule: String,
 }
 
 /// Where the formulas come from, said beside every term that uses them.
-pub const SOURCE: &str = "derived from the tensors each operation keeps (this project's synthetic \
-transformer; cf. Korthikanti et al. 2022 for a GPT layer), see docs/allocator-model.md";
+pub const SOURCE: &str = "derived from the tensors each operation keeps (Hugging Face's Llama \
+operations; cf. Korthikanti et al. 2022 for a GPT layer), see docs/allocator-model.md";
+/// How far the formulas were found from the H200's figures (docs/benchmarks.md).
+pub const BOUND: &str = "equal to the H200's allocator figures for the synthetic transformer \
+(16-bit, flash or explicit attention, full, LoRA, recomputation) up to the allocator's rounding; \
+other implementations differ";
+
+/// Bytes the fused attention kernel allocates for its random-number state (seed and offset),
+/// two blocks of 512 bytes, per layer, even without dropout.
+const FUSED_RNG_STATE: u64 = 2 * 512;
+/// The loss's total weight and the loss itself, one block of 512 bytes each.
+const LOSS_SCALARS: u64 = 2 * 512;
 
 /// The activation terms of a validated workload.
 pub fn estimate(w: &Workload) -> Activations {
     let s = &w.shape;
     let (b, t, e) = (w.batch, w.context, w.dtype.bytes());
     let bs = b * t;
-    let (h, q, kv, i, v) = (
-        s.hidden,
-        s.q_dim(),
-        s.kv_dim(),
-        s.intermediate * s.experts_per_token,
-        s.vocab,
-    );
-    // Without a fused kernel the softmax output [batch, heads, t, t] is kept, in the dtype, and
-    // grouped K and V are expanded to every query head.
-    let scores = if w.flash_attention {
-        0
-    } else {
-        e * b * s.heads * t * t
-    };
-    let kv_kept = if w.flash_attention { kv } else { q };
+    let (h, q, kv, v) = (s.hidden, s.q_dim(), s.kv_dim(), s.vocab);
+    // Tokens go through `experts_per_token` experts of width `intermediate` each.
+    let i = s.intermediate * s.experts_per_token;
+    // The fused kernel takes grouped K and V as they are (16-bit, head_dim ≤ 256); anywhere
+    // else K and V are first repeated to every query head.
+    let native_groups = w.flash_attention && w.dtype != Dtype::Float32 && s.head_dim <= 256;
+    let kv_used = if native_groups { kv } else { q };
+    let ids = 8 * bs;
     match &w.mode {
         Mode::Inference { .. } => {
-            // Prefill of the whole prompt, no autograd: inside the MLP the residual stream, the
-            // attention block's output, the normalised input, gate, up, silu(gate) and their
-            // product are alive at once; inside the norm three float32 copies.
-            let mlp = e * bs * (3 * h + 4 * i);
-            let norm = e * bs * 2 * h + 4 * bs * h * 3;
-            let attention = e * bs * (3 * h + 2 * q + 2 * kv) + scores;
-            let bytes = mlp.max(norm).max(attention);
-            let logits = b * v * (e + 4);
+            // No autograd: inside the MLP the residual stream, the attention block's sum and the
+            // normalised input (3 × h), and gate, up and silu(gate)·up (3 × i) are alive at once;
+            // inside attention the residual, the normalised input, Q, K, V and the output.
+            let mlp = e * bs * (3 * h + 3 * i);
+            let scores = if w.flash_attention {
+                0
+            } else {
+                (4 + e) * b * s.heads * t * t
+            };
+            let attention = e * bs * (2 * h + 2 * q + 2 * kv_used) + scores;
             Activations {
-                bytes,
+                bytes: mlp.max(attention),
                 formula: format!(
-                    "prefill of {t} tokens, the largest working set of one layer: max(MLP {e}·b·t·(3·{h} + 4·{i}), \
-                     attention {e}·b·t·(3·{h} + 2·{q} + 2·{kv}){}, norm) with b·t = {bs}",
-                    if scores > 0 { " + scores e·b·heads·t²" } else { "" }
+                    "the prefill's largest working set in one layer, max(MLP {e}·b·t·(3·{h} + 3·{i}), \
+                     attention {e}·b·t·(2·{h} + 2·{q} + 2·{kv_used}){}) with b·t = {bs}",
+                    if scores > 0 {
+                        " + (4 + e)·b·heads·t² scores"
+                    } else {
+                        ""
+                    }
                 ),
-                logits_bytes: logits,
-                logits_formula: format!("last position only: batch {b} × vocab {v} × ({e} + 4 float32) B"),
-                head_gradient: 0,
-                backward_end_bytes: 0,
+                logits_bytes: ids,
+                logits_name: "Token ids",
+                loss_kept: 0,
+                ids,
+                logits_formula: format!(
+                    "prompt token ids 8 B × b·t {bs} (the last position's logits come after the layers' working set is freed)"
+                ),
+                step_bytes: 0,
                 source: SOURCE.into(),
-                bound: "not yet checked on a GPU".into(),
-                peak_rule: "weights + KV cache + the prefill's largest working set + last logits + workspace".into(),
+                bound: BOUND.into(),
+                peak_rule: "weights + KV cache + cuBLAS workspace + the prefill's largest working set".into(),
             }
         }
         Mode::Full { .. } | Mode::Lora { .. } => {
-            let lora = matches!(w.mode, Mode::Lora { .. });
-            // Per layer, for backward: each RMSNorm keeps its float32 input and its normalised
-            // output in the dtype (and a float32 factor per token); attention keeps Q, K, V, its
-            // output and the float32 log-sum-exp per head and token; the MLP keeps gate,
-            // silu(gate), up and their product.
-            let norms = 2 * (bs * h * (4 + e) + 4 * bs);
-            let attention = e * bs * (2 * q + 2 * kv_kept) + 4 * b * s.heads * t + scores;
-            let mlp = 4 * e * bs * i;
-            let layer = norms + attention + mlp;
-            let (bytes, formula) = if w.checkpointing {
-                (
-                    s.layers * e * bs * h + layer,
-                    format!(
-                        "full recomputation: each of {} layers keeps its input ({e}·b·t·{h}) + one layer recomputed ({layer} B) with b·t = {bs}",
-                        s.layers
-                    ),
+            let kept = Kept::new(w, native_groups);
+            let layers = if w.checkpointing {
+                // Each layer's input and the head's, then one layer recomputed at a time.
+                (s.layers + 1) * e * bs * h
+            } else {
+                kept.all_layers(s.layers)
+            };
+            let formula = if w.checkpointing {
+                format!(
+                    "full recomputation: the input of each of {} layers and of the head, ({} + 1)·{e}·b·t·{h}, with b·t = {bs}",
+                    s.layers, s.layers
                 )
             } else {
-                (
-                    s.layers * layer,
-                    format!(
-                        "{} layers × (norms 2·b·t·{h}·(4+{e}) + attention {e}·b·t·(2·{q} + 2·{kv_kept}) + 4·b·heads·t{} + MLP 4·{e}·b·t·{i}) with b·t = {bs}",
-                        s.layers,
-                        if scores > 0 { " + e·b·heads·t²" } else { "" }
-                    ),
-                )
+                format!("{} with b·t = {bs}", kept.formula)
             };
-            // The loss in float32: log-probabilities kept, then at the start of backward their
-            // gradient and the logits' gradient, all [b·t, vocab] float32; plus the final norm.
-            let logits = 12 * bs * v + bs * h * (4 + e) + 4 * bs;
-            let head_gradient = if lora { 0 } else { v * h * e };
+            // The loss in float32 keeps the log-probabilities; at the start of backward their
+            // gradient and the logits' gradient add two more [b·t, vocab] float32 tensors.
+            let log_probs = 4 * bs * v;
+            let loss_kept = kept.final_norm + log_probs + LOSS_SCALARS;
+            let logits = loss_kept + 2 * log_probs + 2 * ids;
+            let largest = w
+                .shape
+                .tensors()
+                .iter()
+                .map(|t| t.elements)
+                .max()
+                .unwrap_or(0);
+            let step_bytes = match w.mode {
+                Mode::Full { .. } => 4 * largest,
+                _ => 0,
+            };
             Activations {
-                bytes,
+                bytes: layers,
                 formula,
                 logits_bytes: logits,
+                logits_name: "Logits and loss",
+                loss_kept,
+                ids: 2 * ids,
                 logits_formula: format!(
-                    "final norm + log-probabilities, their gradient and the logits' gradient: 3 × b·t {bs} × vocab {v} × 4 B"
+                    "final norm ({} B) + float32 log-probabilities kept, and at the start of backward their gradient and the logits' gradient: 3 × 4 B × b·t {bs} × vocab {v}; token ids and targets 2 × 8 B × b·t",
+                    kept.final_norm
                 ),
-                head_gradient,
-                backward_end_bytes: e * bs * h,
+                step_bytes,
                 source: SOURCE.into(),
-                bound: "not yet checked on a GPU".into(),
-                peak_rule: "persistent states + the larger of two moments: the start of backward (every saved activation, the loss's gradients, the LM head's gradient) and the end of backward or the optimizer step (every gradient, the last working memory)".into(),
+                bound: BOUND.into(),
+                peak_rule: "persistent states + the larger of two moments: the loss's backward \
+                            (every kept activation, the log-probabilities and two gradients of \
+                            their size) and the optimizer step (every gradient, the float32 copy \
+                            of the largest one)"
+                    .into(),
             }
         }
+    }
+}
+
+/// What one training layer keeps for backward.
+struct Kept {
+    /// Layer 0 (its input needs no gradient when the embedding is frozen).
+    first: u64,
+    /// Every other layer.
+    other: u64,
+    /// The final norm.
+    final_norm: u64,
+    formula: String,
+}
+
+impl Kept {
+    fn new(w: &Workload, native_groups: bool) -> Kept {
+        let s = &w.shape;
+        let (b, t, e) = (w.batch, w.context, w.dtype.bytes());
+        let bs = b * t;
+        let (h, q, kv) = (s.hidden, s.q_dim(), s.kv_dim());
+        let i = s.intermediate * s.experts_per_token;
+        let kv_used = if native_groups { kv } else { q };
+        // Attention keeps Q, K, V and its output; the fused kernel its float32 log-sum-exp per
+        // head and token and its random-number state; written out, the causal mask, the float32
+        // softmax and its copy in the dtype.
+        let attention_extra = if w.flash_attention {
+            4 * b * s.heads * t + FUSED_RNG_STATE
+        } else {
+            t * t + (4 + e) * b * s.heads * t * t
+        };
+        let attention = e * bs * (2 * q + 2 * kv_used) + attention_extra;
+        // RMSNorm keeps its float32 input and a float32 factor per token; with a trained weight
+        // also the normalised input in the dtype; its output is kept by the next linear layers
+        // when they train their weights.
+        let norm_input = 4 * bs * h + 4 * bs;
+        match &w.mode {
+            Mode::Lora { rank, targets } => {
+                let adapted = |l: LinearTarget| targets.contains(&l);
+                // A frozen linear layer keeps nothing of its input; each adapted one keeps a
+                // float32 copy of it and the float32 [b·t, rank] product with A.
+                let copy = |l: LinearTarget, width: u64| {
+                    if adapted(l) {
+                        4 * bs * width + 4 * bs * rank
+                    } else {
+                        0
+                    }
+                };
+                let adapters = copy(LinearTarget::Q, h)
+                    + copy(LinearTarget::K, h)
+                    + copy(LinearTarget::V, h)
+                    + copy(LinearTarget::O, q)
+                    + copy(LinearTarget::Gate, h)
+                    + copy(LinearTarget::Up, h)
+                    + copy(LinearTarget::Down, i);
+                // SwiGLU keeps gate, silu(gate) and up; their product only for down's adapter
+                // (counted above).
+                let mlp = 3 * e * bs * i;
+                let other = 2 * norm_input + attention + adapters + mlp;
+                Kept {
+                    first: other - norm_input,
+                    other,
+                    final_norm: norm_input,
+                    formula: format!(
+                        "{} layers × (norms 2·(4·b·t·{h} + 4·b·t) + attention {e}·b·t·(2·{q} + 2·{kv_used}) + {attention_extra} + float32 copies of the adapted layers' inputs and their products with A ({adapters} B) + MLP 3·{e}·b·t·{i}), less the first layer's input norm (frozen embedding)",
+                        s.layers
+                    ),
+                }
+            }
+            _ => {
+                let norm = norm_input + 2 * e * bs * h;
+                let mlp = 4 * e * bs * i;
+                let layer = 2 * norm + attention + mlp;
+                Kept {
+                    first: layer,
+                    other: layer,
+                    final_norm: norm,
+                    formula: format!(
+                        "{} layers × (norms 2·(b·t·{h}·(4 + 2·{e}) + 4·b·t) + attention {e}·b·t·(2·{q} + 2·{kv_used}) + {attention_extra} + MLP 4·{e}·b·t·{i})",
+                        s.layers
+                    ),
+                }
+            }
+        }
+    }
+
+    fn all_layers(&self, layers: u64) -> u64 {
+        self.first + (layers - 1) * self.other
     }
 }

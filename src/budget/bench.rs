@@ -412,6 +412,28 @@ impl BenchReport {
     }
 
     /// The stage named `name`.
+    /// Reads a report written by `mesure_memoire transformer`, checking its schema and its run.
+    pub fn load(path: &std::path::Path) -> Result<BenchReport, super::terms::FileError> {
+        const WHAT: &str = "transformer bench report";
+        let r: BenchReport = super::terms::read_json(path, WHAT)?;
+        let invalid = |message: String| super::terms::FileError::Invalid {
+            file: path.display().to_string(),
+            what: WHAT,
+            message,
+        };
+        if r.schema != SCHEMA {
+            return Err(invalid(format!(
+                "schema `{}`, expected `{SCHEMA}`",
+                r.schema
+            )));
+        }
+        r.run
+            .clone()
+            .validated()
+            .map_err(|e| invalid(e.to_string()))?;
+        Ok(r)
+    }
+
     pub fn stage(&self, name: &str) -> Option<&StageReading> {
         self.stages.iter().find(|s| s.stage == name)
     }

@@ -9,6 +9,7 @@ pub mod presets;
 pub mod report;
 pub mod shape;
 pub mod terms;
+pub mod verify;
 pub mod workload;
 
 pub use bench::{

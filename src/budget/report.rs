@@ -352,3 +352,59 @@ impl fmt::Display for super::Presets {
         write!(f, "{SOURCES_NOTE}")
     }
 }
+
+impl super::verify::Verification {
+    fn cells(&self) -> Vec<Vec<String>> {
+        let mut rows: Vec<Vec<String>> = self
+            .checks
+            .iter()
+            .map(|c| {
+                vec![
+                    c.term.clone(),
+                    c.stage.clone(),
+                    c.formula.grouped(),
+                    c.allocator_model.map_or("—".into(), |b| b.grouped()),
+                    c.measured.grouped(),
+                    format!("{} B", c.residual),
+                ]
+            })
+            .collect();
+        rows.push(vec![
+            "peak of allocated".into(),
+            "whole run".into(),
+            self.predicted_peak.grouped(),
+            "—".into(),
+            self.measured_peak.grouped(),
+            format!("{:+.3} %", self.peak_error_percent),
+        ]);
+        rows
+    }
+
+    fn caption(&self) -> String {
+        format!("Budget against the {}: {}", self.gpu, self.run)
+    }
+
+    pub fn html(&self) -> Html {
+        table(&self.caption(), &CHECK_COLUMNS, &self.cells()).then(Html::note(CHECK_NOTE))
+    }
+}
+
+const CHECK_COLUMNS: [&str; 6] = [
+    "term",
+    "stage",
+    "budget formula",
+    "allocator model",
+    "measured",
+    "residual",
+];
+const CHECK_NOTE: &str = "The allocator model replays the term's tensors in the run's order \
+(512-byte rounding, segments); the residual is measured − the allocator model (else the \
+formula). The predicted peak takes the exact terms as the allocator model rounds them.";
+
+impl fmt::Display for super::verify::Verification {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.caption())?;
+        text_table(f, &CHECK_COLUMNS, &self.cells())?;
+        write!(f, "{CHECK_NOTE}")
+    }
+}

@@ -348,23 +348,14 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
             );
             push_activations(&mut b, &acts);
             moments = vec![
-                Moment::new("start of backward", &[("gradients", 0)]),
-                Moment::new(
-                    "end of backward",
-                    &[("activations", acts.backward_end_bytes), ("logits", 0)],
-                ),
+                Moment::new("loss backward", &[("gradients", 0)]),
+                Moment::new("end of backward", &[("activations", 0), ("logits", 0)]),
             ];
         }
         Mode::Full { optimizer } => {
             let grads = parameters * e;
-            // The peak is at the start of backward (every saved activation, the loss's
-            // gradients, the LM head's gradient) or later, when every gradient exists (end of
-            // backward, or the optimizer step with its float32 temporaries of one tensor).
-            let largest = tensors.iter().map(|t| t.elements).max().unwrap_or(0);
-            let step_temporaries = match optimizer {
-                Optimizer::AdamwMixed => 8 * largest,
-                _ => 0,
-            };
+            // The peak is at the loss's backward (every kept activation and the loss's
+            // gradients) or at the optimizer step, when every gradient exists.
             b.push(
                 "gradients",
                 "Gradients",
@@ -406,33 +397,38 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
             }
             push_activations(&mut b, &acts);
             moments = vec![
-                Moment::new("start of backward", &[("gradients", acts.head_gradient)]),
+                Moment::new("loss backward", &[("gradients", 0)]),
                 Moment::new(
-                    "end of backward and optimizer step",
-                    &[
-                        ("activations", acts.backward_end_bytes.max(step_temporaries)),
-                        ("logits", 0),
-                    ],
+                    "optimizer step",
+                    &[("activations", acts.step_bytes), ("logits", 0)],
                 ),
             ];
         }
     }
 
-    // cuBLAS workspaces: one per handle and stream; training runs backward on autograd's own
-    // thread, hence its own handle and workspace.
-    let per_stream =
-        settings.workspaces.cublas_bytes + settings.workspaces.cublaslt_bytes.unwrap_or(0);
-    let streams = if w.mode.trains() { 2 } else { 1 };
+    // cuBLAS workspaces: one per handle, and a handle per thread; training runs backward on
+    // autograd's own thread. cuBLASLt's own workspace comes only with a bias (addmm's cuBLASLt
+    // path).
+    let ws = settings.workspaces;
+    let lt = match ws.cublaslt_bytes {
+        Some(lt) if s.attention_bias && ws.addmm_cublaslt => lt,
+        _ => 0,
+    };
+    let threads = if w.mode.trains() { 2 } else { 1 };
     b.push(
         "cublas_workspace",
         "cuBLAS workspaces",
         format!(
-            "{streams} × ({} cuBLAS + {} cuBLASLt) (PyTorch 2.11 defaults for the architecture; \
-             one per thread that runs matrix products)",
-            settings.workspaces.cublas_bytes,
-            settings.workspaces.cublaslt_bytes.unwrap_or(0)
+            "{threads} thread(s) × ({} cuBLAS{}) (PyTorch 2.11 defaults for the architecture; \
+             training runs backward on autograd's thread, with a handle of its own)",
+            grouped(ws.cublas_bytes),
+            if lt > 0 {
+                format!(" + {} cuBLASLt, for the biases", grouped(lt))
+            } else {
+                String::new()
+            }
         ),
-        streams * per_stream,
+        threads * (ws.cublas_bytes + lt),
     )
     .status(TermStatus::Measured {
         on: "NVIDIA H200 (compute capability 9.0)".into(),
@@ -520,38 +516,67 @@ fn push_activations(b: &mut Builder, a: &Activations) {
     }
 }
 
-/// Why a budget file cannot be used.
+/// Why a budget file, or a bench report, cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum BudgetFileError {
+pub enum FileError {
     #[error(transparent)]
     Read(#[from] crate::files::ReadError),
-    #[error("{file} is not a budget file: {message}")]
-    Invalid { file: String, message: String },
+    #[error("{file} is not a {what}: {message}")]
+    Invalid {
+        file: String,
+        what: &'static str,
+        message: String,
+    },
 }
 
-impl crate::status::Classify for BudgetFileError {
+impl crate::status::Classify for FileError {
     fn status(&self) -> crate::status::Status {
         match self {
-            BudgetFileError::Read(e) => e.status(),
-            BudgetFileError::Invalid { .. } => crate::status::Status::DataError,
+            FileError::Read(e) => e.status(),
+            FileError::Invalid { .. } => crate::status::Status::DataError,
         }
     }
 }
 
+/// Reads a JSON file of at most a measurement's size limit and parses it; `what` names the kind
+/// of file in errors.
+pub fn read_json<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    what: &'static str,
+) -> Result<T, FileError> {
+    let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
+    parse_json(&bytes, &path.display().to_string(), what)
+}
+
+/// Parses JSON bytes read from `file`.
+pub fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    file: &str,
+    what: &'static str,
+) -> Result<T, FileError> {
+    serde_json::from_slice(bytes).map_err(|e| FileError::Invalid {
+        file: file.into(),
+        what,
+        message: e.to_string(),
+    })
+}
+
 impl Budget {
     /// Reads a budget written by `mesure_memoire budget --output` (a measurement-sized file).
-    pub fn load(path: &std::path::Path) -> Result<Budget, BudgetFileError> {
+    pub fn load(path: &std::path::Path) -> Result<Budget, FileError> {
         let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
         Self::from_bytes(&bytes, &path.display().to_string())
     }
 
     /// Parses budget bytes and checks what the planner relies on.
-    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Budget, BudgetFileError> {
-        let invalid = |message: String| BudgetFileError::Invalid {
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Budget, FileError> {
+        const WHAT: &str = "budget file";
+        let invalid = |message: String| FileError::Invalid {
             file: file.into(),
+            what: WHAT,
             message,
         };
-        let b: Budget = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        let b: Budget = parse_json(bytes, file, WHAT)?;
         if b.schema != SCHEMA {
             return Err(invalid(format!(
                 "schema `{}`, expected `{SCHEMA}`",

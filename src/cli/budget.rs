@@ -17,7 +17,7 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
     /// A model preset (see --list-models), e.g. llama-2-7b.
-    #[arg(long, required_unless_present_any = ["layers", "list_models"],
+    #[arg(long, required_unless_present_any = ["layers", "list_models", "against"],
           conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
     pub model: Option<String>,
     /// Presets file with the columns of data/modeles.csv [default: the shipped presets].
@@ -81,7 +81,7 @@ pub struct BudgetArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// What runs: inference, lora, qlora (LoRA over NF4 weights) or full training.
-    #[arg(long, value_enum, required_unless_present = "list_models")]
+    #[arg(long, value_enum, required_unless_present_any = ["list_models", "against"])]
     pub mode: Option<ModeArg>,
     /// Compute dtype of activations, dense weights and gradients.
     #[arg(long, value_parser = values::dtype, default_value = "bfloat16")]
@@ -96,7 +96,7 @@ pub struct BudgetArgs {
     #[arg(long, value_parser = values::positive_u64, default_value = "1")]
     pub batch: u64,
     /// Prompt tokens (inference) or sequence length (training).
-    #[arg(long, value_parser = values::positive_u64, required_unless_present = "list_models")]
+    #[arg(long, value_parser = values::positive_u64, required_unless_present_any = ["list_models", "against"])]
     pub context: Option<u64>,
     /// Tokens generated after the prompt (inference).
     #[arg(long, value_parser = values::count_u64, default_value = "0")]
@@ -139,6 +139,10 @@ pub struct BudgetArgs {
     pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub plan: PlanArgs,
+    /// Instead, check the budget of each run recorded by `mesure_memoire transformer` against
+    /// its figures (the run's shape and mode come from the file).
+    #[arg(long, num_args = 1.., conflicts_with_all = ["model", "layers", "mode", "context", "fit", "output", "plot"])]
+    pub against: Vec<PathBuf>,
 }
 
 /// How a budget is planned over the catalog.
@@ -256,6 +260,17 @@ impl BudgetArgs {
 }
 
 pub fn run(a: &BudgetArgs) -> Outcome {
+    if !a.against.is_empty() {
+        let mut all = Vec::new();
+        for path in &a.against {
+            let report = crate::budget::BenchReport::load(path)?;
+            let v = crate::budget::verify::verify(&report, BudgetSettings::h200())
+                .context(format!("cannot check {}", path.display()))?;
+            all.push(v);
+        }
+        super::print(&crate::budget::verify::Verifications(all), a.json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if a.model.list_models {
         let presets = a.model.presets()?;
         super::print(&presets, a.json)?;

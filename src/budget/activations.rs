@@ -58,30 +58,31 @@ pub fn estimate(w: &Workload) -> Activations {
     let i = s.intermediate * s.experts_per_token;
     // The fused kernel takes grouped K and V as they are (16-bit, head_dim ≤ 256); anywhere
     // else K and V are first repeated to every query head.
-    let native_groups = w.flash_attention && w.dtype != Dtype::Float32 && s.head_dim <= 256;
+    let native_groups = flash_kernel(w);
     let kv_used = if native_groups { kv } else { q };
     let ids = 8 * bs;
     match &w.mode {
         Mode::Inference { .. } => {
             // No autograd: inside the MLP the residual stream, the attention block's sum and the
-            // normalised input (3 × h), and gate, up and silu(gate)·up (3 × i) are alive at once;
-            // inside attention the residual, the normalised input, Q, K, V and the output.
+            // normalised input (3 × h), and gate, up and silu(gate)·up (3 × i) are alive at once.
             let mlp = e * bs * (3 * h + 3 * i);
-            let scores = if w.flash_attention {
-                0
+            // Inside attention the residual, the normalised input and Q (K and V go into the
+            // cache); the fused kernel adds its output, K and V repeated where it cannot group.
+            let attention = if w.flash_attention {
+                e * bs * (2 * h + 2 * q + 2 * kv_used)
             } else {
-                (4 + e) * b * s.heads * t * t
+                let repeated = if kv_used == kv { 0 } else { 2 * e * bs * q };
+                e * bs * (2 * h + q) + repeated + explicit_scores_working_set(w)
             };
-            let attention = e * bs * (2 * h + 2 * q + 2 * kv_used) + scores;
             Activations {
                 bytes: mlp.max(attention),
                 formula: format!(
                     "the prefill's largest working set in one layer, max(MLP {e}·b·t·(3·{h} + 3·{i}), \
-                     attention {e}·b·t·(2·{h} + 2·{q} + 2·{kv_used}){}) with b·t = {bs}",
-                    if scores > 0 {
-                        " + (4 + e)·b·heads·t² scores"
+                     attention {}) with b·t = {bs}",
+                    if w.flash_attention {
+                        format!("{e}·b·t·(2·{h} + 2·{q} + 2·{kv_used})")
                     } else {
-                        ""
+                        format!("{e}·b·t·(2·{h} + {q}) + the written-out scores' working set")
                     }
                 ),
                 logits_bytes: ids,
@@ -125,6 +126,9 @@ pub fn estimate(w: &Workload) -> Activations {
                 .map(|t| t.elements)
                 .max()
                 .unwrap_or(0);
+            // The optimizer step reads each 16-bit gradient as a float32 copy (a float32 gradient is
+            // read as it is) and allocates a float32 square root of its second moment, one after
+            // the other.
             let step_bytes = match w.mode {
                 Mode::Full { .. } => 4 * largest,
                 _ => 0,
@@ -153,6 +157,32 @@ pub fn estimate(w: &Workload) -> Activations {
     }
 }
 
+/// Bytes of the written-out scores alive at once during a prefill: the scaled scores in the dtype,
+/// then `softmax(dtype = float32)`, which first converts a bfloat16 input to float32 (a float16
+/// input goes through the kernel's own half-to-float path, a float32 one as it is), then its copy
+/// in the dtype while the scores still exist (the causal mask is gone by then).
+fn explicit_scores_working_set(w: &Workload) -> u64 {
+    let s = &w.shape;
+    let e = w.dtype.bytes();
+    let scores = w.batch * s.heads * w.context * w.context;
+    let during_softmax = match w.dtype {
+        Dtype::Bfloat16 => e + 4 + 4,
+        Dtype::Float16 | Dtype::Float32 => e + 4,
+    };
+    let after = match w.dtype {
+        Dtype::Float32 => 4 + 4,
+        _ => 4 + 2 * e,
+    };
+    scores * during_softmax.max(after)
+}
+
+/// The attention kernel PyTorch picks for `scaled_dot_product_attention`: FlashAttention for
+/// 16-bit inputs with heads up to 256 wide (it groups K and V itself and keeps its random-number
+/// state on the GPU), else the memory-efficient kernel (its log-sum-exp padded to 32 positions).
+fn flash_kernel(w: &Workload) -> bool {
+    w.flash_attention && w.dtype != Dtype::Float32 && w.shape.head_dim <= 256
+}
+
 /// What one training layer keeps for backward.
 struct Kept {
     /// Layer 0 (its input needs no gradient when the embedding is frozen).
@@ -175,8 +205,10 @@ impl Kept {
         // Attention keeps Q, K, V and its output; the fused kernel its float32 log-sum-exp per
         // head and token and its random-number state; written out, the causal mask, the float32
         // softmax and its copy in the dtype.
-        let attention_extra = if w.flash_attention {
+        let attention_extra = if native_groups {
             4 * b * s.heads * t + FUSED_RNG_STATE
+        } else if w.flash_attention {
+            4 * b * s.heads * t.div_ceil(32) * 32
         } else {
             t * t + (4 + e) * b * s.heads * t * t
         };
@@ -208,12 +240,25 @@ impl Kept {
                 // (counted above).
                 let mlp = 3 * e * bs * i;
                 let other = 2 * norm_input + attention + adapters + mlp;
+                // The first layer's input comes from the frozen embedding: an operation keeps
+                // its inputs only when one of them depends on an adapter.
+                let attention_trains = [LinearTarget::Q, LinearTarget::K, LinearTarget::V]
+                    .into_iter()
+                    .any(adapted);
+                let h_trains = attention_trains || adapted(LinearTarget::O);
+                let gate_trains = h_trains || adapted(LinearTarget::Gate);
+                let up_trains = h_trains || adapted(LinearTarget::Up);
+                let first_mlp = e * bs * i * (u64::from(gate_trains) * 2 + u64::from(up_trains));
+                let first = adapters
+                    + if attention_trains { attention } else { 0 }
+                    + if h_trains { norm_input } else { 0 }
+                    + first_mlp;
                 Kept {
-                    first: other - norm_input,
+                    first,
                     other,
                     final_norm: norm_input,
                     formula: format!(
-                        "{} layers × (norms 2·(4·b·t·{h} + 4·b·t) + attention {e}·b·t·(2·{q} + 2·{kv_used}) + {attention_extra} + float32 copies of the adapted layers' inputs and their products with A ({adapters} B) + MLP 3·{e}·b·t·{i}), less the first layer's input norm (frozen embedding)",
+                        "{} layers × (norms 2·(4·b·t·{h} + 4·b·t) + attention {e}·b·t·(2·{q} + 2·{kv_used}) + {attention_extra} + float32 copies of the adapted layers' inputs and their products with A ({adapters} B) + MLP 3·{e}·b·t·{i}), the first layer keeping only what depends on an adapter (frozen embedding)",
                         s.layers
                     ),
                 }

@@ -419,16 +419,19 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         "cublas_workspace",
         "cuBLAS workspaces",
         format!(
-            "{threads} thread(s) × ({} cuBLAS{}) (PyTorch 2.11 defaults for the architecture; \
+            "{threads} thread(s) × {} cuBLAS{} (PyTorch 2.11 defaults for the architecture; \
              training runs backward on autograd's thread, with a handle of its own)",
             grouped(ws.cublas_bytes),
             if lt > 0 {
-                format!(" + {} cuBLASLt, for the biases", grouped(lt))
+                format!(
+                    " + {} cuBLASLt for the biases' forward products",
+                    grouped(lt)
+                )
             } else {
                 String::new()
             }
         ),
-        threads * (ws.cublas_bytes + lt),
+        threads * ws.cublas_bytes + lt,
     )
     .status(TermStatus::Measured {
         on: "NVIDIA H200 (compute capability 9.0)".into(),

@@ -218,9 +218,10 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                 // float32 adapters are their own master: two moments each.
                 trained = sizes.iter().flat_map(|&s| [s, s]).collect();
             } else {
+                // A 16-bit parameter gets a float32 master copy; a float32 one is its own.
+                let per_tensor = if e < 4 { 3 } else { 2 };
                 for t in &tensors {
-                    let n = t.elements * 4;
-                    trained.extend([n, n, n]);
+                    trained.extend(std::iter::repeat_n(t.elements * 4, per_tensor));
                 }
             }
             let states = replay.add(trained);

@@ -120,16 +120,24 @@ impl Budget {
         notes
     }
 
-    pub fn html(&self) -> Html {
+    /// The terms, then the predicted peak and the total, as table rows.
+    fn rows(&self) -> Vec<Vec<String>> {
         let mut rows: Vec<Vec<String>> = self.terms.iter().map(Self::cells).collect();
         for (label, b) in self.summary() {
-            rows.push(vec![
+            let mut row = vec![
                 label,
                 b.grouped(),
                 b.gib(2).to_string(),
                 b.gb(2).to_string(),
-            ]);
+            ];
+            row.resize(TERM_COLUMNS.len(), String::new());
+            rows.push(row);
         }
+        rows
+    }
+
+    pub fn html(&self) -> Html {
+        let rows = self.rows();
         let mut h = table(&format!("Budget — {}", self.title()), &TERM_COLUMNS, &rows);
         for n in self.notes() {
             h = h.then(Html::note(&n));
@@ -181,23 +189,10 @@ impl fmt::Display for Budget {
         writeln!(
             f,
             "{} parameters, {} trained",
-            Bytes(self.parameters).grouped().trim_end_matches(" B"),
-            Bytes(self.trainable_parameters)
-                .grouped()
-                .trim_end_matches(" B")
+            grouped(self.parameters),
+            grouped(self.trainable_parameters)
         )?;
-        let mut rows: Vec<Vec<String>> = self.terms.iter().map(Self::cells).collect();
-        for (label, b) in self.summary() {
-            rows.push(vec![
-                label,
-                b.grouped(),
-                b.gib(2).to_string(),
-                b.gb(2).to_string(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ]);
-        }
+        let rows = self.rows();
         text_table(f, &TERM_COLUMNS, &rows)?;
         for n in self.notes() {
             writeln!(f, "- {n}")?;

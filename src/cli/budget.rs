@@ -13,12 +13,12 @@ use crate::measure::Dtype;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// A model: a preset of the shipped list, or its shape given flag by flag.
+/// A model: a preset of the shipped list, or its shape given flag by flag (one of the two is
+/// required; `shape` says so).
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// A model preset (see --list-models), e.g. llama-2-7b.
-    #[arg(long, required_unless_present_any = ["layers", "list_models", "against"],
-          conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
+    /// A model preset (see `budget --list-models`), e.g. llama-2-7b.
+    #[arg(long, conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
     pub model: Option<String>,
     /// Presets file with the columns of data/modeles.csv [default: the shipped presets].
     #[arg(long)]
@@ -56,9 +56,6 @@ pub struct ModelArgs {
     /// Experts each token goes through [default: 1].
     #[arg(long, value_parser = values::positive_u64, default_value = "1")]
     pub experts_per_token: u64,
-    /// List the presets and exit.
-    #[arg(long)]
-    pub list_models: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -80,6 +77,9 @@ pub enum WeightsArg {
 pub struct BudgetArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// List the presets and exit.
+    #[arg(long)]
+    pub list_models: bool,
     /// What runs: inference, lora, qlora (LoRA over NF4 weights) or full training.
     #[arg(long, value_enum, required_unless_present_any = ["list_models", "against"])]
     pub mode: Option<ModeArg>,
@@ -141,7 +141,7 @@ pub struct BudgetArgs {
     pub plan: PlanArgs,
     /// Instead, check the budget of each run recorded by `mesure_memoire transformer` against
     /// its figures (the run's shape and mode come from the file).
-    #[arg(long, num_args = 1.., conflicts_with_all = ["model", "layers", "mode", "context", "fit", "output", "plot"])]
+    #[arg(long, num_args = 1.., conflicts_with_all = ["model", "layers", "mode", "context", "fit", "output", "plot", "list_models"])]
     pub against: Vec<PathBuf>,
 }
 
@@ -157,7 +157,7 @@ pub struct PlanArgs {
 }
 
 impl ModelArgs {
-    fn presets(&self) -> Result<Presets, super::Failure> {
+    pub fn presets(&self) -> Result<Presets, super::Failure> {
         Ok(match &self.models {
             Some(p) => Presets::load_file(p).context("cannot read --models")?,
             None => Presets::builtin(),
@@ -165,11 +165,18 @@ impl ModelArgs {
     }
 
     /// The preset's name (if any) and the shape.
-    fn shape(&self) -> Result<(Option<String>, ModelShape), super::Failure> {
+    pub fn shape(&self) -> Result<(Option<String>, ModelShape), super::Failure> {
         if let Some(name) = &self.model {
             let presets = self.presets()?;
             let p = presets.get(name).context("invalid --model")?;
             return Ok((Some(p.preset.clone()), p.shape()));
+        }
+        if self.layers.is_none() {
+            return Err(super::Failure::usage(
+                "give a model: --model PRESET, or its shape (--layers, --hidden, --heads, \
+                 --intermediate, --vocab and optionally --kv-heads, --head-dim, \
+                 --tied-embeddings, --attention-bias)",
+            ));
         }
         let need = |v: Option<u64>| v.expect("clap requires the shape flags together");
         let (hidden, heads) = (need(self.hidden), need(self.heads));
@@ -271,7 +278,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         super::print(&crate::budget::verify::Verifications(all), a.json)?;
         return Ok(ExitCode::SUCCESS);
     }
-    if a.model.list_models {
+    if a.list_models {
         let presets = a.model.presets()?;
         super::print(&presets, a.json)?;
         return Ok(ExitCode::SUCCESS);

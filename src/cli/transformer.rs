@@ -4,7 +4,7 @@
 
 use super::mesure_memoire::{hand_over_to_engine, Mode};
 use super::{say, values, Context, Failure, Outcome};
-use crate::budget::{AttentionKind, BenchMode, BenchRun, LinearTarget, ModelShape};
+use crate::budget::{BenchMode, BenchRun, LinearTarget};
 use crate::device::CudaDevice;
 use crate::files;
 use crate::measure::{Dtype, MeasureError};
@@ -19,33 +19,9 @@ pub const DEFAULT_LORA_TARGETS: [LinearTarget; 2] = [LinearTarget::Q, LinearTarg
 #[derive(Debug, clap::Args)]
 #[command(allow_negative_numbers = true)]
 pub struct TransformerArgs {
-    /// Decoder layers.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub layers: u64,
-    /// Hidden size (the residual stream's width).
-    #[arg(long, value_parser = values::positive_u64)]
-    pub hidden: u64,
-    /// Query heads.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub heads: u64,
-    /// Key/value heads (grouped-query attention when fewer than --heads, which must be a multiple).
-    #[arg(long, value_parser = values::positive_u64)]
-    pub kv_heads: u64,
-    /// Width of one attention head.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub head_dim: u64,
-    /// Inner width of the SwiGLU MLP.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub intermediate: u64,
-    /// Vocabulary size.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub vocab: u64,
-    /// The LM head shares the embedding's matrix.
-    #[arg(long)]
-    pub tied_embeddings: bool,
-    /// Biases on the Q, K and V projections.
-    #[arg(long)]
-    pub attention_bias: bool,
+    /// The model: a preset, or its shape flag by flag (dense, full attention only).
+    #[command(flatten)]
+    pub model: super::budget::ModelArgs,
     /// Element type of weights and activations: float32, float16 or bfloat16.
     #[arg(long, value_parser = values::dtype)]
     pub dtype: Dtype,
@@ -88,21 +64,9 @@ impl TransformerArgs {
     /// The validated run; a refusal names its flag.
     pub fn bench_run(&self) -> Result<BenchRun, Failure> {
         let lora = self.mode == BenchMode::Lora;
+        let (_, shape) = self.model.shape()?;
         let run = BenchRun {
-            shape: ModelShape {
-                layers: self.layers,
-                hidden: self.hidden,
-                heads: self.heads,
-                kv_heads: self.kv_heads,
-                head_dim: self.head_dim,
-                intermediate: self.intermediate,
-                vocab: self.vocab,
-                tied_embeddings: self.tied_embeddings,
-                attention_bias: self.attention_bias,
-                experts: 1,
-                experts_per_token: 1,
-                attention: AttentionKind::Full,
-            },
+            shape,
             dtype: self.dtype,
             mode: self.mode,
             batch: self.batch,

@@ -72,6 +72,11 @@ HELD_OUT = [
      ["--mode", "lora", *BATCH, "--lora-rank", "4", "--lora-targets", "down", "--flash-attention"]),
     ("1b", "float32", "lora", ["--mode", "lora", "--batch", "2", "--context", "512", "--lora-rank", "16",
                                "--lora-targets", "q,k,v,o", "--flash-attention"]),
+    ("1b", "bfloat16", "full-explicit-checkpointing",
+     ["--mode", "full", "--batch", "2", "--context", "2048", "--checkpointing"]),
+    ("7b-layers", "bfloat16", "lora-all-explicit-checkpointing",
+     ["--mode", "lora", "--batch", "2", "--context", "2048", "--lora-rank", "32", "--lora-targets",
+      "q,k,v,o,gate,up,down", "--checkpointing"]),
 ]
 # Terms that are arithmetic of the shape: their residual against the allocator model must be 0.
 EXACT = {"weights", "kv_cache", "lora_adapters", "optimizer_states", "cublas_workspace"}

@@ -29,6 +29,9 @@ pub struct Activations {
     /// Working memory when every gradient exists: the optimizer step's float32 copy of the
     /// largest trained tensor's gradient (training).
     pub step_bytes: u64,
+    /// With recomputation, the moments inside the backward pass of a recomputed layer, at the
+    /// top of the stack and at its bottom: (name, activation bytes, gradient bytes then).
+    pub recompute: Vec<(&'static str, u64, u64)>,
     pub source: String,
     pub bound: String,
     pub peak_rule: String,
@@ -93,6 +96,7 @@ pub fn estimate(w: &Workload) -> Activations {
                     "prompt token ids 8 B × b·t {bs} (the last position's logits come after the layers' working set is freed)"
                 ),
                 step_bytes: 0,
+                recompute: Vec::new(),
                 source: SOURCE.into(),
                 bound: BOUND.into(),
                 peak_rule: "weights + KV cache + cuBLAS workspace + the prefill's largest working set".into(),
@@ -133,6 +137,11 @@ pub fn estimate(w: &Workload) -> Activations {
                 Mode::Full { .. } => 4 * largest,
                 _ => 0,
             };
+            let recompute = if w.checkpointing {
+                recompute_moments(w, &kept)
+            } else {
+                Vec::new()
+            };
             Activations {
                 bytes: layers,
                 formula,
@@ -145,6 +154,7 @@ pub fn estimate(w: &Workload) -> Activations {
                     kept.final_norm
                 ),
                 step_bytes,
+                recompute,
                 source: SOURCE.into(),
                 bound: BOUND.into(),
                 peak_rule: "persistent states + the larger of two moments: the loss's backward \
@@ -155,6 +165,110 @@ pub fn estimate(w: &Workload) -> Activations {
             }
         }
     }
+}
+
+/// With recomputation, backward runs each layer again from its saved input, from the last layer
+/// to the first, and sends the incoming gradient through it. Inside a layer's backward the peak
+/// comes in the MLP: down's backward has made the gradient of the product and its own weight
+/// gradient, then the multiplication's backward makes the gradients of silu(gate) and of up
+/// (2·e·b·t·i) while gate, silu(gate) and up are still kept. Alive besides: the layer's kept
+/// activations, its output and the incoming gradient, the inputs of the layers not yet done, and
+/// the gradients made so far (the head's, the layers above, down's). At the top every input is
+/// still there; at the bottom every layer above has its gradients.
+fn recompute_moments(w: &Workload, kept: &Kept) -> Vec<(&'static str, u64, u64)> {
+    let s = &w.shape;
+    let e = w.dtype.bytes();
+    let (b, t) = (w.batch, w.context);
+    let bs = b * t;
+    let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate * s.experts_per_token);
+    let row = e * bs * h;
+    let full = matches!(w.mode, Mode::Full { .. });
+    let grads = |what: &dyn Fn(&str) -> bool| -> u64 {
+        if full {
+            s.tensors()
+                .iter()
+                .filter(|t| what(&t.name))
+                .map(|t| t.elements * e)
+                .sum()
+        } else {
+            0
+        }
+    };
+    let head = if s.tied_embeddings {
+        "embed_tokens"
+    } else {
+        "lm_head"
+    };
+    let head_grads = grads(&|n| n == head || n == "norm");
+    let in_layer = |n: &str| n.starts_with("layers.0.");
+    let layer = grads(&in_layer);
+    let down = grads(&|n| in_layer(n) && n.ends_with("down_proj"));
+    // The layer's output and the incoming gradient stay alive through its backward.
+    let mut moments = Vec::new();
+    let mut both =
+        |name_top: &'static str, name_bottom: &'static str, working: u64, grads_in_layer: u64| {
+            moments.push((
+                name_top,
+                s.layers * row + 2 * row + working,
+                head_grads + grads_in_layer,
+            ));
+            moments.push((
+                name_bottom,
+                row + 2 * row + working,
+                head_grads + (s.layers - 1) * layer + grads_in_layer,
+            ));
+        };
+    both(
+        "recomputed top layer's MLP backward",
+        "recomputed bottom layer's MLP backward",
+        kept.other + 2 * e * bs * i,
+        down,
+    );
+    if !w.flash_attention {
+        // Written out, the attention's backward peaks in the softmax's: the float32
+        // probabilities, their gradient and the softmax's float32 gradient beside the gradient
+        // in the dtype ((12 + e)·b·heads·t², measured on the H200 in float16), with Q, the
+        // repeated K, the repeated V's gradient, the mask, the residual's gradient and the first
+        // norm's kept tensors; the MLP, the second norm and o_proj are done (their gradients
+        // made).
+        let scores = b * s.heads * t * t;
+        let kv_used = q;
+        let norm1 = match &w.mode {
+            Mode::Full { .. } => bs * h * (4 + 2 * e) + 4 * bs,
+            _ => 4 * bs * h + 4 * bs,
+        };
+        let adapter_copies = match &w.mode {
+            Mode::Lora { rank, targets } => {
+                [LinearTarget::Q, LinearTarget::K, LinearTarget::V]
+                    .iter()
+                    .filter(|l| targets.contains(l))
+                    .count() as u64
+                    * (4 * bs * h + 4 * bs * rank)
+            }
+            _ => 0,
+        };
+        let working =
+            row + norm1 + adapter_copies + e * bs * (q + 2 * kv_used) + t * t + (12 + e) * scores;
+        let done = grads(&|n| {
+            in_layer(n)
+                && [
+                    "gate_proj",
+                    "up_proj",
+                    "down_proj",
+                    "post_attention_layernorm",
+                    "o_proj",
+                ]
+                .iter()
+                .any(|m| n.ends_with(m))
+        });
+        both(
+            "recomputed top layer's attention backward",
+            "recomputed bottom layer's attention backward",
+            working,
+            done,
+        );
+    }
+    moments
 }
 
 /// Bytes of the written-out scores alive at once during a prefill: the scaled scores in the dtype,

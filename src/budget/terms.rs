@@ -351,6 +351,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 Moment::new("loss backward", &[("gradients", 0)]),
                 Moment::new("end of backward", &[("activations", 0), ("logits", 0)]),
             ];
+            moments.extend(recompute_moments(&acts));
         }
         Mode::Full { optimizer } => {
             let grads = parameters * e;
@@ -403,6 +404,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                     &[("activations", acts.step_bytes), ("logits", 0)],
                 ),
             ];
+            moments.extend(recompute_moments(&acts));
         }
     }
 
@@ -501,6 +503,23 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         total: Bytes(total),
         constants: c,
     }
+}
+
+/// The moments inside a recomputed layer's backward (with checkpointing).
+fn recompute_moments(a: &Activations) -> Vec<Moment> {
+    a.recompute
+        .iter()
+        .map(|(name, activations, gradients)| {
+            Moment::new(
+                name,
+                &[
+                    ("activations", *activations),
+                    ("logits", 0),
+                    ("gradients", *gradients),
+                ],
+            )
+        })
+        .collect()
 }
 
 fn push_activations(b: &mut Builder, a: &Activations) {

@@ -77,11 +77,21 @@ impl Companion {
     /// Runs the companion with `args`; stdout and stderr are inherited, or captured with
     /// `capture`. Polls for [`INTERRUPTED`] while it runs and stops it then.
     pub fn run(&self, args: &[OsString], capture: bool) -> std::io::Result<Ended> {
+        self.run_with_env(args, capture, &[])
+    }
+
+    /// [`run`](Self::run) with the variables `env` set in the companion's environment.
+    pub fn run_with_env(
+        &self,
+        args: &[OsString],
+        capture: bool,
+        env: &[(&str, &str)],
+    ) -> std::io::Result<Ended> {
         if interrupted() {
             return Ok(Ended::Interrupted);
         }
         let mut command = self.command();
-        command.args(args);
+        command.args(args).envs(env.iter().copied());
         if capture {
             command.stdout(Stdio::null()).stderr(Stdio::piped());
         }
@@ -197,6 +207,143 @@ impl Companion {
 /// no companion could be found (exit code 2's reason).
 pub fn measure(config: &MeasureConfig, blocks: bool) -> Result<Measurement, MeasureError> {
     Companion::locate()?.measure_fresh(config, blocks)
+}
+
+/// Why a lesson could not be run in the companion, or its record read back.
+#[derive(Debug, thiserror::Error)]
+pub enum LessonError {
+    #[error(transparent)]
+    Measure(#[from] MeasureError),
+    /// No GPU or no libtorch in the companion (its exit 2), in its own words.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The companion's exit 3.
+    #[error("{0}")]
+    OutOfMemory(String),
+    #[error("{PROGRAM} failed (exit {code}): {message}")]
+    Failed { code: i32, message: String },
+    #[error(transparent)]
+    Conflict(#[from] crate::allocator::lesson::record::AllocConfConflict),
+    #[error(transparent)]
+    File(#[from] crate::allocator::lesson::record::LessonFileError),
+}
+
+impl crate::status::Classify for LessonError {
+    fn status(&self) -> crate::status::Status {
+        use crate::status::Status;
+        match self {
+            LessonError::Measure(e) => e.status(),
+            LessonError::Unavailable(_) => Status::Unavailable,
+            LessonError::OutOfMemory(_) => Status::OutOfMemory,
+            LessonError::Failed { .. } => Status::Failure,
+            LessonError::Conflict(e) => e.status(),
+            LessonError::File(e) => e.status(),
+        }
+    }
+}
+
+impl Companion {
+    /// Runs the lesson (`lesson`, PyTorch's default allocator settings, or with `expandable`
+    /// segments) on `device` in a fresh companion process and returns its record (written to a
+    /// temporary file, then read back): nothing of this process's own allocator reaches it. With
+    /// `expandable`, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is set in the companion's
+    /// environment, unless this process already has it (a different value is refused).
+    pub fn lesson_fresh(
+        &self,
+        device: crate::device::CudaDevice,
+        expandable: bool,
+    ) -> Result<crate::allocator::lesson::LessonRecord, LessonError> {
+        use crate::allocator::lesson::record::{alloc_conf_for, ALLOC_CONF};
+        let set = alloc_conf_for(expandable, std::env::var_os(ALLOC_CONF).as_deref())?;
+        let dir = tempfile::tempdir().map_err(|e| MeasureError::Torch {
+            phase: None,
+            message: format!("cannot make a temporary folder: {e}"),
+        })?;
+        let output = dir.path().join("lesson.json");
+        let mut args: Vec<OsString> = ["lesson", "--quiet", "--device", &device.to_string()]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        args.extend(["--output".into(), output.clone().into()]);
+        if expandable {
+            args.push("--expandable-segments".into());
+        }
+        let env: Vec<(&str, &str)> = set.map(|v| (ALLOC_CONF, v)).into_iter().collect();
+        let ended = self
+            .run_with_env(&args, true, &env)
+            .map_err(|e| LessonError::Unavailable(format!("cannot start {PROGRAM}: {e}")))?;
+        let (status, stderr) = match ended {
+            Ended::Interrupted => {
+                return Err(LessonError::Failed {
+                    code: 130,
+                    message: "interrupted".into(),
+                })
+            }
+            Ended::Exited { status, stderr } => (status, stderr),
+        };
+        // The companion's error line, without its program prefix.
+        let said = last_line(&stderr);
+        let said = said
+            .split_once(": error: ")
+            .map_or(said.as_str(), |(_, m)| m)
+            .to_string();
+        match status.code() {
+            Some(0) => Ok(crate::allocator::lesson::LessonRecord::load(&output)?),
+            Some(2) => Err(LessonError::Unavailable(said)),
+            Some(3) => Err(LessonError::OutOfMemory(said)),
+            Some(127) => Err(LessonError::Unavailable(format!(
+                "the system loader could not start {PROGRAM}: {said}"
+            ))),
+            Some(code) => Err(LessonError::Failed {
+                code,
+                message: said,
+            }),
+            None => Err(LessonError::Failed {
+                code: -1,
+                message: format!("{PROGRAM} was killed by a signal"),
+            }),
+        }
+    }
+}
+
+/// Runs the lesson on `device` in a fresh companion process (see [`Companion::lesson_fresh`]), or
+/// says why no companion could be found.
+pub fn lesson(
+    device: crate::device::CudaDevice,
+    expandable: bool,
+) -> Result<crate::allocator::lesson::LessonRecord, LessonError> {
+    Companion::locate()?.lesson_fresh(device, expandable)
+}
+
+/// The lesson for the notebook: run on `device` in a fresh companion process, first with PyTorch's
+/// default allocator settings, then with expandable segments (one after the other: each sizes its
+/// last steps from the free memory, which the other must not hold); each one that cannot run here
+/// is read instead from the recording in `data` (`exemple-lecon-h200.json`,
+/// `exemple-lecon-h200-expandable.json`), labelled as recorded elsewhere, with why nothing was
+/// measured here.
+pub fn lessons_or_recorded(
+    device: crate::device::CudaDevice,
+    data: &Path,
+) -> crate::allocator::lesson::Lessons {
+    use crate::allocator::lesson::record::{RECORDED_DEFAULT, RECORDED_EXPANDABLE};
+    use crate::allocator::lesson::{Lessons, ShownLesson};
+    let default = lesson(device, false);
+    // Without a GPU or a companion the second run would fail the same way: it is not started.
+    let expandable = match &default {
+        Err(LessonError::Unavailable(why)) => Err(LessonError::Unavailable(why.clone())),
+        Err(LessonError::Measure(e @ MeasureError::NoCompanion { .. })) => {
+            Err(LessonError::Unavailable(e.to_string()))
+        }
+        _ => lesson(device, true),
+    };
+    let shown = |run: Result<_, LessonError>, expandable: bool, file: &str| match run {
+        Ok(record) => ShownLesson::measured(record, expandable),
+        Err(e) => ShownLesson::recorded(data.join(file), e.to_string(), expandable),
+    };
+    Lessons {
+        default: shown(default, false, RECORDED_DEFAULT),
+        expandable: shown(expandable, true, RECORDED_EXPANDABLE),
+    }
 }
 
 /// The environment report for `device`: from a fresh companion process when one is installed,

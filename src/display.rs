@@ -121,16 +121,23 @@ impl GridRow {
 impl StepLog {
     /// The last `n` steps, with the change from the step before each (or why there is none).
     pub fn last(&self, n: usize) -> Html {
+        self.rows(self.steps.len().saturating_sub(n), self.steps.len())
+    }
+
+    /// Steps `first..end` (0-based, clamped to the log), numbered from 1, with the change from
+    /// the step before each (or why there is none).
+    pub fn rows(&self, first: usize, end: usize) -> Html {
         if let Some(why) = &self.unavailable {
             return no_gpu(why);
         }
-        let start = self.steps.len().saturating_sub(n);
+        let end = end.min(self.steps.len());
+        let start = first.min(end);
         let delta = |now: u64, before: Option<u64>| match before {
             Some(b) => format!("{:+}", now as i128 - b as i128),
             None => String::new(),
         };
         let runtime = |v: Option<u64>| v.map_or("—".to_string(), |b| b.to_string());
-        let rows: Vec<Vec<String>> = (start..self.steps.len())
+        let rows: Vec<Vec<String>> = (start..end)
             .map(|i| {
                 let s = &self.steps[i];
                 let prev = i.checked_sub(1).map(|j| &self.steps[j]);

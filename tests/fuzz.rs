@@ -1,7 +1,8 @@
 //! Mutation fuzzing of every parser of untrusted input: the catalog (`Catalog::parse`), the results
 //! grid (`grid::check_bytes`), a measurement file (`Measurement::from_bytes`, then what `plot` does
 //! with it), the bundle's manifest and zip (`bundle::verify` of a folder and of a zip), and the
-//! allocator snapshot text (`allocator::snapshot::parse`).
+//! allocator snapshot text (`allocator::snapshot::parse`), and a lesson record
+//! (`LessonRecord::from_bytes`, then what the notebook draws from it).
 //!
 //! Each parser runs on the seed files of `tests/corpus/<parser>/` as they are, then on mutations
 //! of them made by a seeded generator (bit flips, byte changes, insertions of random bytes and of
@@ -15,6 +16,7 @@
 //! [`DEFAULT_ITERATIONS`], a few seconds in a debug build), `IGL_FUZZ_SEED` the generator's seed;
 //! `scripts/fuzz` runs it long, in release mode.
 
+use iteragpu_lab::allocator::lesson::{LessonRecord, ShownLesson};
 use iteragpu_lab::allocator::snapshot;
 use iteragpu_lab::catalog::Catalog;
 use iteragpu_lab::measure::Measurement;
@@ -468,6 +470,29 @@ fn measurement() {
             Ok(m) => {
                 let _ = m.to_string();
                 let _ = m.chart();
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        }
+    });
+}
+
+#[test]
+fn lesson() {
+    fuzz("lesson", |bytes| {
+        match LessonRecord::from_bytes(bytes, "fuzz.json") {
+            // What `mesure_memoire lesson` prints and the notebook shows of a recorded lesson.
+            Ok(r) => {
+                let _ = r.to_string();
+                let shown = ShownLesson::measured(r, false);
+                let _ = shown.header();
+                let _ = shown.steps(1..=40);
+                let _ = shown.map(8);
+                let _ = shown.summary(17);
+                let _ = shown.chart();
                 true
             }
             Err(e) => {

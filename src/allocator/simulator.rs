@@ -54,9 +54,11 @@
 //! (fixed at its 20 MiB default), cross-stream use (`recordStream`, CUDA events;
 //! streams are only an id that partitions the free lists), CUDA graph / MemPool
 //! private pools, free-memory callbacks, and device capacity: `cudaMalloc`
-//! never fails here, so the out-of-memory path (`release_available_cached_blocks`,
-//! freeing all cached blocks then retrying) never runs. Accumulated counters
-//! (`allocated`/`freed` totals, `num_alloc_retries`, ...) are not kept.
+//! never fails by itself here: the out-of-memory path runs only when the caller
+//! says that `cudaMalloc` failed ([`CachingAllocator::malloc_after_failed_cuda_malloc`]:
+//! release every unsplit cached segment, count a retry, allocate). Accumulated
+//! counters (`allocated`/`freed` totals, ...) are not kept, except
+//! `num_alloc_retries`.
 //!
 //! Arithmetic: sizes are `u64`. Requests up to [`MAX_REQUEST`] (about 2^64)
 //! are accepted; rounding never overflows below that. Counters use saturating
@@ -340,6 +342,8 @@ pub struct CachingAllocator {
     /// Ascending: next free address; descending: end of the next segment.
     next_address: u64,
     segment_address_hint: Option<u64>,
+    /// `num_alloc_retries`: allocations that released the cache and tried again.
+    alloc_retries: u64,
 }
 
 impl Default for CachingAllocator {
@@ -371,6 +375,7 @@ impl CachingAllocator {
                 AddressOrder::Descending => SYNTHETIC_ADDRESS_TOP,
             },
             segment_address_hint: None,
+            alloc_retries: 0,
         }
     }
 
@@ -401,6 +406,47 @@ impl CachingAllocator {
         // `bool split_remainder = should_split(params.block, params.size(), ...)`
         let split = should_split(pool, self.slots[slot].size, rounded);
         Some(self.alloc_found_block(slot, rounded, size, split, label))
+    }
+
+    /// Allocates like [`malloc`](Self::malloc) on a device whose `cudaMalloc`
+    /// fails for the new segment the first time (a request larger than the
+    /// driver's free memory). Mirrors `malloc`'s out-of-memory path in the
+    /// default configuration: a cached block that fits is used as usual;
+    /// otherwise `alloc_block` fails, `release_available_cached_blocks` does
+    /// nothing (it returns at once while `max_split_size` is unlimited), then
+    /// `release_cached_blocks` releases every unsplit cached segment of both
+    /// pools (what [`empty_cache`](Self::empty_cache) does) and
+    /// `alloc_block(isRetry = true)` counts a retry (`num_alloc_retries`) and
+    /// makes the segment. The caller guarantees that this second `cudaMalloc`
+    /// succeeds (the request fits once the cache is released); the model has
+    /// no device capacity.
+    pub fn malloc_after_failed_cuda_malloc(
+        &mut self,
+        size: u64,
+        stream: u32,
+        label: &str,
+    ) -> Option<BlockId> {
+        if size == 0 || size > MAX_REQUEST {
+            return None;
+        }
+        let rounded = round_size(size);
+        let pool = pool_of(rounded);
+        let slot = match self.get_free_block(pool, stream, rounded) {
+            Some(slot) => slot,
+            None => {
+                self.empty_cache();
+                self.alloc_retries += 1;
+                self.alloc_block(pool, stream, allocation_size(rounded))?
+            }
+        };
+        let split = should_split(pool, self.slots[slot].size, rounded);
+        Some(self.alloc_found_block(slot, rounded, size, split, label))
+    }
+
+    /// `num_alloc_retries`: how many allocations released the cache and tried
+    /// `cudaMalloc` again.
+    pub fn alloc_retries(&self) -> u64 {
+        self.alloc_retries
     }
 
     /// Frees a block from [`malloc`](Self::malloc), like
@@ -992,6 +1038,36 @@ mod tests {
         assert!(should_split(Pool::Small, 1024, 512));
         assert!(!should_split(Pool::Large, 20 * MIB, 19 * MIB));
         assert!(should_split(Pool::Large, 20 * MIB, 19 * MIB - 512));
+    }
+
+    #[test]
+    fn a_failed_cuda_malloc_releases_the_cache_and_counts_a_retry() {
+        let mut a = CachingAllocator::new();
+        let live = a.malloc(30 * MIB, 0, "live").unwrap();
+        let huge = a.malloc(600 * MIB, 0, "huge").unwrap();
+        let small = a.malloc(4096, 0, "small").unwrap();
+        a.free(huge);
+        a.free(small);
+        assert_eq!(a.stats().reserved.current, 630 * MIB + 2 * MIB);
+        // A cached block fits: used as usual, nothing released, no retry.
+        let fits = a
+            .malloc_after_failed_cuda_malloc(100 * MIB, 0, "fits")
+            .unwrap();
+        assert_eq!(a.alloc_retries(), 0);
+        assert_eq!(a.stats().reserved.current, 632 * MIB);
+        a.free(fits);
+        // None fits: every unsplit cached segment (both pools) goes, then the new one.
+        let more = a
+            .malloc_after_failed_cuda_malloc(700 * MIB, 0, "more")
+            .unwrap();
+        assert_eq!(a.alloc_retries(), 1);
+        let s = a.stats();
+        assert_eq!(s.reserved.current, 30 * MIB + 700 * MIB);
+        assert_eq!(s.segments.current, 2);
+        assert_eq!(s.reserved.peak, 30 * MIB + 700 * MIB);
+        assert_eq!(a.block_size(more), Some(700 * MIB));
+        assert!(a.block_size(live).is_some());
+        check_invariants(&a);
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct Args {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per run: the size of the largest variant (the budget's flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Estimate weight memory from a parameter count and a storage width (no GPU needed).
     Estimate(EstimateArgs),
@@ -35,6 +37,8 @@ pub enum Command {
     Environment(EnvironmentArgs),
     /// Measure the CUDA caching allocator phase by phase on a synthetic Linear -> GELU -> Linear.
     Measure(MeasureArgs),
+    /// Run the allocated-vs-reserved lesson on a GPU in a fresh process and record every step.
+    Lesson(super::lesson::LessonArgs),
     /// Predict every figure of `measure` with the allocator model, every block named (no GPU needed).
     Predict(PredictArgs),
     /// The GPU memory budget of a real model, term by term; with --fit, the packages that hold it.
@@ -268,6 +272,7 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
                 Mode::Front => return hand_over_to_engine(),
             }
         }
+        Command::Lesson(a) => return super::lesson::run(a, mode),
         Command::Transformer(a) => return super::transformer::run(a, mode),
         Command::Predict(a) => {
             let config = a.shape.config(CudaDevice { index: 0 })?;
@@ -349,7 +354,12 @@ fn workspace_settings() -> Result<WorkspaceSettings, crate::allocator::workspace
 /// Hands this command line over to the companion (see [`run_engine`]); a companion that is
 /// missing or cannot be loaded is exit 2.
 pub(super) fn hand_over_to_engine() -> Outcome {
-    run_engine().map_err(|why| {
+    hand_over_to_engine_with(&[])
+}
+
+/// [`hand_over_to_engine`] with the variables `env` set in the companion's environment.
+pub(super) fn hand_over_to_engine_with(env: &[(&str, &str)]) -> Outcome {
+    run_engine_with(env).map_err(|why| {
         if why.companion_found {
             MeasureError::LibtorchNotLoadable(why.message)
         } else {
@@ -372,6 +382,11 @@ struct EngineRefusal {
 /// SIGTERM stops the companion (exit 130, no file). `Err` says why libtorch could not be used:
 /// the companion is missing or the loader refused it.
 fn run_engine() -> Result<ExitCode, EngineRefusal> {
+    run_engine_with(&[])
+}
+
+/// [`run_engine`] with the variables `env` set in the companion's environment.
+fn run_engine_with(env: &[(&str, &str)]) -> Result<ExitCode, EngineRefusal> {
     let companion = Companion::locate().map_err(|_| EngineRefusal {
         companion_found: false,
         message: format!("the GPU companion {ENGINE} is not installed beside this program"),
@@ -383,7 +398,7 @@ fn run_engine() -> Result<ExitCode, EngineRefusal> {
     signals::stop_companions_on_interrupt();
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     // The file name alone in messages: a report never carries a path of this machine.
-    match companion.run(&args, false) {
+    match companion.run_with_env(&args, false, env) {
         Err(e) => Err(refused(format!("cannot start {ENGINE}: {e}"))),
         Ok(Ended::Interrupted) => Ok(Status::Interrupted.into()),
         Ok(Ended::Exited { status, .. }) => match status.code() {

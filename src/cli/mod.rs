@@ -10,6 +10,7 @@
 
 pub mod budget;
 pub mod calcul_forfaits;
+pub mod lesson;
 pub mod mesure_memoire;
 pub mod paquet_lab;
 pub mod progress;

@@ -142,4 +142,18 @@ pub trait Gpu {
     fn transformer(&self) -> Option<&dyn crate::budget::TransformerBench> {
         None
     }
+    /// Runs the allocator lesson `script` on `device` and records the figures, the allocator's
+    /// statistics and its map after every step; `configuration` is `PYTORCH_CUDA_ALLOC_CONF` as
+    /// this process saw it (recorded as it is). A backend that does not run it says so (exit 2).
+    fn lesson(
+        &self,
+        device: CudaDevice,
+        script: &crate::allocator::lesson::LessonScript,
+        configuration: Option<String>,
+    ) -> Result<crate::allocator::lesson::LessonRecord, MeasureError> {
+        let _ = (device, script, configuration);
+        Err(MeasureError::NoGpu(
+            "this GPU backend does not run the allocator lesson".into(),
+        ))
+    }
 }

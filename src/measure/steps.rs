@@ -1,6 +1,7 @@
 //! A log of allocator readings taken after named steps (allocate, free, a matrix product,
-//! `empty_cache`...): what the notebooks' live lessons record. The libtorch backend fills it;
-//! `display` and `plot` draw it. Without a GPU it holds the reason and no figure.
+//! `empty_cache`...): what the live lesson records after each step (`allocator::lesson`) and the
+//! allocator model predicts; `display` and `plot` draw it. Without a GPU it holds the reason and no
+//! figure.
 
 use serde::{Deserialize, Serialize};
 

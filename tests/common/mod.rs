@@ -1,8 +1,10 @@
 //! What every command-line test file shares: the programs, the repository root, the exit codes
-//! by name, and reading JSON from a successful run; [`bundle`] for the bundle's tests.
+//! by name, and reading JSON from a successful run; [`bundle`] for the bundle's tests; [`lesson`]
+//! for lesson records made by the model (test fixtures).
 #![allow(dead_code)]
 
 pub mod bundle;
+pub mod lesson;
 
 use assert_cmd::Command;
 use iteragpu_lab::status::Status;

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -26,6 +27,7 @@ namespace {
 
 thread_local std::string last_error;
 thread_local std::string snapshot_text;
+thread_local std::string settings_text;
 
 template <typename F>
 int guarded(F&& body) {
@@ -193,7 +195,8 @@ int igl_snapshot(int device, const char** text) {
     for (const auto& segment : info.segments) {
       if (segment.device != index) continue;
       out << "S " << segment.address << ' ' << segment.total_size << ' ' << (segment.is_large ? 1 : 0)
-          << ' ' << reinterpret_cast<uintptr_t>(segment.stream) << '\n';
+          << ' ' << reinterpret_cast<uintptr_t>(segment.stream) << ' '
+          << (segment.is_expandable ? 1 : 0) << '\n';
       size_t address = segment.address;
       for (const auto& block : segment.blocks) {
         out << "B " << address << ' ' << block.size << ' ' << block.requested_size << ' '
@@ -214,6 +217,21 @@ int igl_backward_with_gradient(const void* output, const void* gradient) {
 
 int igl_clear_grad(const void* tensor) {
   return guarded([&] { static_cast<const at::Tensor*>(tensor)->mutable_grad().reset(); });
+}
+
+int igl_allocator_settings(struct igl_allocator_settings* out, const char** text) {
+  return guarded([&] {
+    using c10::CachingAllocator::AcceleratorAllocatorConfig;
+    // The setting itself: CUDAAllocatorConfig::expandable_segments() is inline in a header and
+    // answers false wherever PYTORCH_C10_DRIVER_API_SUPPORTED is not defined, which PyTorch's own
+    // build defines and its installed headers do not; the segments of the snapshot say what the
+    // allocator did (`is_expandable`, written by igl_snapshot).
+    out->expandable_segments = AcceleratorAllocatorConfig::use_expandable_segments() ? 1 : 0;
+    out->large_segment_size = AcceleratorAllocatorConfig::large_segment_size();
+    out->max_split_size = AcceleratorAllocatorConfig::max_split_size();
+    settings_text = c10::CachingAllocator::getAllocatorSettings();
+    *text = settings_text.c_str();
+  });
 }
 
 }  // extern "C"

@@ -25,6 +25,13 @@ struct igl_device_properties {
   uint64_t total_memory;
 };
 
+// The settings the caching allocator runs with, as it reports them.
+struct igl_allocator_settings {
+  uint64_t expandable_segments;  // 1 when AcceleratorAllocatorConfig::use_expandable_segments()
+  uint64_t large_segment_size;   // AcceleratorAllocatorConfig::large_segment_size()
+  uint64_t max_split_size;       // AcceleratorAllocatorConfig::max_split_size(), SIZE_MAX: unlimited
+};
+
 struct igl_versions {
   char torch[32];
   int64_t cuda_build;       // CUDART_VERSION libtorch was compiled with, 0 if none
@@ -48,8 +55,9 @@ int igl_event_record(void* event, int device);
 int igl_event_elapsed_ms(void* start, void* end, float* ms);
 void igl_event_destroy(void* event);
 // The caching allocator's map of `device` as text, valid until the next call on this thread:
-// a line "S address total_size is_large stream" per segment, in address order, each followed by
-// a line "B address size requested_size allocated" per block, in address order.
+// a line "S address total_size is_large stream is_expandable" per segment (with expandable
+// segments: per contiguous mapped range), in address order, each followed by a line
+// "B address size requested_size allocated" per block, in address order.
 int igl_snapshot(int device, const char** text);
 // Autograd on tch's tensors: each `const void*` is what a tch `Tensor` holds, a `torch::Tensor*`
 // (torch-sys: `typedef torch::Tensor *tensor`). `output.backward(gradient)`, accumulating into the
@@ -57,6 +65,9 @@ int igl_snapshot(int device, const char** text);
 int igl_backward_with_gradient(const void* output, const void* gradient);
 // Sets the tensor's gradient to None, freeing it (`param.grad = None`), which tch cannot do.
 int igl_clear_grad(const void* tensor);
+// The allocator's settings, and the configuration text it parsed (empty when none; valid until
+// the next call on this thread).
+int igl_allocator_settings(struct igl_allocator_settings* out, const char** text);
 
 #ifdef __cplusplus
 }  // extern "C"
@@ -68,6 +79,8 @@ static_assert(offsetof(struct igl_memory_stats, inactive_split_bytes_current) ==
 static_assert(sizeof(struct igl_device_properties) == 280, "igl_device_properties layout");
 static_assert(offsetof(struct igl_device_properties, major) == 256, "igl_device_properties layout");
 static_assert(offsetof(struct igl_device_properties, total_memory) == 272, "igl_device_properties layout");
+static_assert(sizeof(struct igl_allocator_settings) == 24, "igl_allocator_settings layout");
+static_assert(offsetof(struct igl_allocator_settings, max_split_size) == 16, "igl_allocator_settings layout");
 static_assert(sizeof(struct igl_versions) == 72, "igl_versions layout");
 static_assert(offsetof(struct igl_versions, cuda_build) == 32, "igl_versions layout");
 static_assert(offsetof(struct igl_versions, cudnn_runtime) == 64, "igl_versions layout");

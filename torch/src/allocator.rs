@@ -66,9 +66,74 @@ impl Allocator {
     pub fn empty_cache(&self) -> Result<(), MeasureError> {
         ffi::empty_cache().map_err(shim_err)
     }
+    /// The settings the allocator reports it runs with (whichever variable set them).
+    pub fn settings(
+        &self,
+    ) -> Result<iteragpu_lab::allocator::lesson::AllocatorSettings, MeasureError> {
+        let (s, parsed) = ffi::allocator_settings().map_err(shim_err)?;
+        Ok(iteragpu_lab::allocator::lesson::AllocatorSettings {
+            expandable_segments: s.expandable_segments != 0,
+            large_segment_size: s.large_segment_size,
+            max_split_size: (s.max_split_size != u64::MAX).then_some(s.max_split_size),
+            parsed,
+        })
+    }
     /// (free, total) as the CUDA runtime reports them for the whole device.
     pub fn runtime_free_total(&self) -> Result<(Bytes, Bytes), MeasureError> {
         let (free, total) = ffi::mem_get_info(self.device.index).map_err(shim_err)?;
         Ok((Bytes(free), Bytes(total)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Where the test below asks its child process to print what the allocator reports.
+    const CHILD: &str = "IGL_SETTINGS_CHILD";
+
+    /// The child half of the next test (does nothing on its own): the settings as this process's
+    /// allocator reports them, without a GPU (the configuration is read without one).
+    #[test]
+    fn settings_child_process() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        let (s, parsed) = crate::ffi::allocator_settings().unwrap();
+        println!(
+            "SETTINGS {} {} {} [{parsed}]",
+            s.expandable_segments, s.large_segment_size, s.max_split_size
+        );
+    }
+
+    /// `PYTORCH_CUDA_ALLOC_CONF` reaches the allocator's configuration (the variable
+    /// `mesure_memoire lesson --expandable-segments` sets), and without it the defaults hold.
+    #[test]
+    fn the_allocator_reports_the_configuration_it_was_given() {
+        let report = |conf: Option<&str>| {
+            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+            c.args([
+                "--exact",
+                "allocator::tests::settings_child_process",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env_remove("PYTORCH_ALLOC_CONF")
+            .env_remove("PYTORCH_CUDA_ALLOC_CONF");
+            if let Some(v) = conf {
+                c.env("PYTORCH_CUDA_ALLOC_CONF", v);
+            }
+            let out = String::from_utf8(c.output().unwrap().stdout).unwrap();
+            out.lines()
+                .find_map(|l| l.strip_prefix("SETTINGS ").map(str::to_string))
+                .unwrap_or_else(|| panic!("no report in {out}"))
+        };
+        assert_eq!(
+            report(None),
+            format!("0 20971520 {} []", u64::MAX),
+            "PyTorch's defaults"
+        );
+        assert_eq!(
+            report(Some("expandable_segments:True")),
+            format!("1 20971520 {} [expandable_segments:True]", u64::MAX)
+        );
     }
 }

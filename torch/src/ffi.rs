@@ -34,6 +34,14 @@ pub struct DeviceProperties {
 }
 
 #[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AllocatorSettings {
+    pub expandable_segments: u64,
+    pub large_segment_size: u64,
+    pub max_split_size: u64,
+}
+
+#[repr(C)]
 #[derive(Default)]
 pub struct Versions {
     pub torch: [c_char; 32],
@@ -52,6 +60,8 @@ const _: () = {
     assert!(size_of::<DeviceProperties>() == 280);
     assert!(offset_of!(DeviceProperties, major) == 256);
     assert!(offset_of!(DeviceProperties, total_memory) == 272);
+    assert!(size_of::<AllocatorSettings>() == 24);
+    assert!(offset_of!(AllocatorSettings, max_split_size) == 16);
     assert!(size_of::<Versions>() == 72 && offset_of!(Versions, cuda_build) == 32);
     assert!(offset_of!(Versions, cudnn_runtime) == 64);
 };
@@ -73,6 +83,7 @@ extern "C" {
     fn igl_snapshot(device: c_int, text: *mut *const c_char) -> c_int;
     fn igl_backward_with_gradient(output: *const c_void, gradient: *const c_void) -> c_int;
     fn igl_clear_grad(tensor: *const c_void) -> c_int;
+    fn igl_allocator_settings(out: *mut AllocatorSettings, text: *mut *const c_char) -> c_int;
 }
 
 /// Turns a shim status into a Result, taking the message of a caught C++ exception.
@@ -198,6 +209,20 @@ pub fn clear_grad(tensor: &tch::Tensor) -> Result<(), String> {
     // SAFETY: the pointer is the live `torch::Tensor*` of a borrowed tch tensor; the shim resets
     // the gradient slot of its TensorImpl, which the Rust side never aliases.
     checked(unsafe { igl_clear_grad(tensor_ptr(tensor)) })
+}
+
+/// The caching allocator's settings as it reports them, and the configuration text it parsed.
+pub fn allocator_settings() -> Result<(AllocatorSettings, String), String> {
+    let mut out = AllocatorSettings::default();
+    let mut text: *const c_char = std::ptr::null();
+    // SAFETY: `out` is a valid, writable AllocatorSettings and `text` a valid out-pointer; on
+    // success `text` points at the shim's thread-local string, valid until the next call on this
+    // thread, and is copied at once.
+    checked(unsafe { igl_allocator_settings(&mut out, &mut text) })?;
+    let parsed = unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    Ok((out, parsed))
 }
 
 /// Asks the kernel to kill this process when the thread that started it ends (Linux

@@ -1,8 +1,8 @@
 //! The libtorch backend of IteraGPU Lab: the synthetic network and the transformer bench on a CUDA
 //! GPU through `tch`, the caching allocator's own figures through a small C++ shim
-//! (`csrc/allocator_shim.{h,cpp}`), and the environment probe. It implements the library's [`Gpu`]
-//! and `TransformerBench` traits; the companion program `mesure_memoire_torch` hands it to the
-//! command line. All `unsafe` code is in `ffi.rs`.
+//! (`csrc/allocator_shim.{h,cpp}`), the environment probe, and the allocator lesson ([`lesson`]). It
+//! implements the library's [`Gpu`] and `TransformerBench` traits; the companion program
+//! `mesure_memoire_torch` hands it to the command line. All `unsafe` code is in `ffi.rs`.
 
 mod allocator;
 mod backend;
@@ -16,7 +16,7 @@ pub use allocator::{open_device, Allocator};
 pub use backend::TorchBackend;
 pub use environment::environment;
 pub use ffi::MemoryStats;
-pub use probe::Probe;
+pub use probe::{lesson, Probe};
 
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::environment::EnvironmentReport;
@@ -77,6 +77,15 @@ impl Gpu for TorchGpu {
 
     fn transformer(&self) -> Option<&dyn iteragpu_lab::budget::TransformerBench> {
         Some(self)
+    }
+
+    fn lesson(
+        &self,
+        device: CudaDevice,
+        script: &iteragpu_lab::allocator::lesson::LessonScript,
+        configuration: Option<String>,
+    ) -> Result<iteragpu_lab::allocator::lesson::LessonRecord, MeasureError> {
+        lesson(device, script, configuration)
     }
 }
 

@@ -1,68 +1,134 @@
-//! A live look at the caching allocator: allocate and free tensors on a GPU step by step and
-//! record, after each step, what the allocator and the CUDA runtime report, into a
-//! [`StepLog`] that the library draws. Every step also runs on the allocator model
-//! ([`LessonModel`]): on a GPU its prediction is shown beside the measurement; without a GPU it is
-//! shown alone, labelled as a prediction, and no figure is ever presented as measured.
+//! The live lesson on a GPU, in this process: each step of a [`LessonScript`] run through
+//! libtorch, and after it the caching allocator's counters, its statistics and its map (its own
+//! snapshot, every live block named after the lesson's tensor it holds), recorded into a
+//! [`LessonRecord`]. The companion program runs it (`mesure_memoire lesson`), one fresh process per
+//! lesson, so that no other allocator state reaches the figures; the notebook shows the record.
 
 use crate::{torch_err, Allocator};
-use iteragpu_lab::allocator::lesson::{LessonModel, PREDICTED};
+use iteragpu_lab::allocator::lesson::{LessonRecord, LessonScript, Resolved, Step, StepRecord};
 use iteragpu_lab::allocator::simulator::SegmentView;
 use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
-use iteragpu_lab::allocator::ComputeCapability;
 use iteragpu_lab::device::CudaDevice;
-use iteragpu_lab::markup::Html;
-use iteragpu_lab::measure::{MeasureError, StepLog, StepReading};
+use iteragpu_lab::measure::{DeviceStats, MeasureError, StepReading};
 use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 
+/// The lesson's tensors on one GPU, and the allocator they come from.
 pub struct Probe {
-    gpu: Option<Allocator>,
+    gpu: Allocator,
     tensors: BTreeMap<String, Tensor>,
     /// Blocks no tensor of the probe holds, named when they appear (cuBLAS's workspace).
     others: HashMap<u64, String>,
-    /// Every reading so far, or why there is none.
-    pub log: StepLog,
-    /// The same steps on the allocator model.
-    pub model: LessonModel,
+    /// Whether any map so far held an expandable segment (the snapshot says so per segment).
+    expandable_seen: bool,
 }
 
 impl Probe {
-    /// Opens `device` and records the starting point.
-    pub fn open(device: CudaDevice) -> Probe {
-        let (gpu, unavailable) = match Allocator::open(device) {
-            Ok(a) => (Some(a), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        // The model takes the GPU's architecture, or the H200's where there is no GPU.
-        let cc = gpu
-            .as_ref()
-            .and_then(|g| crate::ffi::device_properties(g.index()).ok())
-            .map_or(ComputeCapability::new(9, 0), |p| {
-                ComputeCapability::new(p.major as u32, p.minor as u32)
-            });
-        let mut p = Probe {
-            gpu,
+    /// Opens `device` (CUDA starts in this process); no GPU is an error (exit 2).
+    pub fn open(device: CudaDevice) -> Result<Probe, MeasureError> {
+        Ok(Probe {
+            gpu: Allocator::open(device)?,
             tensors: BTreeMap::new(),
             others: HashMap::new(),
-            log: StepLog {
-                unavailable,
-                ..Default::default()
-            },
-            model: LessonModel::new(cc),
-        };
-        p.record("start");
-        p
+            expandable_seen: false,
+        })
     }
 
-    /// Records the current readings under `step`.
-    pub fn record(&mut self, step: &str) -> &mut Self {
-        let Some(gpu) = &self.gpu else { return self };
-        let reading = gpu
-            .synchronize()
-            .and_then(|()| Ok((gpu.stats()?, gpu.runtime_free_total()?)));
-        match reading {
-            Ok((s, (free, total))) => self.log.steps.push(StepReading {
-                step: step.into(),
+    /// A new uninitialised uint8 tensor of `bytes` bytes (`torch.empty`).
+    fn empty(&self, bytes: u64) -> Result<Tensor, MeasureError> {
+        let n = i64::try_from(bytes).map_err(|_| MeasureError::Torch {
+            phase: None,
+            message: format!("{bytes} bytes is more than a tensor can hold"),
+        })?;
+        Tensor::f_empty([n], (Kind::Uint8, self.gpu.device())).map_err(torch_err)
+    }
+
+    /// Runs `step`; returns what a step sized from the free memory asked for.
+    pub fn run(&mut self, step: &Step) -> Result<Option<Resolved>, MeasureError> {
+        let resolved = if step.is_relative() {
+            self.gpu.synchronize()?;
+            let s = self.gpu.stats()?;
+            let (free, _) = self.gpu.runtime_free_total()?;
+            let releasable = s
+                .reserved_current
+                .saturating_sub(s.allocated_current)
+                .saturating_sub(s.inactive_split_bytes_current);
+            step.resolve(free.0, releasable)
+        } else {
+            None
+        };
+        let sized = resolved.map_or(0, |r| r.bytes);
+        match step {
+            Step::Allocate { name, bytes } => {
+                let t = self.empty(*bytes)?;
+                self.tensors.insert(name.clone(), t);
+            }
+            Step::Free { name } => {
+                self.tensors.remove(name);
+            }
+            Step::Matmul { name, n } => {
+                let n = i64::try_from(*n).map_err(|_| MeasureError::Torch {
+                    phase: None,
+                    message: format!("{n}×{n} is too large"),
+                })?;
+                let a =
+                    Tensor::f_ones([n, n], (Kind::Float, self.gpu.device())).map_err(torch_err)?;
+                let c = a.f_matmul(&a).map_err(torch_err)?;
+                drop(a);
+                self.tensors.insert(name.clone(), c);
+                // What the product left that no tensor holds: cuBLAS's workspace, kept for the
+                // life of the process (made by the first product only).
+                for b in self.segments()?.0.iter().flat_map(|s| &s.blocks) {
+                    if b.label.as_deref() == Some(UNKNOWN) {
+                        self.others.insert(b.address, "cublas_workspace".into());
+                    }
+                }
+            }
+            Step::ResetPeaks => self.gpu.reset_peaks()?,
+            Step::EmptyCache => self.gpu.empty_cache()?,
+            Step::FillCache { .. } => drop(self.empty(sized)?),
+            Step::BeyondFree { name } => {
+                let t = self.empty(sized)?;
+                self.tensors.insert(name.clone(), t);
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// The allocator's own map now, each live block named after the probe's tensor it holds, and
+    /// whether it holds an expandable segment.
+    fn segments(&self) -> Result<(Vec<SegmentView>, bool), MeasureError> {
+        let mut names = self.others.clone();
+        for (name, t) in &self.tensors {
+            names.insert(t.data_ptr() as u64, name.clone());
+        }
+        let text = crate::ffi::snapshot(self.gpu.index()).map_err(crate::shim_err)?;
+        // "S address size is_large stream is_expandable" (torch/csrc/allocator_shim.h).
+        let expandable = text
+            .lines()
+            .any(|l| l.starts_with("S ") && l.split(' ').nth(5) == Some("1"));
+        let map =
+            snapshot::parse(&text, &names).map_err(|e| MeasureError::from_torch_message(&e))?;
+        Ok((map, expandable))
+    }
+
+    /// The figures now (after the queued work), recorded for `step` under `label`.
+    pub fn observe(
+        &mut self,
+        step: Option<Step>,
+        resolved: Option<Resolved>,
+        label: String,
+    ) -> Result<StepRecord, MeasureError> {
+        self.gpu.synchronize()?;
+        let s = self.gpu.stats()?;
+        let (free, total) = self.gpu.runtime_free_total()?;
+        let (map, expandable) = self.segments()?;
+        self.expandable_seen |= expandable;
+        Ok(StepRecord {
+            step,
+            resolved,
+            reading: StepReading {
+                step: label,
                 allocated: s.allocated_current,
                 reserved: s.reserved_current,
                 peak_allocated: s.allocated_peak,
@@ -70,172 +136,73 @@ impl Probe {
                 requested: s.requested_current,
                 segments: s.segments_current,
                 runtime_used: Some(total.0.saturating_sub(free.0)),
-            }),
-            Err(e) => self.log.error = Some(e.to_string()),
-        }
-        self
-    }
-
-    /// Runs one step on the model (always) and on the GPU (when there is one), recording both.
-    fn step(
-        &mut self,
-        label: String,
-        model: impl FnOnce(&mut LessonModel),
-        work: impl FnOnce(&mut Self) -> Result<(), MeasureError>,
-    ) -> &mut Self {
-        model(&mut self.model);
-        self.model.record(&label);
-        if self.gpu.is_none() {
-            return self;
-        }
-        match work(self) {
-            Ok(()) => self.record(&label),
-            Err(e) => {
-                self.log.error = Some(format!("{label}: {e}"));
-                self
-            }
-        }
-    }
-
-    fn device(&self) -> tch::Device {
-        self.gpu
-            .as_ref()
-            .expect("steps run only with a GPU")
-            .device()
-    }
-
-    /// Keeps a new tensor of `bytes` bytes (uninitialised uint8) on the GPU under `name`.
-    pub fn allocate(&mut self, name: &str, bytes: u64) -> &mut Self {
-        self.step(
-            format!("allocate {name} ({bytes} B)"),
-            |m| m.allocate(name, bytes),
-            |p| {
-                let t = Tensor::f_empty([bytes as i64], (Kind::Uint8, p.device()))
-                    .map_err(torch_err)?;
-                p.tensors.insert(name.into(), t);
-                Ok(())
             },
-        )
-    }
-
-    /// Drops the tensor `name`: its block goes back to the allocator's cache, not to the driver.
-    pub fn free(&mut self, name: &str) -> &mut Self {
-        self.step(
-            format!("free {name}"),
-            |m| m.free(name),
-            |p| {
-                p.tensors.remove(name);
-                Ok(())
+            stats: DeviceStats {
+                requested_bytes: s.requested_current,
+                inactive_split_bytes: s.inactive_split_bytes_current,
+                inactive_split_blocks: s.inactive_split_current,
+                segments: s.segments_current,
+                alloc_retries: s.alloc_retries,
+                ooms: s.ooms,
             },
-        )
-    }
-
-    /// Squares a new n×n float32 matrix A (A·A), keeping the product as `name`; the first matrix
-    /// product of a process also makes cuBLAS allocate its workspace through the allocator.
-    pub fn matmul(&mut self, name: &str, n: i64) -> &mut Self {
-        self.step(
-            format!("{name} = A·A, {n}×{n} float32"),
-            |m| m.matmul(name, n as u64),
-            |p| {
-                let a = Tensor::f_ones([n, n], (Kind::Float, p.device())).map_err(torch_err)?;
-                let c = a.f_matmul(&a).map_err(torch_err)?;
-                drop(a);
-                p.tensors.insert(name.into(), c);
-                // What the product left that no tensor holds: cuBLAS's workspace, kept for the life
-                // of the process (on the first product only).
-                for b in p.segments()?.iter().flat_map(|s| &s.blocks) {
-                    if b.label.as_deref() == Some(UNKNOWN) {
-                        p.others.insert(b.address, "cublas_workspace".into());
-                    }
-                }
-                Ok(())
-            },
-        )
-    }
-
-    pub fn reset_peaks(&mut self) -> &mut Self {
-        self.step("reset peaks".into(), LessonModel::reset_peaks, |p| {
-            p.gpu.as_ref().expect("live").reset_peaks()
+            map,
         })
     }
+}
 
-    /// Returns cached blocks that hold no tensor to the driver (`torch.cuda.empty_cache`).
-    pub fn empty_cache(&mut self) -> &mut Self {
-        self.step("empty cache".into(), LessonModel::empty_cache, |p| {
-            p.gpu.as_ref().expect("live").empty_cache()
-        })
+/// Names the step in a libtorch error, keeping its kind (out of memory: exit 3).
+fn in_step(e: MeasureError, label: &str) -> MeasureError {
+    match e {
+        MeasureError::OutOfMemory { phase, message } => MeasureError::OutOfMemory {
+            phase,
+            message: format!("step `{label}`: {message}"),
+        },
+        MeasureError::Torch { phase, message } => MeasureError::Torch {
+            phase,
+            message: format!("step `{label}`: {message}"),
+        },
+        other => other,
     }
+}
 
-    /// The allocator's own map now, each block named after the probe's tensor it holds.
-    fn segments(&self) -> Result<Vec<SegmentView>, MeasureError> {
-        let gpu = self.gpu.as_ref().expect("steps run only with a GPU");
-        let mut names = self.others.clone();
-        for (name, t) in &self.tensors {
-            names.insert(t.data_ptr() as u64, name.clone());
-        }
-        let text = crate::ffi::snapshot(gpu.index()).map_err(crate::shim_err)?;
-        snapshot::parse(&text, &names).map_err(|e| MeasureError::from_torch_message(&e))
+/// Runs `script` on `device` in this process and records the starting point and every step, with
+/// the environment (reported before the first step), `configuration` (`PYTORCH_CUDA_ALLOC_CONF` as
+/// this process saw it) and the settings the allocator reports (after the last step, checked
+/// against the expandable segments its maps held).
+pub fn lesson(
+    device: CudaDevice,
+    script: &LessonScript,
+    configuration: Option<String>,
+) -> Result<LessonRecord, MeasureError> {
+    let mut probe = Probe::open(device)?;
+    let environment = crate::environment(Some(device));
+    let mut steps = vec![probe.observe(None, None, "start".into())?];
+    for step in &script.steps {
+        let resolved = probe.run(step).map_err(|e| in_step(e, &step.title()))?;
+        let label = step.label(resolved.as_ref());
+        steps.push(
+            probe
+                .observe(Some(step.clone()), resolved, label.clone())
+                .map_err(|e| in_step(e, &label))?,
+        );
     }
-
-    /// The allocator's map after the last step, drawn: one bar per segment, its blocks named
-    /// (live, cached, or free inside a split segment), with the inactive-split bytes and the
-    /// segments the allocator counts. Without a GPU, why there is none.
-    pub fn map(&self) -> Html {
-        let step = self.log.steps.last().map_or("start", |s| s.step.as_str());
-        let predicted = iteragpu_lab::plot::segment_map(
-            &format!("{PREDICTED}: the map after the same step"),
-            &self.model.segments(),
-        )
-        .html();
-        if self.gpu.is_none() {
-            return self.log.last(0).then(predicted);
-        }
-        match self.segments() {
-            Ok(segments) => {
-                let split: u64 = segments
-                    .iter()
-                    .flat_map(|s| &s.blocks)
-                    .filter(|b| b.inactive_split)
-                    .map(|b| b.size)
-                    .sum();
-                iteragpu_lab::plot::segment_map(
-                    &format!("The allocator's map after: {step}"),
-                    &segments,
-                )
-                .with_caption(&format!(
-                    "{} segment(s); {} bytes free inside segments that also hold live blocks \
-                         (inactive split: empty_cache cannot return them)",
-                    segments.len(),
-                    split
-                ))
-                .then(predicted)
-            }
-            Err(e) => Html::note(&format!(
-                "{} {e}",
-                iteragpu_lab::markup::labels::LAST_STEP_FAILED
-            )),
-        }
+    // Read once every step has run (the allocator is configured by then), and checked against
+    // what it did: a record never claims a setting its segments contradict.
+    let settings = probe.gpu.settings()?;
+    if probe.expandable_seen != settings.expandable_segments {
+        return Err(MeasureError::Torch {
+            phase: None,
+            message: format!(
+                "the allocator reports expandable segments {} but its map {} expandable segments:                  no record",
+                if settings.expandable_segments { "on" } else { "off" },
+                if probe.expandable_seen { "holds" } else { "holds no" }
+            ),
+        });
     }
-
-    /// The last `n` steps, measured (or why not), then predicted.
-    pub fn last(&self, n: usize) -> Html {
-        self.log.last(n).then(self.model.log.last(n))
-    }
-
-    pub fn html(&self) -> Html {
-        self.last(self.model.log.steps.len())
-    }
-
-    pub fn evcxr_display(&self) {
-        self.html().evcxr_display()
-    }
-
-    /// The chart of every step: measured on a GPU, else predicted (each says which).
-    pub fn chart(&self) -> Html {
-        if self.gpu.is_some() {
-            self.log.chart()
-        } else {
-            self.log.last(0).then(self.model.log.chart())
-        }
-    }
+    Ok(LessonRecord::new(
+        environment,
+        configuration,
+        settings,
+        steps,
+    ))
 }

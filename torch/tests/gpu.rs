@@ -1,5 +1,6 @@
 //! GPU tests: real measurements on a CUDA device. They run only with `--features gpu-tests` (on a
 //! GPU machine, see scripts/gpu/proof.py); elsewhere cargo lists them as ignored, with the reason.
+//! One check runs everywhere: without a GPU, the lesson is refused, never simulated.
 
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::measure::{MeasureConfig, Phase};
@@ -298,4 +299,113 @@ mod transformer {
             "{err:?}"
         );
     }
+}
+
+/// Where the parent test below asks its child process to write the lesson.
+const LESSON_CHILD: &str = "IGL_LESSON_CHILD_OUTPUT";
+
+/// The child half of the next test: the lesson in a process of its own (this test binary run
+/// again on this test alone), so that no other test's tensors or cache reach its figures. Run
+/// without the parent, it does nothing.
+#[test]
+#[cfg_attr(
+    not(feature = "gpu-tests"),
+    ignore = "needs a CUDA GPU: run with --features gpu-tests"
+)]
+fn lesson_child_process() {
+    let Some(output) = std::env::var_os(LESSON_CHILD) else {
+        return;
+    };
+    let script = iteragpu_lab::allocator::lesson::LessonScript::standard();
+    let record = iteragpu_torch::lesson(GPU0, &script, None).unwrap();
+    iteragpu_lab::files::write_new_json(std::path::Path::new(&output), &record).unwrap();
+}
+
+/// The standard lesson in a fresh process, with PyTorch's default settings: every step's
+/// allocated, reserved, both peaks, requested, segment count and statistics (inactive split bytes
+/// and blocks, retries, out-of-memory errors) equal to the allocator model's, the last two steps
+/// given the free memory they ran with; the cache released by the allocator itself before the last
+/// allocation (one retry), which succeeded.
+#[test]
+#[cfg_attr(
+    not(feature = "gpu-tests"),
+    ignore = "needs a CUDA GPU: run with --features gpu-tests"
+)]
+fn the_lesson_is_measured_as_the_model_predicts() {
+    use iteragpu_lab::allocator::lesson::record::same_figures;
+    use iteragpu_lab::allocator::lesson::LessonRecord;
+    let dir = std::env::temp_dir().join(format!("igl-gpu-lesson-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = dir.join("lesson.json");
+    let _ = std::fs::remove_file(&output);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
+        .args([
+            "--exact",
+            "lesson_child_process",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .env(LESSON_CHILD, &output);
+    // PyTorch's defaults in the child: no allocator or workspace setting inherited.
+    for name in [
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "CUBLASLT_WORKSPACE_SIZE",
+        "TORCH_CUBLASLT_UNIFIED_WORKSPACE",
+        "DISABLE_ADDMM_CUDA_LT",
+    ] {
+        child.env_remove(name);
+    }
+    let run = child.output().unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stdout)
+    );
+    let r = LessonRecord::load(&output).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        r.allocator_settings.is_default(),
+        "{:?}",
+        r.allocator_settings
+    );
+    let m = r.model().unwrap();
+    assert_eq!(m.log.steps.len(), r.steps.len());
+    for (i, (s, (p, stats))) in r
+        .steps
+        .iter()
+        .zip(m.log.steps.iter().zip(&m.stats))
+        .enumerate()
+    {
+        assert!(
+            same_figures(&s.reading, p),
+            "step {}: measured {:?}, predicted {p:?}",
+            i + 1,
+            s.reading
+        );
+        assert_eq!(s.stats, *stats, "step {}: {}", i + 1, s.reading.step);
+    }
+    let (before, last) = (&r.steps[r.steps.len() - 2], r.steps.last().unwrap());
+    assert_eq!(last.stats.alloc_retries, before.stats.alloc_retries + 1);
+    assert_eq!(last.stats.ooms, 0);
+    assert!(last
+        .map
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .any(|b| b.label.as_deref() == Some("more")));
+}
+
+/// Without a GPU the lesson is refused as unavailable (exit 2 on the command line), never
+/// simulated. (On a machine with a GPU there is nothing to check here.)
+#[test]
+fn without_a_gpu_the_lesson_is_unavailable() {
+    use iteragpu_lab::status::{Classify, Status};
+    if tch::Cuda::is_available() {
+        return;
+    }
+    let script = iteragpu_lab::allocator::lesson::LessonScript::standard();
+    let e = iteragpu_torch::lesson(GPU0, &script, None).unwrap_err();
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
 }

@@ -1,6 +1,6 @@
-//! The libtorch-linked half of `mesure_memoire`: `environment` and `measure` run here, through
-//! [`iteragpu_torch::TorchGpu`]; the command line is `iteragpu_lab::cli::mesure_memoire`. Started
-//! by another program of the project, it dies with that program.
+//! The libtorch-linked half of `mesure_memoire`: `environment`, `measure` and `lesson` run here,
+//! through [`iteragpu_torch::TorchGpu`]; the command line is `iteragpu_lab::cli::mesure_memoire`.
+//! Started by another program of the project, it dies with that program.
 fn main() -> std::process::ExitCode {
     use iteragpu_lab::cli::mesure_memoire::{main, Mode};
     if !iteragpu_torch::follow_parent() {

@@ -26,8 +26,8 @@ fn notebooks_are_committed_stripped() {
         let nb: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(nb["metadata"]["kernelspec"]["name"], "iteragpu-rust");
         let text = serde_json::to_string(&nb["cells"]).unwrap();
-        // The library without its command line; the libtorch backend only where the kernel
-        // itself allocates on the GPU (the live lesson), and then without its command line too.
+        // The library without its command line (the GPU work runs in the companion); a notebook
+        // that used the libtorch backend would take it without its command line too.
         assert!(text.contains(r#":dep iteragpu-lab = { path = \"..\", default-features = false }"#));
         if text.contains("iteragpu-torch") {
             assert!(text.contains(

@@ -279,12 +279,11 @@ impl Workload {
                 self.shape.q_dim(),
                 self.shape.intermediate,
             ];
-            match widths
+            if let Some(w) = widths
                 .into_iter()
                 .find(|w| group_size == 0 || w % group_size != 0)
             {
-                Some(w) => return Err(WorkloadError::GroupSize(group_size, w)),
-                None => {}
+                return Err(WorkloadError::GroupSize(group_size, w));
             }
         }
         match &self.mode {

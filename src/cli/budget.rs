@@ -245,9 +245,9 @@ impl BudgetArgs {
             checkpointing: self.checkpointing,
             flash_attention: self.flash_attention,
         };
-        Ok(workload
+        workload
             .validated()
-            .context("invalid model or workload flags")?)
+            .context("invalid model or workload flags")
     }
 
     /// The budget of these flags.

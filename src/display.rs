@@ -119,17 +119,9 @@ impl GridRow {
 }
 
 impl StepLog {
-    /// The last `n` steps, with the change from the step before each (or why there is none).
-    pub fn last(&self, n: usize) -> Html {
-        self.rows(self.steps.len().saturating_sub(n), self.steps.len())
-    }
-
     /// Steps `first..end` (0-based, clamped to the log), numbered from 1, with the change from
-    /// the step before each (or why there is none).
+    /// the step before each.
     pub fn rows(&self, first: usize, end: usize) -> Html {
-        if let Some(why) = &self.unavailable {
-            return no_gpu(why);
-        }
         let end = end.min(self.steps.len());
         let start = first.min(end);
         let delta = |now: u64, before: Option<u64>| match before {
@@ -160,7 +152,7 @@ impl StepLog {
             Some(source) => format!("{source}: caching allocator, bytes"),
             None => "Caching allocator, bytes".to_string(),
         };
-        let mut h = table(
+        table(
             &caption,
             &[
                 "step",
@@ -176,32 +168,17 @@ impl StepLog {
                 "GPU used − reserved",
             ],
             &rows,
-        );
-        if let Some(e) = &self.error {
-            h = h.then(Html::note(&format!("{} {e}", labels::LAST_STEP_FAILED)));
-        }
-        h
+        )
     }
 
     pub fn html(&self) -> Html {
-        self.last(self.steps.len())
+        self.rows(0, self.steps.len())
     }
 
-    /// Allocated, reserved and GPU-used over the steps, as inline SVG (or why there is none).
+    /// Allocated, reserved and GPU-used over the steps, as inline SVG.
     pub fn chart(&self) -> Html {
-        if let Some(why) = &self.unavailable {
-            return no_gpu(why);
-        }
         crate::plot::step_chart(self).html()
     }
-}
-
-fn no_gpu(why: &str) -> Html {
-    Html(format!(
-        "<p><b>{}</b> {}</p>",
-        labels::NO_GPU,
-        html_escape::encode_text(why)
-    ))
 }
 
 /// A measurement's table, or the clear reason why nothing was measured (never a fake figure).

@@ -25,8 +25,6 @@ pub mod labels {
     pub const NO_MEASUREMENT: &str = "No measurement.";
     /// Marks figures shown from a file recorded on another machine.
     pub const RECORDED_ELSEWHERE: &str = "RECORDED ELSEWHERE";
-    /// Starts the note of a step that failed.
-    pub const LAST_STEP_FAILED: &str = "Last step failed:";
 }
 
 fn emit(mime: &str, content: &str) {

@@ -232,6 +232,14 @@ fn a_recorded_lesson_is_labelled_with_its_environment_and_a_missing_one_says_so(
         expandable: missing,
     };
     assert!(lessons.compare(8).0.contains("cannot be shown"));
+    assert!(lessons.header().0.contains("missing, not recorded yet"));
+    // A file that is not a lesson: said, never shown.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, b"{\"schema\": \"iteragpu-lab/measurement/v1\"}").unwrap();
+    let h = ShownLesson::recorded(bad, "no GPU".into(), false)
+        .header()
+        .0;
+    assert!(h.contains("is not a lesson record"), "{h}");
 }
 
 #[test]

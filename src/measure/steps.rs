@@ -1,7 +1,6 @@
 //! A log of allocator readings taken after named steps (allocate, free, a matrix product,
 //! `empty_cache`...): what the live lesson records after each step (`allocator::lesson`) and the
-//! allocator model predicts; `display` and `plot` draw it. Without a GPU it holds the reason and no
-//! figure.
+//! allocator model predicts; `display` and `plot` draw it.
 
 use serde::{Deserialize, Serialize};
 
@@ -23,15 +22,12 @@ pub struct StepReading {
     pub runtime_used: Option<u64>,
 }
 
-/// The readings of a sequence of steps, or why there are none.
+/// The readings of a sequence of steps.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepLog {
     pub steps: Vec<StepReading>,
-    /// Why no GPU could be used: then `steps` stays empty.
-    pub unavailable: Option<String>,
-    /// The last step's error, if one failed.
-    pub error: Option<String>,
-    /// Where the figures come from when they are not measured (a prediction), said above them.
+    /// Where the figures come from (measured here, recorded elsewhere, predicted), said above
+    /// them.
     #[serde(default)]
     pub source: Option<String>,
 }

@@ -59,7 +59,7 @@ impl LessonModel {
                 source: Some(format!(
                     "{PREDICTED} (compute capability {cc}, PyTorch's default settings)"
                 )),
-                ..Default::default()
+                steps: Vec::new(),
             },
             stats: Vec::new(),
             maps: Vec::new(),

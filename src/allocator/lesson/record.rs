@@ -245,7 +245,6 @@ impl LessonRecord {
         crate::measure::StepLog {
             steps: self.steps.iter().map(|s| s.reading.clone()).collect(),
             source: Some(source.to_string()),
-            ..Default::default()
         }
     }
 

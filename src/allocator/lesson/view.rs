@@ -75,13 +75,26 @@ impl ShownLesson {
     /// The lesson recorded in `file` on another machine, shown because nothing was measured here
     /// (`why`); when the file cannot be read, nothing is shown and both reasons are said.
     pub fn recorded(file: PathBuf, why: String, expandable: bool) -> ShownLesson {
+        use super::record::LessonFileError;
+        use crate::files::ReadError;
         let (record, missing) = match LessonRecord::load(&file) {
             Ok(r) => (Some(r), None),
+            Err(LessonFileError::Read(ReadError::Io { source, .. }))
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                (
+                    None,
+                    Some(format!(
+                        "The lesson recorded elsewhere ({}) cannot be shown: it is missing, not \
+                         recorded yet (scripts/gpu/lesson-proof.py records it on a GPU machine).",
+                        file.display()
+                    )),
+                )
+            }
             Err(e) => (
                 None,
                 Some(format!(
-                    "The lesson recorded elsewhere ({}) cannot be shown: {e}. It is recorded on a \
-                     GPU machine by scripts/gpu/lesson-proof.py.",
+                    "The lesson recorded elsewhere ({}) cannot be shown: {e}.",
                     file.display()
                 )),
             ),

@@ -241,6 +241,18 @@ const ALLOWED: [Allowed; 20] = [
         "in the notebooks' list",
     ),
     allowed(
+        "budget-vram.ipynb",
+        README,
+        Some("notebooks/budget-vram.ipynb"),
+        "in the notebooks' list",
+    ),
+    allowed(
+        "config.json",
+        README,
+        None,
+        "the file of each model's public repository that a row of data/modeles.csv names",
+    ),
+    allowed(
         "exemple-mesure-h200-petit-essai.json",
         README,
         Some("data/exemple-mesure-h200-petit-essai.json"),

@@ -226,11 +226,10 @@ fn recompute_moments(w: &Workload, kept: &Kept) -> Vec<(&'static str, u64, u64)>
     );
     if !w.flash_attention {
         // Written out, the attention's backward peaks in the softmax's: the float32
-        // probabilities, their gradient and the softmax's float32 gradient beside the gradient
-        // in the dtype ((12 + e)·b·heads·t², measured on the H200 in float16), with Q, the
-        // repeated K, the repeated V's gradient, the mask, the residual's gradient and the first
-        // norm's kept tensors; the MLP, the second norm and o_proj are done (their gradients
-        // made).
+        // probabilities, their gradient and the softmax's float32 gradient beside gradients in
+        // the dtype, with Q, the repeated K, the repeated V's gradient, the mask, the residual's
+        // gradient and the first norm's kept tensors; the MLP, the second norm and o_proj are
+        // done (their gradients made).
         let scores = b * s.heads * t * t;
         let kv_used = q;
         let norm1 = match &w.mode {
@@ -247,8 +246,19 @@ fn recompute_moments(w: &Workload, kept: &Kept) -> Vec<(&'static str, u64, u64)>
             }
             _ => 0,
         };
-        let working =
-            row + norm1 + adapter_copies + e * bs * (q + 2 * kv_used) + t * t + (12 + e) * scores;
+        // Measured on the H200: 14 score-sized units of bytes in float16 (two runs) and 16 in
+        // bfloat16 (two runs), whose softmax takes a float32 copy of its input and so has one
+        // more conversion to undo; float32 is taken as bfloat16 (not measured).
+        let softmax_backward = match w.dtype {
+            Dtype::Float16 => 14,
+            _ => 16,
+        };
+        let working = row
+            + norm1
+            + adapter_copies
+            + e * bs * (q + 2 * kv_used)
+            + t * t
+            + softmax_backward * scores;
         let done = grads(&|n| {
             in_layer(n)
                 && [
@@ -335,21 +345,29 @@ impl Kept {
             Mode::Lora { rank, targets } => {
                 let adapted = |l: LinearTarget| targets.contains(&l);
                 // A frozen linear layer keeps nothing of its input; each adapted one keeps a
-                // float32 copy of it and the float32 [b·t, rank] product with A.
-                let copy = |l: LinearTarget, width: u64| {
-                    if adapted(l) {
-                        4 * bs * width + 4 * bs * rank
-                    } else {
-                        0
-                    }
+                // float32 copy of it and the float32 [b·t, rank] product with A. In float32 the
+                // "copy" is the input itself: q, k and v share one, gate and up one, o_proj's is
+                // the attention's output (already kept), down_proj's the MLP's product.
+                let products = LinearTarget::ALL.iter().filter(|l| adapted(**l)).count() as u64
+                    * 4
+                    * bs
+                    * rank;
+                let any = |ls: &[LinearTarget]| u64::from(ls.iter().any(|l| adapted(*l)));
+                let copies = if e < 4 {
+                    let copy = |l: LinearTarget, width: u64| any(&[l]) * 4 * bs * width;
+                    copy(LinearTarget::Q, h)
+                        + copy(LinearTarget::K, h)
+                        + copy(LinearTarget::V, h)
+                        + copy(LinearTarget::O, q)
+                        + copy(LinearTarget::Gate, h)
+                        + copy(LinearTarget::Up, h)
+                        + copy(LinearTarget::Down, i)
+                } else {
+                    4 * bs * h * any(&[LinearTarget::Q, LinearTarget::K, LinearTarget::V])
+                        + 4 * bs * h * any(&[LinearTarget::Gate, LinearTarget::Up])
+                        + 4 * bs * i * any(&[LinearTarget::Down])
                 };
-                let adapters = copy(LinearTarget::Q, h)
-                    + copy(LinearTarget::K, h)
-                    + copy(LinearTarget::V, h)
-                    + copy(LinearTarget::O, q)
-                    + copy(LinearTarget::Gate, h)
-                    + copy(LinearTarget::Up, h)
-                    + copy(LinearTarget::Down, i);
+                let adapters = copies + products;
                 // SwiGLU keeps gate, silu(gate) and up; their product only for down's adapter
                 // (counted above).
                 let mlp = 3 * e * bs * i;

@@ -185,6 +185,13 @@ def main():
             say(f"- `{Path(prog).name}`: exit {p.returncode}, {cells} cells, {outputs} rich outputs, "
                 f"{dt:.1f} s, fallback or failure markers: {fake or 'none'} -> {'OK' if ok else 'FAIL'}")
             failures += not ok
+            if Path(prog).name == "notebook-mesure-memoire":
+                # The figures against the sentences the notebook states.
+                c = subprocess.run([sys.executable, str(HERE / "notebook-claims.py"),
+                                    str(out / (Path(prog).name + ".out"))], capture_output=True, text=True)
+                for line in c.stdout.splitlines():
+                    say(f"  - {line}")
+                failures += c.returncode != 0
 
     say("\n## Benchmark: Rust against the Python reference, same machine, same call\n")
     small = CONFIGS[0][1]

@@ -193,7 +193,9 @@ impl Term {
 /// Bytes of a weight tensor stored in `format` (quantization metadata apart), and its metadata.
 fn stored(t: &WeightTensor, w: &Workload) -> (u64, u64) {
     let dense = t.elements * w.dtype.bytes();
-    let (rows_out, cols_in) = t.linear.map_or((0, 0), |target| linear_dims(w, target));
+    let (rows_out, cols_in) = t
+        .linear
+        .map_or((0, 0), |target| super::linear_features(&w.shape, target));
     match (t.linear, w.weights) {
         (None, _) | (_, WeightFormat::Dense) => (dense, 0),
         (Some(_), WeightFormat::Int8) => (t.elements, rows_out * 4),
@@ -215,18 +217,6 @@ fn stored(t: &WeightTensor, w: &Workload) -> (u64, u64) {
     }
 }
 
-/// (output rows, input columns) of a layer's linear matrix.
-fn linear_dims(w: &Workload, target: LinearTarget) -> (u64, u64) {
-    let s = &w.shape;
-    match target {
-        LinearTarget::Q => (s.q_dim(), s.hidden),
-        LinearTarget::K | LinearTarget::V => (s.kv_dim(), s.hidden),
-        LinearTarget::O => (s.hidden, s.q_dim()),
-        LinearTarget::Gate | LinearTarget::Up => (s.intermediate, s.hidden),
-        LinearTarget::Down => (s.hidden, s.intermediate),
-    }
-}
-
 /// LoRA parameters: for every layer (and expert) and target, rank × (in + out).
 fn lora_parameters(w: &Workload, rank: u64, targets: &[LinearTarget]) -> u64 {
     w.shape
@@ -234,7 +224,7 @@ fn lora_parameters(w: &Workload, rank: u64, targets: &[LinearTarget]) -> u64 {
         .iter()
         .filter_map(|t| t.linear.filter(|l| targets.contains(l)))
         .map(|l| {
-            let (out, inp) = linear_dims(w, l);
+            let (out, inp) = super::linear_features(&w.shape, l);
             rank * (out + inp)
         })
         .sum()
@@ -249,13 +239,58 @@ fn estimated(source: &str, bound: &str) -> TermStatus {
 
 /// Computes the budget of a validated workload.
 pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
-    let s = &w.shape;
-    let e = w.dtype.bytes();
-    let tensors = s.tensors();
+    let tensors = w.shape.tensors();
     let parameters: u64 = tensors.iter().map(|t| t.elements).sum();
     let mut b = Builder { terms: Vec::new() };
+    push_weights(&mut b, w, &tensors, parameters);
+    let trainable = match &w.mode {
+        Mode::Inference { .. } => 0,
+        Mode::Full { .. } => parameters,
+        Mode::Lora { rank, targets } => lora_parameters(w, *rank, targets),
+    };
+    let acts = activations::estimate(w);
+    let moments = push_mode(&mut b, w, &tensors, trainable, &acts);
+    push_per_gpu(&mut b, w, &settings);
+    let mut terms = b.terms;
+    let on_one_gpu = |m: &Moment| -> u64 {
+        terms
+            .iter()
+            .filter(|t| t.place == Place::Allocator)
+            .map(|t| m.held(t))
+            .sum()
+    };
+    let peak = moments
+        .iter()
+        .max_by_key(|m| on_one_gpu(m))
+        .expect("at least one moment")
+        .clone();
+    for t in &mut terms {
+        t.at_peak = Bytes(peak.held(t));
+    }
+    let peak_allocated = terms
+        .iter()
+        .filter(|t| t.place == Place::Allocator)
+        .map(|t| t.at_peak.0)
+        .sum();
+    let total = terms.iter().map(|t| t.at_peak.0).sum();
+    Budget {
+        schema: SCHEMA.into(),
+        workload: w.clone(),
+        parameters,
+        trainable_parameters: trainable,
+        peak_rule: acts.peak_rule.clone(),
+        terms,
+        moments,
+        peak_moment: peak.name,
+        peak_allocated: Bytes(peak_allocated),
+        total: Bytes(total),
+        constants: settings.constants,
+    }
+}
 
-    // Weights and their quantization metadata.
+/// Weights and their quantization metadata.
+fn push_weights(b: &mut Builder, w: &Workload, tensors: &[WeightTensor], parameters: u64) {
+    let e = w.dtype.bytes();
     let (weight_bytes, metadata_bytes) = tensors
         .iter()
         .map(|t| stored(t, w))
@@ -288,15 +323,22 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
             metadata_bytes,
         );
     }
+}
 
-    let trainable = match &w.mode {
-        Mode::Inference { .. } => 0,
-        Mode::Full { .. } => parameters,
-        Mode::Lora { rank, targets } => lora_parameters(w, *rank, targets),
-    };
-    let acts = activations::estimate(w);
+/// The terms of the mode (KV cache; adapters, gradients, optimizer states; activations) and the
+/// moments that may be the peak.
+fn push_mode(
+    b: &mut Builder,
+    w: &Workload,
+    tensors: &[WeightTensor],
+    trainable: u64,
+    acts: &Activations,
+) -> Vec<Moment> {
+    let s = &w.shape;
+    let e = w.dtype.bytes();
+    // Full training trains every parameter.
+    let parameters = trainable;
     let mut moments = vec![Moment::new("prefill", &[])];
-
     match &w.mode {
         Mode::Inference { kv_cache, .. } => {
             let kv = 2 * s.layers * w.batch * w.tokens() * s.kv_dim() * kv_cache.bytes();
@@ -316,7 +358,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 kv,
             )
             .split(Split::KvHeads);
-            push_activations(&mut b, &acts);
+            push_activations(b, acts);
         }
         Mode::Lora { rank, targets } => {
             let names: Vec<&str> = targets.iter().map(|t| t.module()).collect();
@@ -346,12 +388,12 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                 formula("(AdamW: two float32 moments)", 8),
                 trainable * 8,
             );
-            push_activations(&mut b, &acts);
+            push_activations(b, acts);
             moments = vec![
                 Moment::new("loss backward", &[("gradients", 0)]),
                 Moment::new("end of backward", &[("activations", 0), ("logits", 0)]),
             ];
-            moments.extend(recompute_moments(&acts));
+            moments.extend(recompute_moments(acts));
         }
         Mode::Full { optimizer } => {
             let grads = parameters * e;
@@ -396,7 +438,7 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                     "tensors under 4096 elements keep 32-bit states in bitsandbytes: not counted",
                 ));
             }
-            push_activations(&mut b, &acts);
+            push_activations(b, acts);
             moments = vec![
                 Moment::new("loss backward", &[("gradients", 0)]),
                 Moment::new(
@@ -404,16 +446,21 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
                     &[("activations", acts.step_bytes), ("logits", 0)],
                 ),
             ];
-            moments.extend(recompute_moments(&acts));
+            moments.extend(recompute_moments(acts));
         }
     }
 
+    moments
+}
+
+/// The terms each GPU holds whole: cuBLAS workspaces, the CUDA context, the reserve.
+fn push_per_gpu(b: &mut Builder, w: &Workload, settings: &BudgetSettings) {
     // cuBLAS workspaces: one per handle, and a handle per thread; training runs backward on
     // autograd's own thread. cuBLASLt's own workspace comes only with a bias (addmm's cuBLASLt
     // path).
     let ws = settings.workspaces;
     let lt = match ws.cublaslt_bytes {
-        Some(lt) if s.attention_bias && ws.addmm_cublaslt => lt,
+        Some(lt) if w.shape.attention_bias && ws.addmm_cublaslt => lt,
         _ => 0,
     };
     let threads = if w.mode.trains() { 2 } else { 1 };
@@ -467,42 +514,6 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
     .status(TermStatus::Hypothesis)
     .split(Split::PerGpu)
     .place(Place::Reserve);
-
-    let mut terms = b.terms;
-    let on_one_gpu = |m: &Moment| -> u64 {
-        terms
-            .iter()
-            .filter(|t| t.place == Place::Allocator)
-            .map(|t| m.held(t))
-            .sum()
-    };
-    let peak = moments
-        .iter()
-        .max_by_key(|m| on_one_gpu(m))
-        .expect("at least one moment")
-        .clone();
-    for t in &mut terms {
-        t.at_peak = Bytes(peak.held(t));
-    }
-    let peak_allocated = terms
-        .iter()
-        .filter(|t| t.place == Place::Allocator)
-        .map(|t| t.at_peak.0)
-        .sum();
-    let total = terms.iter().map(|t| t.at_peak.0).sum();
-    Budget {
-        schema: SCHEMA.into(),
-        workload: w.clone(),
-        parameters,
-        trainable_parameters: trainable,
-        peak_rule: acts.peak_rule.clone(),
-        terms,
-        moments,
-        peak_moment: peak.name,
-        peak_allocated: Bytes(peak_allocated),
-        total: Bytes(total),
-        constants: c,
-    }
 }
 
 /// The moments inside a recomputed layer's backward (with checkpointing).

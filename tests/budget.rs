@@ -254,6 +254,7 @@ fn budgets_match_the_runs_recorded_on_the_h200() {
     let v = json_of(mm().args(["budget", "--json", "--against"]).args(&reports));
     let runs = v.as_array().unwrap();
     assert_eq!(runs.len(), reports.len());
+    let mut maps = 0;
     const EXACT: [&str; 5] = [
         "weights",
         "kv_cache",
@@ -268,9 +269,15 @@ fn budgets_match_the_runs_recorded_on_the_h200() {
                 assert_eq!(c["residual"], 0, "{path}: {c}");
             }
         }
+        for m in run["maps"].as_array().unwrap() {
+            assert_eq!(m["equal"], true, "{path}: {m}");
+            maps += 1;
+        }
         let error = run["peak_error_percent"].as_f64().unwrap();
         assert!(error.abs() < 1.0, "{path}: peak off by {error} %");
     }
+    // The runs recorded with --blocks: their weights', KV cache's, adapters' and states' maps.
+    assert!(maps >= 100, "{maps} block maps");
 }
 
 #[test]

@@ -1054,6 +1054,7 @@ impl iteragpu_lab::budget::TransformerBench for SimulatedBench {
                 peak_allocated: weights,
                 peak_reserved: weights.next_multiple_of(1 << 21),
                 host_ms: 1.0,
+                blocks: None,
             })
             .collect();
         Ok(iteragpu_lab::budget::BenchReport::new(

@@ -138,7 +138,7 @@ def main() -> int:
     for name, shape, dtype, flags in chosen:
         report = out / f"{name}.json"
         cmd = [str(mm), "transformer", *shape_flags(SHAPES[shape]), "--dtype", dtype, *flags,
-               "--device", "cuda:0", "--quiet", "--output", str(report)]
+               "--device", "cuda:0", "--blocks", "--quiet", "--output", str(report)]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -173,19 +173,22 @@ def main() -> int:
             say(f"**budget --against FAILED** (exit {p.returncode}): {p.stderr.strip()}")
         else:
             say("# Budgets against the runs\n")
-            say("| run | exact terms (residual) | kept by forward: budget / measured | peak allocated: budget / measured | error |")
-            say("| --- | --- | --- | --- | ---: |")
+            say("| run | exact terms (residual) | block maps equal to the model's | kept by forward: budget / measured | peak allocated: budget / measured | error |")
+            say("| --- | --- | --- | --- | --- | ---: |")
             for path, v in zip(reports, json.loads(p.stdout)):
                 exact = [c for c in v["checks"] if c["term"] in EXACT]
                 wrong = [c for c in exact if c["residual"] != 0]
                 kept = [c for c in v["checks"] if c["stage"] == "forward"]
                 kept_text = (f"{g(kept[0]['formula']['bytes'])} / {g(kept[0]['measured']['bytes'])}" if kept else "—")
                 error = v["peak_error_percent"]
-                if wrong or abs(error) >= PEAK_TARGET_PERCENT:
+                maps = v.get("maps", [])
+                maps_text = f"{sum(m['equal'] for m in maps)}/{len(maps)}" + "".join(
+                    f" ({m['stage']}: {m['difference']})" for m in maps if not m["equal"])
+                if wrong or abs(error) >= PEAK_TARGET_PERCENT or not all(m["equal"] for m in maps):
                     failed.append(Path(path).stem)
                 say(f"| {Path(path).stem} | {len(exact) - len(wrong)}/{len(exact)} exact"
                     f"{'' if not wrong else ' (' + ', '.join(c['term'] + ' ' + str(c['residual']) for c in wrong) + ')'} | "
-                    f"{kept_text} | {g(v['predicted_peak']['bytes'])} / {g(v['measured_peak']['bytes'])} | {error:+.4f} % |")
+                    f"{maps_text} | {kept_text} | {g(v['predicted_peak']['bytes'])} / {g(v['measured_peak']['bytes'])} | {error:+.4f} % |")
             say()
     say(f"Failed: {', '.join(failed) if failed else 'none'}.")
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -135,6 +135,9 @@ pub struct BenchRun {
     /// `softmax(q kᵀ) v` with its `[batch, heads, seq, seq]` scores.
     pub flash_attention: bool,
     pub device: CudaDevice,
+    /// Record the allocator's block map at the end of each stage.
+    #[serde(default)]
+    pub blocks: bool,
 }
 
 /// Why a run is refused; each names the field at fault where there is one.
@@ -360,6 +363,10 @@ pub struct StageReading {
     pub peak_reserved: u64,
     /// Host wall time of the stage, synchronisation included.
     pub host_ms: f64,
+    /// The allocator's block map at the end of a stage that only makes named tensors (weights,
+    /// KV cache, adapters, optimizer states; with `--blocks`), each block named after its tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<crate::allocator::simulator::SegmentView>>,
 }
 
 impl StageReading {
@@ -530,6 +537,7 @@ mod tests {
             checkpointing: false,
             flash_attention: true,
             device: CudaDevice { index: 0 },
+            blocks: false,
         }
     }
 
@@ -729,6 +737,7 @@ mod tests {
             peak_allocated: 1536,
             peak_reserved: 2 << 20,
             host_ms: 0.25,
+            blocks: None,
         }];
         let report = BenchReport::new(lora().validated().unwrap(), environment, stages);
         let text = serde_json::to_string_pretty(&report).unwrap();

@@ -379,8 +379,31 @@ impl super::verify::Verification {
         format!("Budget against the {}: {}", self.gpu, self.run)
     }
 
+    /// One line per block map compared.
+    fn map_lines(&self) -> Vec<String> {
+        self.maps
+            .iter()
+            .map(|m| {
+                format!(
+                    "block map at the end of {}: {} segments, {} blocks, {}",
+                    m.stage,
+                    m.segments,
+                    m.blocks,
+                    match &m.difference {
+                        None => "every segment and block equal to the allocator model's, sizes and names".to_string(),
+                        Some(d) => format!("DIFFERS from the allocator model's: {d}"),
+                    }
+                )
+            })
+            .collect()
+    }
+
     pub fn html(&self) -> Html {
-        table(&self.caption(), &CHECK_COLUMNS, &self.cells()).then(Html::note(CHECK_NOTE))
+        let mut h = table(&self.caption(), &CHECK_COLUMNS, &self.cells());
+        for line in self.map_lines() {
+            h = h.then(Html::note(&line));
+        }
+        h.then(Html::note(CHECK_NOTE))
     }
 }
 
@@ -400,6 +423,9 @@ impl fmt::Display for super::verify::Verification {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{}", self.caption())?;
         text_table(f, &CHECK_COLUMNS, &self.cells())?;
+        for line in self.map_lines() {
+            writeln!(f, "- {line}")?;
+        }
         write!(f, "{CHECK_NOTE}")
     }
 }

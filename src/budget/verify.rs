@@ -7,7 +7,7 @@ use super::activations;
 use super::bench::{stage, BenchMode, BenchReport, BenchRun};
 use super::terms::{budget, Budget, BudgetSettings, Place};
 use super::workload::{KvFormat, Mode, Optimizer, WeightFormat, Workload};
-use crate::allocator::simulator::CachingAllocator;
+use crate::allocator::simulator::{AddressOrder, CachingAllocator, SegmentView};
 use crate::units::Bytes;
 use serde::Serialize;
 
@@ -32,6 +32,9 @@ pub struct Verification {
     pub run: String,
     pub gpu: String,
     pub checks: Vec<Check>,
+    /// The block maps recorded at the end of the stages that only make named tensors, against
+    /// the allocator model's replay (runs with `--blocks`).
+    pub maps: Vec<MapCheck>,
     /// The budget's peak of `allocated`, its exact terms taken as the allocator model rounds them.
     pub predicted_peak: Bytes,
     /// The largest peak of `allocated` over the run's stages.
@@ -109,15 +112,87 @@ struct Replay {
 }
 
 impl Replay {
-    fn add(&mut self, sizes: impl IntoIterator<Item = u64>) -> u64 {
+    /// Allocates the named tensors in order; the `allocated` they add.
+    fn add(&mut self, tensors: impl IntoIterator<Item = (String, u64)>) -> u64 {
         let before = self.allocator.stats().allocated.current;
-        for size in sizes {
+        for (name, size) in tensors {
             self.allocator
-                .malloc(size, 0, "tensor")
+                .malloc(size, 0, &name)
                 .expect("the model has no capacity limit");
         }
         self.allocator.stats().allocated.current - before
     }
+}
+
+/// A block map without addresses, segments in a fixed order: (pool, size, each block's
+/// (allocated, name, size)). Two maps with the same shape compare equal.
+type MapShape = Vec<(String, u64, Vec<(bool, String, u64)>)>;
+
+fn map_shape(map: &[SegmentView]) -> MapShape {
+    let mut shape: MapShape = map
+        .iter()
+        .map(|seg| {
+            let blocks = seg
+                .blocks
+                .iter()
+                .map(|b| (b.allocated, b.label.clone().unwrap_or_default(), b.size))
+                .collect();
+            (format!("{:?}", seg.pool), seg.size, blocks)
+        })
+        .collect();
+    shape.sort();
+    shape
+}
+
+/// A stage's measured block map against the allocator model's replay of the same tensors.
+#[derive(Debug, Clone, Serialize)]
+pub struct MapCheck {
+    pub stage: String,
+    pub segments: usize,
+    pub blocks: usize,
+    /// Every segment and block, size and name, as the model has it.
+    pub equal: bool,
+    /// The first segment that differs, measured then modelled, when they differ.
+    pub difference: Option<String>,
+}
+
+fn compare_maps(stage: &str, measured: &[SegmentView], model: &[SegmentView]) -> MapCheck {
+    let (m, p) = (map_shape(measured), map_shape(model));
+    let difference = (m != p).then(|| {
+        let at = m
+            .iter()
+            .zip(&p)
+            .position(|(a, b)| a != b)
+            .unwrap_or(m.len().min(p.len()));
+        format!(
+            "{} segments measured, {} modelled; first difference: {:?} against {:?}",
+            m.len(),
+            p.len(),
+            m.get(at),
+            p.get(at)
+        )
+    });
+    MapCheck {
+        stage: stage.into(),
+        segments: m.len(),
+        blocks: m.iter().map(|s| s.2.len()).sum(),
+        equal: difference.is_none(),
+        difference,
+    }
+}
+
+/// AdamW's state tensors of `trained` (name, float32 bytes), in the bench's order: for each, its
+/// master copy (with `master`), `exp_avg`, `exp_avg_sq`.
+fn moments(trained: &[(String, u64)], master: bool) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for (name, size) in trained {
+        if master {
+            out.push((format!("{name}.master"), *size));
+        }
+        out.push((format!("{name}.exp_avg"), *size));
+        out.push((format!("{name}.exp_avg_sq"), *size));
+    }
+    out
 }
 
 /// Checks the budget of `report`'s run against its figures.
@@ -144,8 +219,10 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
     };
     let e = run.dtype.bytes();
     let tensors = run.shape.tensors();
+    // New segments at decreasing addresses, as the H200's driver hands them out (the lesson's
+    // maps showed it): where several free blocks fit equally, the allocator picks by address.
     let mut replay = Replay {
-        allocator: CachingAllocator::new(),
+        allocator: CachingAllocator::with_address_order(AddressOrder::Descending),
     };
     let mut checks = Vec::new();
     let mut rounding: i128 = 0;
@@ -164,7 +241,15 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
         });
     };
 
-    let weights = replay.add(tensors.iter().map(|t| t.elements * e));
+    let mut maps = Vec::new();
+    let mut compare = |stage: &'static str, replay: &Replay| -> Result<(), VerifyError> {
+        if let Some(measured) = &reading(stage)?.blocks {
+            maps.push(compare_maps(stage, measured, &replay.allocator.snapshot()));
+        }
+        Ok(())
+    };
+    let weights = replay.add(tensors.iter().map(|t| (t.name.clone(), t.elements * e)));
+    compare(stage::WEIGHTS, &replay)?;
     check(
         "weights",
         stage::WEIGHTS,
@@ -177,7 +262,10 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
         BenchMode::Inference => {
             let s = &run.shape;
             let one = b_ * s.kv_heads * (t_ + run.generated) * s.head_dim * e;
-            let kv = replay.add((0..2 * s.layers).map(|_| one));
+            let kv = replay.add((0..s.layers).flat_map(|l| {
+                [format!("layers.{l}.k_cache"), format!("layers.{l}.v_cache")].map(|n| (n, one))
+            }));
+            compare(stage::KV_CACHE, &replay)?;
             check(
                 "kv_cache",
                 stage::KV_CACHE,
@@ -197,17 +285,22 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
             );
         }
         BenchMode::Full | BenchMode::Lora => {
-            let mut trained: Vec<u64> = Vec::new();
+            // The trained tensors, named as the bench names them, and their sizes.
+            let trained: Vec<(String, u64)>;
+            let states: Vec<(String, u64)>;
             if run.mode == BenchMode::Lora {
-                let mut sizes = Vec::new();
-                for _ in 0..run.shape.layers {
+                let mut adapters = Vec::new();
+                for l in 0..run.shape.layers {
                     for target in run.ordered_targets() {
                         let (out, inp) = super::linear_features(&run.shape, target);
-                        sizes.push(run.lora_rank * inp * 4);
-                        sizes.push(out * run.lora_rank * 4);
+                        let name = format!("layers.{l}.{}", target.module());
+                        adapters.push((format!("{name}.lora_A"), run.lora_rank * inp * 4));
+                        adapters.push((format!("{name}.lora_B"), out * run.lora_rank * 4));
                     }
                 }
-                let adapters = replay.add(sizes.iter().copied());
+                trained = adapters;
+                let adapters = replay.add(trained.iter().cloned());
+                compare(stage::ADAPTERS, &replay)?;
                 check(
                     "lora_adapters",
                     stage::ADAPTERS,
@@ -216,15 +309,17 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                     delta(stage::ADAPTERS)?,
                 );
                 // float32 adapters are their own master: two moments each.
-                trained = sizes.iter().flat_map(|&s| [s, s]).collect();
+                states = moments(&trained, false);
             } else {
                 // A 16-bit parameter gets a float32 master copy; a float32 one is its own.
-                let per_tensor = if e < 4 { 3 } else { 2 };
-                for t in &tensors {
-                    trained.extend(std::iter::repeat_n(t.elements * 4, per_tensor));
-                }
+                trained = tensors
+                    .iter()
+                    .map(|t| (t.name.clone(), t.elements * 4))
+                    .collect();
+                states = moments(&trained, e < 4);
             }
-            let states = replay.add(trained);
+            let states = replay.add(states);
+            compare(stage::OPTIMIZER_STATES, &replay)?;
             check(
                 "optimizer_states",
                 stage::OPTIMIZER_STATES,
@@ -283,9 +378,50 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
             .as_ref()
             .map_or("unknown GPU".into(), |d| d.name.clone()),
         checks,
+        maps,
         predicted_peak: Bytes(predicted_peak),
         measured_peak: Bytes(measured_peak),
         peak_error_percent: error,
         budget: b,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replayed(sizes: &[u64]) -> Vec<SegmentView> {
+        let mut r = Replay {
+            allocator: CachingAllocator::new(),
+        };
+        r.add(sizes.iter().enumerate().map(|(n, s)| (format!("t{n}"), *s)));
+        r.allocator.snapshot()
+    }
+
+    #[test]
+    fn maps_compare_by_segment_and_block_not_by_address() {
+        let sizes = [1 << 20, 3 << 20, 512, 25 << 20];
+        let mut measured = replayed(&sizes);
+        for (n, seg) in measured.iter_mut().enumerate() {
+            seg.address += 1 << 40;
+            seg.stream = n as u32;
+        }
+        measured.reverse();
+        let same = compare_maps("weights", &measured, &replayed(&sizes));
+        assert!(same.equal, "{:?}", same.difference);
+        assert_eq!(
+            same.blocks,
+            measured.iter().map(|s| s.blocks.len()).sum::<usize>()
+        );
+        let other = compare_maps(
+            "weights",
+            &measured,
+            &replayed(&[1 << 20, 3 << 20, 512, 30 << 20]),
+        );
+        assert!(!other.equal);
+        assert!(other.difference.unwrap().contains("first difference"));
+        let mut renamed = measured.clone();
+        renamed[0].blocks[0].label = Some("somebody else".into());
+        assert!(!compare_maps("weights", &renamed, &replayed(&sizes)).equal);
+    }
 }

@@ -58,6 +58,11 @@ pub struct TransformerArgs {
     /// Do not print the stage table.
     #[arg(long)]
     pub quiet: bool,
+    /// Also record the allocator's block map at the end of the weights, KV cache, adapters and
+    /// optimizer states stages, each block named after its tensor (`budget --against` compares
+    /// them with the allocator model's).
+    #[arg(long)]
+    pub blocks: bool,
 }
 
 impl TransformerArgs {
@@ -83,6 +88,7 @@ impl TransformerArgs {
             checkpointing: self.checkpointing,
             flash_attention: self.flash_attention,
             device: self.device,
+            blocks: self.blocks,
         };
         run.validated().map_err(|e| {
             let flags = e.field().map_or_else(

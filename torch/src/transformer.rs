@@ -25,7 +25,7 @@ impl TransformerBench for TorchGpu {
         let run = run.clone().validated()?;
         let allocator = Allocator::open(run.device)?;
         tch::manual_seed(0);
-        let mut stages = Stages::new(&allocator);
+        let mut stages = Stages::new(&allocator, run.blocks);
         match run.mode {
             BenchMode::Inference => inference::run(&run, &mut stages, allocator.device())?,
             BenchMode::Full | BenchMode::Lora => {

@@ -133,6 +133,7 @@ mod transformer {
             checkpointing: false,
             flash_attention: true,
             device: GPU0,
+            blocks: true,
         }
     }
 

@@ -54,6 +54,20 @@ impl AdamW {
         Ok(AdamW { states, steps: 0 })
     }
 
+    /// Every state tensor with its name, in the order they were made.
+    pub fn tensors(&self) -> Vec<(String, &Tensor)> {
+        let mut out = Vec::new();
+        for s in &self.states {
+            let name = &s.parameter.name;
+            if let Some(master) = &s.master {
+                out.push((format!("{name}.master"), master));
+            }
+            out.push((format!("{name}.exp_avg"), &s.exp_avg));
+            out.push((format!("{name}.exp_avg_sq"), &s.exp_avg_sq));
+        }
+        out
+    }
+
     /// One step over every parameter, then every gradient set to None. A parameter without a
     /// gradient is an error (the backward pass missed it).
     pub fn step(&mut self) -> Result<(), TchError> {

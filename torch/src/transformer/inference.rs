@@ -56,11 +56,20 @@ pub fn run(run: &BenchRun, stages: &mut Stages, device: Device) -> Result<(), Me
     let _no_grad = tch::no_grad_guard();
     let kind = crate::backend::kind(run.dtype);
     let model = stages.measure(stage::WEIGHTS, || Model::build(&run.shape, kind, device))?;
+    for p in model.weights() {
+        stages.name(&p.tensor, p.name.clone());
+    }
+    stages.map_last()?;
     let decoder = Decoder {
         model: &model,
         flash: run.flash_attention,
     };
     let cache = stages.measure(stage::KV_CACHE, || KvCache::new(run, &model))?;
+    for (l, (k, v)) in cache.layers.iter().enumerate() {
+        stages.name(k, format!("layers.{l}.k_cache"));
+        stages.name(v, format!("layers.{l}.v_cache"));
+    }
+    stages.map_last()?;
     let context = run.context as i64;
     // What stays alive after the prefill: the cache and the first generated token.
     let first = stages.measure(stage::PREFILL, || {

@@ -211,6 +211,11 @@ impl Model {
     }
 
     /// Makes every weight trainable and returns them in build order (full training).
+    /// Every weight in build order, with its name.
+    pub fn weights(&self) -> &[Parameter] {
+        &self.weights
+    }
+
     pub fn train_all(&self) -> Result<Vec<Parameter>, TchError> {
         self.weights
             .iter()

@@ -1,24 +1,53 @@
 //! The stage protocol: synchronise, read `allocated`, reset the peaks, run the stage, synchronise,
 //! read the end and the stage's own peaks. A failure inside a stage is named after it.
 
-use crate::{torch_err, Allocator};
+use crate::{ffi, shim_err, torch_err, Allocator};
+use iteragpu_lab::allocator::snapshot;
 use iteragpu_lab::budget::{BenchMode, StageReading};
 use iteragpu_lab::measure::MeasureError;
+use std::collections::HashMap;
 use std::time::Instant;
-use tch::TchError;
+use tch::{TchError, Tensor};
 
 /// The readings of the stages run so far.
 pub struct Stages<'a> {
     allocator: &'a Allocator,
     readings: Vec<StageReading>,
+    /// With block maps: the names of the tensors made so far, by address.
+    names: Option<HashMap<u64, String>>,
 }
 
 impl<'a> Stages<'a> {
-    pub fn new(allocator: &'a Allocator) -> Stages<'a> {
+    /// Stages read from `allocator`; with `blocks`, the stages that only make named tensors
+    /// (weights, KV cache, adapters, optimizer states) also read the block map at their end.
+    pub fn new(allocator: &'a Allocator, blocks: bool) -> Stages<'a> {
         Stages {
             allocator,
             readings: Vec::new(),
+            names: blocks.then(HashMap::new),
         }
+    }
+
+    /// Names the block that holds `tensor` in the maps (when maps are recorded).
+    pub fn name(&mut self, tensor: &Tensor, name: String) {
+        if let Some(names) = &mut self.names {
+            names.insert(tensor.data_ptr() as u64, name);
+        }
+    }
+
+    /// Reads the block map into the last stage's reading, once the tensors it made are named (a
+    /// host-side read: nothing is allocated on the device between the stage's end and this).
+    pub fn map_last(&mut self) -> Result<(), MeasureError> {
+        let Some(names) = &self.names else {
+            return Ok(());
+        };
+        let text = ffi::snapshot(self.allocator.index()).map_err(shim_err)?;
+        let map =
+            snapshot::parse(&text, names).map_err(|e| MeasureError::from_torch_message(&e))?;
+        if let Some(last) = self.readings.last_mut() {
+            last.blocks = Some(map);
+        }
+        Ok(())
     }
 
     /// Runs `body` as the stage `stage` and records its reading; what `body` returns stays alive
@@ -46,6 +75,7 @@ impl<'a> Stages<'a> {
             peak_allocated: after.peak_allocated,
             peak_reserved: after.peak_reserved,
             host_ms,
+            blocks: None,
         });
         Ok(value)
     }

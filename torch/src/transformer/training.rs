@@ -129,21 +129,38 @@ impl Trainer<'_> {
 /// Runs the training stages of `run.mode` (full or lora).
 pub fn run(run: &BenchRun, stages: &mut Stages, device: Device) -> Result<(), MeasureError> {
     let kind = crate::backend::kind(run.dtype);
+    let name_weights = |stages: &mut Stages, model: &Model| -> Result<(), MeasureError> {
+        for p in model.weights() {
+            stages.name(&p.tensor, p.name.clone());
+        }
+        stages.map_last()
+    };
     let (model, trainable) = if run.mode == BenchMode::Lora {
         let mut model =
             stages.measure(stage::WEIGHTS, || Model::build(&run.shape, kind, device))?;
+        name_weights(stages, &model)?;
         let adapters = stages.measure(stage::ADAPTERS, || {
             model.add_adapters(run.lora_rank, &run.ordered_targets())
         })?;
+        for p in &adapters {
+            stages.name(&p.tensor, p.name.clone());
+        }
+        stages.map_last()?;
         (model, adapters)
     } else {
-        stages.measure(stage::WEIGHTS, || {
+        let (model, all) = stages.measure(stage::WEIGHTS, || {
             let model = Model::build(&run.shape, kind, device)?;
             let all = model.train_all()?;
             Ok((model, all))
-        })?
+        })?;
+        name_weights(stages, &model)?;
+        (model, all)
     };
     let mut optimizer = stages.measure(stage::OPTIMIZER_STATES, || AdamW::new(trainable))?;
+    for (name, t) in optimizer.tensors() {
+        stages.name(t, name);
+    }
+    stages.map_last()?;
     let trainer = Trainer {
         decoder: Decoder {
             model: &model,

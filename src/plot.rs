@@ -285,14 +285,13 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
             .filter(|t| *t < top * 1.5)
         {
             let dark = RGBColor(60, 60, 60);
-            chart
-                .draw_series(LineSeries::new(
-                    [(x0 - pad, total), (x1 + pad, total)],
-                    dark.stroke_width(1),
-                ))
-                .expect("drawing to memory")
-                .label("device memory (runtime total)")
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], dark));
+            level(
+                &mut chart,
+                (x0 - pad, x1 + pad),
+                total,
+                dark,
+                "device memory (runtime total)",
+            );
         }
         let red = RGBColor(200, 30, 30);
         let ooms: Vec<(f64, f64)> = rows
@@ -312,14 +311,13 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
             .legend(move |(x, y)| Cross::new((x + 7, y), 5, red.stroke_width(2)));
         if let Some(cap) = capacity {
             let green = RGBColor(49, 163, 84);
-            chart
-                .draw_series(LineSeries::new(
-                    [(x0 - pad, cap), (x1 + pad, cap)],
-                    green.stroke_width(1),
-                ))
-                .expect("drawing to memory")
-                .label("capacity of the allocator")
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], green));
+            level(
+                &mut chart,
+                (x0 - pad, x1 + pad),
+                cap,
+                green,
+                "capacity of the allocator",
+            );
         }
         if let Some(found) = limit.and_then(|l| l.found) {
             let black = RGBColor(0, 0, 0);
@@ -681,6 +679,25 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
             .draw()
             .expect("drawing to memory");
     })
+}
+
+/// A labelled horizontal line at `y` across `x` (a device's memory, the allocator's capacity).
+fn level<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<
+        'a,
+        DB,
+        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+    >,
+    x: (f64, f64),
+    y: f64,
+    color: RGBColor,
+    label: &str,
+) {
+    chart
+        .draw_series(LineSeries::new([(x.0, y), (x.1, y)], color.stroke_width(1)))
+        .expect("drawing to memory")
+        .label(label)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color));
 }
 
 /// Draws on a white SVG canvas of `size` pixels and returns the SVG text.

@@ -83,82 +83,36 @@ fn an_explicit_shape_equals_its_preset() {
 
 #[test]
 fn refusals_name_what_is_wrong() {
-    mm().args([
-        "budget",
-        "--model",
-        "llama-9",
-        "--mode",
-        "inference",
-        "--context",
-        "8",
-    ])
-    .assert()
-    .code(USAGE)
-    .stderr(contains(
-        "unknown model preset \"llama-9\"; known: llama-2-7b",
-    ));
-    mm().args([
-        "budget",
-        "--model",
-        "mistral-7b-v0.1",
-        "--mode",
-        "inference",
-        "--context",
-        "8",
-    ])
-    .assert()
-    .code(USAGE)
-    .stderr(contains("mistral-7b-v0.1 uses sliding-window attention"));
-    mm().args([
-        "budget",
-        "--model",
-        "llama-2-7b",
-        "--mode",
-        "qlora",
-        "--weights",
-        "int8",
-        "--context",
-        "8",
-    ])
-    .assert()
-    .code(USAGE)
-    .stderr(contains("--mode qlora stores the weights in NF4"));
-    mm().args([
-        "budget",
-        "--layers",
-        "2",
-        "--hidden",
-        "64",
-        "--heads",
-        "6",
-        "--kv-heads",
-        "4",
-        "--intermediate",
-        "128",
-        "--vocab",
-        "10",
-        "--mode",
-        "full",
-        "--context",
-        "8",
-    ])
-    .assert()
-    .code(USAGE)
-    .stderr(contains("heads (6) must be a multiple of kv_heads (4)"));
-    mm().args([
-        "budget",
-        "--model",
-        "llama-2-7b",
-        "--mode",
-        "lora",
-        "--targets",
-        "q,x",
-        "--context",
-        "8",
-    ])
-    .assert()
-    .code(USAGE)
-    .stderr(contains("unknown module \"x\""));
+    let cases: [(&str, &str); 5] = [
+        (
+            "--model llama-9 --mode inference",
+            "unknown model preset \"llama-9\"; known: llama-2-7b",
+        ),
+        (
+            "--model mistral-7b-v0.1 --mode inference",
+            "mistral-7b-v0.1 uses sliding-window attention",
+        ),
+        (
+            "--model llama-2-7b --mode qlora --weights int8",
+            "--mode qlora stores the weights in NF4",
+        ),
+        (
+            "--layers 2 --hidden 64 --heads 6 --kv-heads 4 --intermediate 128 --vocab 10 --mode full",
+            "heads (6) must be a multiple of kv_heads (4)",
+        ),
+        (
+            "--model llama-2-7b --mode lora --targets q,x",
+            "unknown module \"x\"",
+        ),
+    ];
+    for (flags, message) in cases {
+        mm().arg("budget")
+            .args(flags.split(' '))
+            .args(["--context", "8"])
+            .assert()
+            .code(USAGE)
+            .stderr(contains(message));
+    }
 }
 
 #[test]

@@ -676,19 +676,6 @@ fn the_readme_names_the_top_level_keys_of_a_measurement() {
     assert_eq!(named, keys);
 }
 
-/// `1234567` → `1 234 567`.
-fn grouped(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(' ');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// docs/benchmarks.md quotes the recorded proof: its count of compared rows and figures is the sum
 /// of the proof's comparison table, and the GPU's memory is the recorded total.
 #[test]
@@ -715,7 +702,11 @@ fn the_benchmark_figures_are_the_recorded_runs() {
         .unwrap();
     assert!(proof.contains(&format!("\"bytes\": {total}")));
     let mib = (total + (1 << 19)) >> 20;
-    let claim = format!("{} bytes = {} MiB", grouped(total), grouped(mib));
+    let claim = format!(
+        "{} bytes = {} MiB",
+        iteragpu_lab::units::grouped(total),
+        iteragpu_lab::units::grouped(mib)
+    );
     assert_eq!(claim, "150 109 880 320 bytes = 143 156 MiB");
     assert!(
         benchmarks.contains(&claim),

@@ -292,20 +292,28 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         crate::files::write_new_json(out, &b)?;
         super::say(format_args!("Budget written to {}", out.display()))?;
     }
+    if !a.fit && a.plot.is_none() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Read once for the plan and the chart.
+    let catalog = Catalog::load(a.plan.catalog.as_deref())?;
     if a.fit {
-        plan_and_print(&b, &a.plan, a.json)?;
+        plan_and_print(&b, &catalog, a.plan.max_gpus, a.json)?;
     }
     if let Some(plot) = &a.plot {
-        let catalog = Catalog::load(a.plan.catalog.as_deref())?;
         crate::plot::budget_chart(&b, &catalog).write_new(plot)?;
         super::say(format_args!("Chart written to {}", plot.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Plans `budget` over the catalog and prints the plan.
-pub fn plan_and_print(b: &Budget, plan: &PlanArgs, json: bool) -> Result<(), super::Failure> {
-    let catalog = Catalog::load(plan.catalog.as_deref())?;
-    let p = budget::plan(b, &catalog, plan.max_gpus)?;
+/// Plans `budget` over `catalog` and prints the plan.
+pub fn plan_and_print(
+    b: &Budget,
+    catalog: &Catalog,
+    max_gpus: u64,
+    json: bool,
+) -> Result<(), super::Failure> {
+    let p = budget::plan(b, catalog, max_gpus)?;
     super::print(&p, json)
 }

@@ -45,11 +45,8 @@ pub struct Args {
 pub fn run(args: &Args) -> Outcome {
     if let Some(path) = &args.fit {
         let budget = Budget::load(path)?;
-        let plan = super::budget::PlanArgs {
-            catalog: args.catalog.clone(),
-            max_gpus: args.max_gpus,
-        };
-        super::budget::plan_and_print(&budget, &plan, args.json)?;
+        let catalog = Catalog::load(args.catalog.as_deref())?;
+        super::budget::plan_and_print(&budget, &catalog, args.max_gpus, args.json)?;
         return Ok(ExitCode::SUCCESS);
     }
     let catalog = Catalog::load(args.catalog.as_deref())?;

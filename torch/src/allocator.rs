@@ -85,6 +85,20 @@ impl Allocator {
     }
 }
 
+impl ffi::MemoryStats {
+    /// The statistics a measurement records beside its four figures.
+    pub fn device_stats(&self) -> iteragpu_lab::measure::DeviceStats {
+        iteragpu_lab::measure::DeviceStats {
+            requested_bytes: self.requested_current,
+            inactive_split_bytes: self.inactive_split_bytes_current,
+            inactive_split_blocks: self.inactive_split_current,
+            segments: self.segments_current,
+            alloc_retries: self.alloc_retries,
+            ooms: self.ooms,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Where the test below asks its child process to print what the allocator reports.

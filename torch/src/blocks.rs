@@ -8,9 +8,24 @@
 use crate::{ffi, shim_err};
 use iteragpu_lab::allocator::simulator::SegmentView;
 use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
-use iteragpu_lab::measure::{DeviceStats, MeasureError, PhaseBlocks};
+use iteragpu_lab::measure::{MeasureError, PhaseBlocks};
 use std::collections::HashMap;
 use tch::Tensor;
+
+/// The allocator's block map now, each block whose address `names` knows named after it, and
+/// whether any segment is an expandable one.
+pub fn read_map(
+    device: u32,
+    names: &HashMap<u64, String>,
+) -> Result<(Vec<SegmentView>, bool), MeasureError> {
+    let text = ffi::snapshot(device).map_err(shim_err)?;
+    // "S address size is_large stream is_expandable" (torch/csrc/allocator_shim.h).
+    let expandable = text
+        .lines()
+        .any(|l| l.starts_with("S ") && l.split(' ').nth(5) == Some("1"));
+    let map = snapshot::parse(&text, names).map_err(|e| MeasureError::from_torch_message(&e))?;
+    Ok((map, expandable))
+}
 
 pub struct BlockRecorder {
     device: u32,
@@ -41,8 +56,7 @@ impl BlockRecorder {
     }
 
     fn map(&self) -> Result<Vec<SegmentView>, MeasureError> {
-        let text = ffi::snapshot(self.device).map_err(shim_err)?;
-        snapshot::parse(&text, &self.names).map_err(|e| MeasureError::from_torch_message(&e))
+        read_map(self.device, &self.names).map(|(map, _)| map)
     }
 
     /// Reads the map and keeps it if `allocated` is higher than at any reading since the reset.
@@ -96,14 +110,7 @@ impl BlockRecorder {
         Ok(PhaseBlocks {
             at_end,
             at_peak,
-            stats_at_end: Some(DeviceStats {
-                requested_bytes: s.requested_current,
-                inactive_split_bytes: s.inactive_split_bytes_current,
-                inactive_split_blocks: s.inactive_split_current,
-                segments: s.segments_current,
-                alloc_retries: s.alloc_retries,
-                ooms: s.ooms,
-            }),
+            stats_at_end: Some(s.device_stats()),
         })
     }
 }

@@ -7,9 +7,9 @@
 use crate::{torch_err, Allocator};
 use iteragpu_lab::allocator::lesson::{LessonRecord, LessonScript, Resolved, Step, StepRecord};
 use iteragpu_lab::allocator::simulator::SegmentView;
-use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
+use iteragpu_lab::allocator::snapshot::UNKNOWN;
 use iteragpu_lab::device::CudaDevice;
-use iteragpu_lab::measure::{DeviceStats, MeasureError, StepReading};
+use iteragpu_lab::measure::{MeasureError, StepReading};
 use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 
@@ -102,14 +102,7 @@ impl Probe {
         for (name, t) in &self.tensors {
             names.insert(t.data_ptr() as u64, name.clone());
         }
-        let text = crate::ffi::snapshot(self.gpu.index()).map_err(crate::shim_err)?;
-        // "S address size is_large stream is_expandable" (torch/csrc/allocator_shim.h).
-        let expandable = text
-            .lines()
-            .any(|l| l.starts_with("S ") && l.split(' ').nth(5) == Some("1"));
-        let map =
-            snapshot::parse(&text, &names).map_err(|e| MeasureError::from_torch_message(&e))?;
-        Ok((map, expandable))
+        crate::blocks::read_map(self.gpu.index(), &names)
     }
 
     /// The figures now (after the queued work), recorded for `step` under `label`.
@@ -137,14 +130,7 @@ impl Probe {
                 segments: s.segments_current,
                 runtime_used: Some(total.0.saturating_sub(free.0)),
             },
-            stats: DeviceStats {
-                requested_bytes: s.requested_current,
-                inactive_split_bytes: s.inactive_split_bytes_current,
-                inactive_split_blocks: s.inactive_split_current,
-                segments: s.segments_current,
-                alloc_retries: s.alloc_retries,
-                ooms: s.ooms,
-            },
+            stats: s.device_stats(),
             map,
         })
     }

@@ -1,8 +1,7 @@
 //! The stage protocol: synchronise, read `allocated`, reset the peaks, run the stage, synchronise,
 //! read the end and the stage's own peaks. A failure inside a stage is named after it.
 
-use crate::{ffi, shim_err, torch_err, Allocator};
-use iteragpu_lab::allocator::snapshot;
+use crate::{torch_err, Allocator};
 use iteragpu_lab::budget::{BenchMode, StageReading};
 use iteragpu_lab::measure::MeasureError;
 use std::collections::HashMap;
@@ -41,9 +40,7 @@ impl<'a> Stages<'a> {
         let Some(names) = &self.names else {
             return Ok(());
         };
-        let text = ffi::snapshot(self.allocator.index()).map_err(shim_err)?;
-        let map =
-            snapshot::parse(&text, names).map_err(|e| MeasureError::from_torch_message(&e))?;
+        let (map, _) = crate::blocks::read_map(self.allocator.index(), names)?;
         if let Some(last) = self.readings.last_mut() {
             last.blocks = Some(map);
         }

@@ -3,14 +3,17 @@
 //! companion process, so that each `cold_forward` is a real first pass and no allocator state
 //! crosses from one measurement to the next. The companion dies with the process that started it
 //! (it is told that process's id and asks the kernel to be stopped when it goes), and an
-//! interruption of this process (see [`INTERRUPTED`]) stops the running companion at once.
+//! interruption of this process (see [`INTERRUPTED`]) stops the running companion at once. A
+//! sweep starts each point's process ahead, as a [`Spare`] that loads its libraries and touches no
+//! GPU until it is given its point.
 
 use crate::measure::{MeasureConfig, MeasureError, Measurement};
 use crate::sweep::{PointOutcome, PointRunner};
-use std::ffi::OsString;
-use std::io::Read;
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -20,6 +23,10 @@ pub const PROGRAM: &str = "mesure_memoire_torch";
 pub const PATH_VARIABLE: &str = "IGL_COMPANION";
 /// The variable through which the companion learns its parent's process id.
 pub const PARENT_VARIABLE: &str = "IGL_PARENT_PID";
+
+/// Set in a spare companion's environment (see [`Companion::spare`]): it reads its command line
+/// from stdin.
+pub const SPARE_VARIABLE: &str = "IGL_SPARE";
 
 /// Set by a signal handler (Ctrl-C, SIGTERM): the running companion is stopped and no new one
 /// starts.
@@ -95,54 +102,138 @@ impl Companion {
         if capture {
             command.stdout(Stdio::null()).stderr(Stdio::piped());
         }
-        let mut child = command.spawn()?;
-        let reader = child.stderr.take().map(|mut e| {
-            std::thread::spawn(move || {
-                let mut text = String::new();
-                let _ = e.read_to_string(&mut text);
-                text
-            })
-        });
-        loop {
-            if let Some(status) = child.try_wait()? {
-                let stderr = reader
-                    .map(|r| r.join().unwrap_or_default())
-                    .unwrap_or_default();
-                return Ok(Ended::Exited { status, stderr });
-            }
-            if interrupted() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(Ended::Interrupted);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_for(&mut command.spawn()?)
+    }
+
+    /// Starts a spare companion: it loads its libraries, then waits, touching no GPU, until
+    /// [`Spare::run`] gives it its command line. Started while the point before it still runs,
+    /// it takes the libraries' loading (about half of a process's start) off the next point.
+    pub fn spare(&self) -> std::io::Result<Spare> {
+        let mut command = self.command();
+        command
+            .env(SPARE_VARIABLE, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Ok(Spare {
+            child: command.spawn()?,
+        })
     }
 
     /// Measures `config` in a fresh companion process, writing the result to `output`.
     pub fn measure(&self, config: &MeasureConfig, output: &Path, blocks: bool) -> PointOutcome {
-        let mut args: Vec<OsString> = measure_args(config).into_iter().map(Into::into).collect();
-        args.extend(["--quiet".into(), "--output".into(), output.into()]);
-        if blocks {
-            args.push("--blocks".into());
-        }
-        match self.run(&args, true) {
-            Err(e) => PointOutcome::Failed(format!("cannot start {}: {e}", PROGRAM)),
-            Ok(Ended::Interrupted) => PointOutcome::Interrupted,
-            Ok(Ended::Exited { status, stderr }) => match status.code() {
-                Some(0) => match Measurement::load(output) {
-                    Ok(m) => PointOutcome::Measured(Box::new(m)),
-                    Err(e) => PointOutcome::Failed(e.to_string()),
-                },
-                Some(3) => PointOutcome::OutOfMemory {
-                    phase: oom_phase(&stderr),
-                    message: last_line(&stderr),
-                },
-                Some(code) => PointOutcome::Failed(format!("exit {code}: {}", last_line(&stderr))),
-                None => PointOutcome::Failed(format!("{PROGRAM} was killed by a signal")),
-            },
-        }
+        point_outcome(self.run(&point_args(config, output, blocks), true), output)
     }
+}
+
+/// The companion's command line measuring `config` into `output`, quietly.
+fn point_args(config: &MeasureConfig, output: &Path, blocks: bool) -> Vec<OsString> {
+    let mut args: Vec<OsString> = measure_args(config).into_iter().map(Into::into).collect();
+    args.extend(["--quiet".into(), "--output".into(), output.into()]);
+    if blocks {
+        args.push("--blocks".into());
+    }
+    args
+}
+
+/// A point's outcome from how its companion ended (exit 3: out of memory).
+fn point_outcome(ended: std::io::Result<Ended>, output: &Path) -> PointOutcome {
+    match ended {
+        Err(e) => PointOutcome::Failed(format!("cannot start {}: {e}", PROGRAM)),
+        Ok(Ended::Interrupted) => PointOutcome::Interrupted,
+        Ok(Ended::Exited { status, stderr }) => match status.code() {
+            Some(0) => match Measurement::load(output) {
+                Ok(m) => PointOutcome::Measured(Box::new(m)),
+                Err(e) => PointOutcome::Failed(e.to_string()),
+            },
+            Some(3) => PointOutcome::OutOfMemory {
+                phase: oom_phase(&stderr),
+                message: last_line(&stderr),
+            },
+            Some(code) => PointOutcome::Failed(format!("exit {code}: {}", last_line(&stderr))),
+            None => PointOutcome::Failed(format!("{PROGRAM} was killed by a signal")),
+        },
+    }
+}
+
+/// A companion started ahead of its work (see [`Companion::spare`]). Dropped unused, it is
+/// stopped.
+#[derive(Debug)]
+pub struct Spare {
+    child: Child,
+}
+
+impl Spare {
+    /// Gives the spare its command line (each argument followed by a NUL byte on its stdin, which
+    /// is then closed) and waits for it as [`Companion::run`] does, stderr captured.
+    pub fn run(mut self, args: &[OsString]) -> std::io::Result<Ended> {
+        if interrupted() {
+            return Ok(Ended::Interrupted);
+        }
+        let mut line = Vec::new();
+        for a in args {
+            line.extend_from_slice(a.as_bytes());
+            line.push(0);
+        }
+        let mut stdin = self.child.stdin.take().expect("a spare's stdin is piped");
+        // A spare that could not start (its libraries missing) has closed its stdin: its exit
+        // status and stderr say why, below.
+        let _ = stdin.write_all(&line);
+        drop(stdin);
+        wait_for(&mut self.child)
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        // Nothing is sent to a child already waited for.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for `child`, polling for [`INTERRUPTED`] and stopping it then; its stderr is read when
+/// piped.
+fn wait_for(child: &mut Child) -> std::io::Result<Ended> {
+    let reader = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = e.read_to_string(&mut text);
+            text
+        })
+    });
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let stderr = reader
+                .map(|r| r.join().unwrap_or_default())
+                .unwrap_or_default();
+            return Ok(Ended::Exited { status, stderr });
+        }
+        if interrupted() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(Ended::Interrupted);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// This companion's command line: its own, or, in a spare, the one given on its stdin (see
+/// [`Spare::run`]) behind its program name. `None`: a spare let go without one.
+pub fn command_line() -> std::io::Result<Option<Vec<OsString>>> {
+    let mut own = std::env::args_os();
+    if std::env::var_os(SPARE_VARIABLE).is_none() {
+        return Ok(Some(own.collect()));
+    }
+    let mut given = Vec::new();
+    std::io::stdin().lock().read_to_end(&mut given)?;
+    let Some(given) = given.strip_suffix(&[0]) else {
+        return Ok(None);
+    };
+    let args = given
+        .split(|b| *b == 0)
+        .map(|a| OsStr::from_bytes(a).to_owned());
+    Ok(Some(own.next().into_iter().chain(args).collect()))
 }
 
 impl Companion {
@@ -409,10 +500,23 @@ fn oom_phase(stderr: &str) -> Option<String> {
     Some(stderr[at..at + end].to_string())
 }
 
-/// Runs each point in a fresh companion process on one device.
+/// Runs each point in a fresh companion process on one device. While a point runs, the next
+/// point's process is already started as a [`Spare`]: it loads its libraries meanwhile and touches
+/// no GPU until it is given its point, after this one has exited.
 pub struct CompanionRunner {
-    pub companion: Companion,
-    pub device: crate::device::CudaDevice,
+    companion: Companion,
+    device: crate::device::CudaDevice,
+    spare: Option<Spare>,
+}
+
+impl CompanionRunner {
+    pub fn new(companion: Companion, device: crate::device::CudaDevice) -> CompanionRunner {
+        CompanionRunner {
+            companion,
+            device,
+            spare: None,
+        }
+    }
 }
 
 impl PointRunner for CompanionRunner {
@@ -421,7 +525,13 @@ impl PointRunner for CompanionRunner {
             device: self.device,
             ..config.clone()
         };
-        self.companion.measure(&config, output, false)
+        let spare = match self.spare.take() {
+            Some(spare) => Ok(spare),
+            None => self.companion.spare(),
+        };
+        self.spare = self.companion.spare().ok();
+        let ended = spare.and_then(|s| s.run(&point_args(&config, output, false)));
+        point_outcome(ended, output)
     }
 }
 
@@ -485,10 +595,7 @@ pub fn sweep_or_recorded(
         .keep()
         .join("sweep");
     let mut sweep = Sweep::open(&folder, dimension, *first, *last, base, false)?;
-    let mut runner = CompanionRunner {
-        companion,
-        device: base.device,
-    };
+    let mut runner = CompanionRunner::new(companion, base.device);
     for v in values {
         match sweep.measure(&mut runner, *v)? {
             Some(row) if row.status == "error" && sweep.rows.len() == 1 => return from_record(),

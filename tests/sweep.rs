@@ -101,6 +101,59 @@ fn without_the_companion_a_sweep_exits_2_and_a_folder_with_results_is_kept() {
     );
 }
 
+/// Each point is handed to a companion started ahead as a spare (`IGL_SPARE=1`, its command line on
+/// stdin), and no companion outlives the sweep, the one started for a next point included. The
+/// stand-in companion logs what it is given and runs out of memory, as a GPU would for a point
+/// too large.
+#[test]
+fn each_point_goes_to_a_spare_companion_and_none_outlives_the_sweep() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let standin = dir.path().join("mesure_memoire_torch");
+    std::fs::write(
+        &standin,
+        "#!/bin/sh\n\
+         echo \"started $$\" >> \"$STANDIN_LOG\"\n\
+         [ \"$IGL_SPARE\" = 1 ] || { echo 'not a spare' >&2; exit 1; }\n\
+         given=$(tr '\\0' ' ')\n\
+         echo \"given $$ $given\" >> \"$STANDIN_LOG\"\n\
+         echo 'error: CUDA ran out of memory during phase `cold_forward`: CUDA out of memory' >&2\n\
+         exit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&standin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = dir.path().join("s");
+    let mut args = sweep_args(&["--step", "1", "--keep-going"], &out);
+    let to = args.iter().position(|a| a == "--to").unwrap();
+    args[to + 1] = "4".into();
+    mm().env("IGL_COMPANION", &standin)
+        .env("STANDIN_LOG", &log)
+        .args(&args)
+        .assert()
+        .success();
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    assert!(
+        rows.iter().all(|r| r.contains(",oom,cold_forward,")),
+        "{csv}"
+    );
+    let log = std::fs::read_to_string(&log).unwrap();
+    let given: Vec<&str> = log.lines().filter(|l| l.starts_with("given ")).collect();
+    assert_eq!(given.len(), 4, "{log}");
+    for (i, line) in given.iter().enumerate() {
+        assert!(line.contains(" measure --device cuda:0 --batch "), "{line}");
+        assert!(line.contains(&format!(" --batch {} ", i + 1)), "{line}");
+    }
+    for pid in log.lines().filter_map(|l| l.strip_prefix("started ")) {
+        assert!(
+            !std::path::Path::new("/proc").join(pid).exists(),
+            "companion {pid} outlived the sweep:\n{log}"
+        );
+    }
+}
+
 #[test]
 fn predict_gives_every_figure_and_names_every_block() {
     let v = json_of(mm().arg("predict").args(SEED_SMALL).arg("--json"));

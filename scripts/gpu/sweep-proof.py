@@ -5,8 +5,10 @@ root, with the release programs of scripts/prepare-gpu-run.
     python3 scripts/gpu/sweep-proof.py --bin DIR --out DIR [--sections cost,oom,limit,orphans,parallel]
 
 1. The floor: a process that only loads libtorch and starts CUDA (`mesure_memoire environment`),
-   median of 5, against the median time of a sweep point (one `measure` process each).
-2. A 50-point sweep of small configurations, its wall time.
+   median of 5, against the cost of a sweep point: the wall time of a whole 50-point sweep of small
+   configurations divided by 50 (and the median of its `seconds` column). A spare companion (the
+   next point's process, started ahead) holds no GPU context while it waits, and measures the
+   same figures as a companion started for the point.
 3. A sweep over batch until out of memory (it stops after two points in a row), its chart.
 4. `--find-limit` for a float32 and a bfloat16 configuration: predicted and found limits, points,
    wall time.
@@ -37,9 +39,16 @@ FIGURES = ["allocated_baseline_bytes", "allocated_end_bytes", "peak_allocated_by
 
 
 def companions():
-    """The companion processes running a measurement (matched on their own command line, so that a
-    shell whose command line merely names the program is not counted)."""
-    p = subprocess.run(["pgrep", "-f", r"mesure_memoire_torch measure"], capture_output=True, text=True)
+    """The companion processes, measuring or spare (matched on the program that starts their own
+    command line, so that a shell whose command line merely names the program is not counted)."""
+    p = subprocess.run(["pgrep", "-f", r"^\S*mesure_memoire_torch( |$)"], capture_output=True, text=True)
+    return [int(x) for x in p.stdout.split()]
+
+
+def gpu_processes():
+    """The process ids holding a CUDA context, as the driver lists them."""
+    p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                       capture_output=True, text=True, check=True)
     return [int(x) for x in p.stdout.split()]
 
 
@@ -97,6 +106,7 @@ def main() -> int:
 
     if "cost" in sections:
         cost(sweep, mm, say, check)
+        spare(Path(a.bin) / "mesure_memoire_torch", work, say, check)
     if "oom" in sections:
         oom(sweep, mm, say, check, out)
     if "limit" in sections:
@@ -116,14 +126,46 @@ def cost(sweep, mm, say, check):
         subprocess.run([mm, "environment", "--json"], capture_output=True, check=True)
         floor.append(time.perf_counter() - t0)
     p, dt, rows, _ = sweep("small-50", ["--vary", "batch", "--from", "1", "--to", "50", "--step", "1", *SMALL])
-    per_point = statistics.median(float(r["seconds"]) for r in rows)
+    libraries = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        subprocess.run([str(Path(mm).with_name("mesure_memoire_torch")), "--version"], capture_output=True, check=True)
+        libraries.append(time.perf_counter() - t0)
     f = statistics.median(floor)
+    per_point = dt / max(len(rows), 1)
+    column = statistics.median(float(r["seconds"]) for r in rows)
     say(f"| figure | seconds |\n| --- | --- |\n| floor: `mesure_memoire environment` (loads libtorch, starts CUDA), median of 5 | {f:.3f} |"
-        f"\n| a sweep point (a `measure` process of the seed's small run), median of 50 | {per_point:.3f} |"
-        f"\n| ratio | {per_point / f:.2f} |\n| the 50-point sweep, whole command | {dt:.1f} |\n")
+        f"\n| of which loading the libraries: `mesure_memoire_torch --version`, median of 5 | {statistics.median(libraries):.3f} |"
+        f"\n| a sweep point: the whole 50-point sweep's wall time / 50 | {per_point:.3f} |"
+        f"\n| ratio | {per_point / f:.2f} |"
+        f"\n| a sweep point: median of the `seconds` column (its process given its point, to its exit) | {column:.3f} |"
+        f"\n| the 50-point sweep, whole command | {dt:.1f} |\n")
     check(p.returncode == 0 and len(rows) == 50 and all(r["status"] == "ok" for r in rows), "50 points measured")
     check(per_point <= 1.1 * f, "a point costs at most 1.1 × the floor")
     check(dt <= 45, "the 50-point sweep takes at most 45 s")
+
+
+def spare(companion, work, say, check):
+    """A spare companion waits with its libraries loaded and no CUDA context, then measures the same
+    figures as a companion started with its command line."""
+    say("\n### The spare companion\n")
+    args = ["measure", "--device", "cuda:0", "--batch", "8", *SMALL, "--quiet", "--output"]
+    s = subprocess.Popen([str(companion)], env={**os.environ, "IGL_SPARE": "1"}, stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(3)
+    waiting, on_gpu = s.poll() is None, gpu_processes()
+    given = "\0".join([*args, str(work / "spare.json")]) + "\0"
+    _, err = s.communicate(given.encode())
+    plain = subprocess.run([str(companion), *args, str(work / "plain.json")], capture_output=True, text=True)
+    check(waiting and s.pid not in on_gpu and not on_gpu,
+          f"a spare waiting 3 s holds no CUDA context (processes on the GPU: {on_gpu or 'none'})")
+    same = False
+    if s.returncode == 0 and plain.returncode == 0:
+        figures = [[[ph[k] for k in FIGURES] for ph in json.load(open(work / f))["phases"]]
+                   for f in ("spare.json", "plain.json")]
+        same = figures[0] == figures[1]
+    check(same, f"given its point, it measures the six figures of every phase as a plain companion does "
+                f"(exit {s.returncode} {err.decode().strip()[-200:]})")
 
 
 def oom(sweep, mm, say, check, out):

@@ -233,7 +233,12 @@ pub enum Mode<'a> {
 pub const ENGINE: &str = crate::companion::PROGRAM;
 
 pub fn main(mode: Mode) -> ExitCode {
-    super::run_main("mesure_memoire", |args: Args| run(&args, mode))
+    main_from(mode, std::env::args_os())
+}
+
+/// [`main`] of the command line `args` (the program's name first).
+pub fn main_from(mode: Mode, args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    super::run_main_from("mesure_memoire", args, |args: Args| run(&args, mode))
 }
 
 pub fn run(args: &Args, mode: Mode) -> Outcome {

@@ -77,8 +77,10 @@ pub type Outcome = Result<ExitCode, Failure>;
 
 /// Parses the command line; help and version exit 0, any other clap error exits
 /// [`Status::Usage`] (64), so that exit code 2 keeps its one meaning: libtorch or the GPU is missing.
-pub fn parse<P: clap::Parser>() -> Result<P, ExitCode> {
-    P::try_parse().map_err(|e| {
+pub fn parse_from<P: clap::Parser>(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<P, ExitCode> {
+    P::try_parse_from(args).map_err(|e| {
         let _ = e.print();
         if e.use_stderr() {
             Status::Usage.into()
@@ -90,7 +92,16 @@ pub fn parse<P: clap::Parser>() -> Result<P, ExitCode> {
 
 /// A program's whole life: parse the command line, run, report an error with its exit code.
 pub fn run_main<P: clap::Parser>(program: &str, run: impl FnOnce(P) -> Outcome) -> ExitCode {
-    match parse::<P>() {
+    run_main_from(program, std::env::args_os(), run)
+}
+
+/// [`run_main`] of the command line `args` (the program's name first).
+pub fn run_main_from<P: clap::Parser>(
+    program: &str,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    run: impl FnOnce(P) -> Outcome,
+) -> ExitCode {
+    match parse_from::<P>(args) {
         Ok(args) => run(args).unwrap_or_else(|f| report(program, &f)),
         Err(code) => code,
     }

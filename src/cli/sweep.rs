@@ -86,10 +86,7 @@ pub fn run(a: &SweepArgs) -> Outcome {
     if a.find_limit {
         // Verification points run alone on the first GPU.
         let mut runner = Reporting::new(
-            CompanionRunner {
-                companion,
-                device: devices[0],
-            },
+            CompanionRunner::new(companion, devices[0]),
             progress::bar(log2_span(a.from, a.to) + 3, a.quiet),
             a.vary,
         );
@@ -165,10 +162,7 @@ fn run_points(
     std::thread::scope(|scope| {
         for device in devices {
             let (shared, points, bar) = (&shared, &points, &bar);
-            let mut runner = CompanionRunner {
-                companion: companion.clone(),
-                device: *device,
-            };
+            let mut runner = CompanionRunner::new(companion.clone(), *device);
             scope.spawn(move || loop {
                 let (value, config, output) = {
                     let mut s = shared.lock().expect("no worker panics");

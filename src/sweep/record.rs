@@ -50,7 +50,8 @@ pub struct SweepRow {
     /// started (cuBLAS and the other libraries): runtime used at its end − used at its start −
     /// its allocator's reserved bytes at its end.
     pub libraries_outside_allocator_bytes: Option<u64>,
-    /// Wall time of the point's process, seconds.
+    /// Seconds from handing the point to its process (started ahead, its libraries loaded while
+    /// the point before ran) to that process's exit.
     pub seconds: f64,
     /// The measurement file, relative to the sweep's folder (status `ok`).
     pub measurement_file: String,

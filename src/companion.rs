@@ -140,7 +140,12 @@ fn point_args(config: &MeasureConfig, output: &Path, blocks: bool) -> Vec<OsStri
 fn point_outcome(ended: std::io::Result<Ended>, output: &Path) -> PointOutcome {
     match ended {
         Err(e) => PointOutcome::Failed(format!("cannot start {}: {e}", PROGRAM)),
-        Ok(Ended::Interrupted) => PointOutcome::Interrupted,
+        // Stopped after writing its measurement (the file is written whole or not at all), in its
+        // teardown: the point was measured.
+        Ok(Ended::Interrupted) => match Measurement::load(output) {
+            Ok(m) => PointOutcome::Measured(Box::new(m)),
+            Err(_) => PointOutcome::Interrupted,
+        },
         Ok(Ended::Exited { status, stderr }) => match status.code() {
             Some(0) => match Measurement::load(output) {
                 Ok(m) => PointOutcome::Measured(Box::new(m)),
@@ -612,6 +617,23 @@ pub fn sweep_or_recorded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_point_stopped_after_writing_its_measurement_was_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = dir.path().join("point.json");
+        let recorded =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("data/exemple-mesure-h200-petit-essai.json");
+        std::fs::copy(recorded, &written).unwrap();
+        assert!(matches!(
+            point_outcome(Ok(Ended::Interrupted), &written),
+            PointOutcome::Measured(_)
+        ));
+        assert!(matches!(
+            point_outcome(Ok(Ended::Interrupted), &dir.path().join("none.json")),
+            PointOutcome::Interrupted
+        ));
+    }
 
     #[test]
     fn the_phase_of_an_out_of_memory_is_read_from_the_message() {

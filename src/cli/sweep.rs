@@ -164,7 +164,8 @@ fn run_points(
             let (shared, points, bar) = (&shared, &points, &bar);
             let mut runner = CompanionRunner::new(companion.clone(), *device);
             scope.spawn(move || loop {
-                let (value, config, output) = {
+                let started = Instant::now();
+                let ((value, config, output), written) = {
                     let mut s = shared.lock().expect("no worker panics");
                     if s.stop || crate::companion::interrupted() {
                         break;
@@ -173,10 +174,9 @@ fn run_points(
                         break;
                     };
                     s.next += 1;
-                    point
+                    (point, s.sweep.written_earlier(point.0))
                 };
-                let started = Instant::now();
-                let outcome = runner.run(config, output);
+                let outcome = written.unwrap_or_else(|| runner.run(config, output));
                 if matches!(outcome, PointOutcome::Interrupted) {
                     crate::files::remove_leftovers(output);
                 }

@@ -286,6 +286,28 @@ mod tests {
     }
 
     #[test]
+    fn resume_records_a_point_written_but_not_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("s");
+        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false).unwrap();
+        let mut gpu = Simulated::new(20 << 30);
+        sweep.measure(&mut gpu, 1).unwrap();
+        // Point 2's process wrote its measurement; the sweep was killed before its row.
+        let (config, file) = sweep.point(2);
+        gpu.run(&config, &folder.join(file));
+        // A file of another configuration under point 4's name is not taken for it.
+        let (_, file4) = sweep.point(4);
+        gpu.run(&sweep.point(3).0, &folder.join(file4));
+        let mut resumed = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), true).unwrap();
+        let mut again = Simulated::new(20 << 30);
+        let row = resumed.measure(&mut again, 2).unwrap().unwrap();
+        assert_eq!((row.status.as_str(), row.batch), ("ok", 2));
+        assert!(again.runs.is_empty(), "not measured again");
+        assert!(resumed.written_earlier(4).is_none());
+        assert_eq!(Sweep::load(&folder).unwrap().rows.len(), 2);
+    }
+
+    #[test]
     fn an_interrupted_point_leaves_the_completed_ones_and_a_valid_csv() {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("s");

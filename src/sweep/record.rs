@@ -51,7 +51,8 @@ pub struct SweepRow {
     /// its allocator's reserved bytes at its end.
     pub libraries_outside_allocator_bytes: Option<u64>,
     /// Seconds from handing the point to its process (started ahead, its libraries loaded while
-    /// the point before ran) to that process's exit.
+    /// the point before ran) to that process's exit; about 0 for a point recorded on resume from
+    /// the measurement file its process had written.
     pub seconds: f64,
     /// The measurement file, relative to the sweep's folder (status `ok`).
     pub measurement_file: String,
@@ -287,10 +288,27 @@ impl Sweep {
         if let Some(row) = self.row(value) {
             return Ok(Some(row.clone()));
         }
+        if let Some(outcome) = self.written_earlier(value) {
+            return self.record(value, outcome, 0.0);
+        }
         let (config, file) = self.point(value);
         let started = Instant::now();
         let outcome = runner.run(&config, &self.folder.join(&file));
         self.record(value, outcome, started.elapsed().as_secs_f64())
+    }
+
+    /// The measurement of `value` already in the folder without its row: its process completed
+    /// and wrote it, but the sweep stopped (killed) before recording it. Resuming records it
+    /// rather than measuring again; a file of another configuration is left for the companion
+    /// to refuse.
+    pub fn written_earlier(&self, value: u64) -> Option<PointOutcome> {
+        let (config, file) = self.point(value);
+        let m = Measurement::load(&self.folder.join(file)).ok()?;
+        let same = MeasureConfig {
+            device: m.configuration.device,
+            ..config
+        } == m.configuration;
+        same.then(|| PointOutcome::Measured(Box::new(m)))
     }
 
     /// Records how the point `value` ended (see [`Sweep::point`]), and rewrites the files.

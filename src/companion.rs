@@ -8,6 +8,7 @@
 //! GPU until it is given its point.
 
 use crate::measure::{MeasureConfig, MeasureError, Measurement};
+use crate::status::Status;
 use crate::sweep::{PointOutcome, PointRunner};
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
@@ -27,6 +28,12 @@ pub const PARENT_VARIABLE: &str = "IGL_PARENT_PID";
 /// Set in a spare companion's environment (see [`Companion::spare`]): it reads its command line
 /// from stdin.
 pub const SPARE_VARIABLE: &str = "IGL_SPARE";
+
+/// The companion's exit codes this program acts on (see [`Status`]); 127 is the system loader's
+/// own, when a library is missing.
+const UNAVAILABLE: i32 = Status::Unavailable as i32;
+const OUT_OF_MEMORY: i32 = Status::OutOfMemory as i32;
+pub const LOADER_FAILED: i32 = 127;
 
 /// Set by a signal handler (Ctrl-C, SIGTERM): the running companion is stopped and no new one
 /// starts.
@@ -141,17 +148,20 @@ fn point_outcome(ended: std::io::Result<Ended>, output: &Path) -> PointOutcome {
     match ended {
         Err(e) => PointOutcome::Failed(format!("cannot start {}: {e}", PROGRAM)),
         // Stopped after writing its measurement (the file is written whole or not at all), in its
-        // teardown: the point was measured.
+        // teardown: the point was measured. Stopped before, it may have left a temporary file.
         Ok(Ended::Interrupted) => match Measurement::load(output) {
             Ok(m) => PointOutcome::Measured(Box::new(m)),
-            Err(_) => PointOutcome::Interrupted,
+            Err(_) => {
+                crate::files::remove_leftovers(output);
+                PointOutcome::Interrupted
+            }
         },
         Ok(Ended::Exited { status, stderr }) => match status.code() {
             Some(0) => match Measurement::load(output) {
                 Ok(m) => PointOutcome::Measured(Box::new(m)),
                 Err(e) => PointOutcome::Failed(e.to_string()),
             },
-            Some(3) => PointOutcome::OutOfMemory {
+            Some(OUT_OF_MEMORY) => PointOutcome::OutOfMemory {
                 phase: oom_phase(&stderr),
                 message: last_line(&stderr),
             },
@@ -250,18 +260,19 @@ impl Companion {
         config: &MeasureConfig,
         blocks: bool,
     ) -> Result<Measurement, MeasureError> {
-        let dir = tempfile::tempdir().map_err(|e| MeasureError::Torch {
-            phase: None,
-            message: format!("cannot make a temporary folder: {e}"),
-        })?;
-        match self.measure(config, &dir.path().join("measurement.json"), blocks) {
+        let dir = temporary_folder()?;
+        let output = dir.path().join("measurement.json");
+        let ended = self.run(&point_args(config, &output, blocks), true);
+        if let Ok(Ended::Exited { status, stderr }) = &ended {
+            if status.code() == Some(UNAVAILABLE) {
+                return Err(MeasureError::NoGpu(last_line(stderr).trim().to_string()));
+            }
+        }
+        match point_outcome(ended, &output) {
             PointOutcome::Measured(m) => Ok(*m),
             PointOutcome::OutOfMemory { message, .. } => Err(MeasureError::from_torch_message(
                 &format!("CUDA out of memory: {message}"),
             )),
-            PointOutcome::Failed(message) if message.starts_with("exit 2:") => Err(
-                MeasureError::NoGpu(message["exit 2:".len()..].trim().to_string()),
-            ),
             PointOutcome::Failed(message) => Err(MeasureError::Torch {
                 phase: None,
                 message,
@@ -325,8 +336,7 @@ pub enum LessonError {
 }
 
 impl crate::status::Classify for LessonError {
-    fn status(&self) -> crate::status::Status {
-        use crate::status::Status;
+    fn status(&self) -> Status {
         match self {
             LessonError::Measure(e) => e.status(),
             LessonError::Unavailable(_) => Status::Unavailable,
@@ -351,10 +361,7 @@ impl Companion {
     ) -> Result<crate::allocator::lesson::LessonRecord, LessonError> {
         use crate::allocator::lesson::record::{alloc_conf_for, ALLOC_CONF};
         let set = alloc_conf_for(expandable, std::env::var_os(ALLOC_CONF).as_deref())?;
-        let dir = tempfile::tempdir().map_err(|e| MeasureError::Torch {
-            phase: None,
-            message: format!("cannot make a temporary folder: {e}"),
-        })?;
+        let dir = temporary_folder()?;
         let output = dir.path().join("lesson.json");
         let mut args: Vec<OsString> = ["lesson", "--quiet", "--device", &device.to_string()]
             .into_iter()
@@ -371,7 +378,7 @@ impl Companion {
         let (status, stderr) = match ended {
             Ended::Interrupted => {
                 return Err(LessonError::Failed {
-                    code: 130,
+                    code: Status::Interrupted as i32,
                     message: "interrupted".into(),
                 })
             }
@@ -385,9 +392,9 @@ impl Companion {
             .to_string();
         match status.code() {
             Some(0) => Ok(crate::allocator::lesson::LessonRecord::load(&output)?),
-            Some(2) => Err(LessonError::Unavailable(said)),
-            Some(3) => Err(LessonError::OutOfMemory(said)),
-            Some(127) => Err(LessonError::Unavailable(format!(
+            Some(UNAVAILABLE) => Err(LessonError::Unavailable(said)),
+            Some(OUT_OF_MEMORY) => Err(LessonError::OutOfMemory(said)),
+            Some(LOADER_FAILED) => Err(LessonError::Unavailable(format!(
                 "the system loader could not start {PROGRAM}: {said}"
             ))),
             Some(code) => Err(LessonError::Failed {
@@ -447,22 +454,21 @@ pub fn lessons_or_recorded(
 pub fn environment_report(
     device: crate::device::CudaDevice,
 ) -> crate::environment::EnvironmentReport {
-    use crate::environment::{EnvironmentReport, LibtorchInfo};
-    let why = match Companion::locate() {
-        Ok(c) => match c.environment(device) {
-            Ok(report) => return report,
-            Err(e) => (true, e.to_string()),
-        },
-        Err(e) => (false, e.to_string()),
-    };
-    EnvironmentReport::without_libtorch(
-        Some(device),
-        LibtorchInfo {
-            built_with: why.0,
-            load_error: Some(why.1),
-            ..Default::default()
-        },
-    )
+    use crate::environment::EnvironmentReport;
+    match Companion::locate() {
+        Ok(c) => c.environment(device).unwrap_or_else(|e| {
+            EnvironmentReport::companion_unreachable(device, true, e.to_string())
+        }),
+        Err(e) => EnvironmentReport::companion_unreachable(device, false, e.to_string()),
+    }
+}
+
+/// A new temporary folder for a companion's result file.
+fn temporary_folder() -> Result<tempfile::TempDir, MeasureError> {
+    tempfile::tempdir().map_err(|e| MeasureError::Torch {
+        phase: None,
+        message: format!("cannot make a temporary folder: {e}"),
+    })
 }
 
 /// The command line of `measure` for `config` (without `--output`).
@@ -550,13 +556,7 @@ pub struct ShownSweep {
 impl ShownSweep {
     /// The sweep's chart under a line saying where it was measured.
     pub fn chart(&self) -> crate::markup::Html {
-        let gpu = self
-            .sweep
-            .summary
-            .environment
-            .as_ref()
-            .and_then(|e| e.device.as_ref())
-            .map_or("unknown GPU".to_string(), |d| d.name.clone());
+        let gpu = self.sweep.gpu_name();
         let whence = match &self.recorded {
             None => "measured just now on this machine, one fresh process per point".to_string(),
             Some(folder) => format!(

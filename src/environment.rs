@@ -76,6 +76,23 @@ const NOTE_PRIVACY: &str =
     "No environment variable, host name or user name is collected in this report.";
 
 impl EnvironmentReport {
+    /// The report of a program whose GPU companion could not report: not found beside it
+    /// (`companion_found` false), or found but unable to load libtorch or to run, for `why`.
+    pub fn companion_unreachable(
+        requested: CudaDevice,
+        companion_found: bool,
+        why: String,
+    ) -> Self {
+        EnvironmentReport::without_libtorch(
+            Some(requested),
+            LibtorchInfo {
+                built_with: companion_found,
+                load_error: Some(why),
+                ..Default::default()
+            },
+        )
+    }
+
     /// A report with the build facts only: no libtorch call is made.
     pub fn without_libtorch(requested: Option<CudaDevice>, libtorch: LibtorchInfo) -> Self {
         let unavailable = if !libtorch.built_with {
@@ -132,7 +149,17 @@ fn parse_kernel_module_version(text: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// What names a GPU that a report does not name.
+pub const UNKNOWN_GPU: &str = "unknown GPU";
+
 impl EnvironmentReport {
+    /// The GPU's name, or [`UNKNOWN_GPU`] when the report names none.
+    pub fn gpu_name(&self) -> &str {
+        self.device
+            .as_ref()
+            .map_or(UNKNOWN_GPU, |d| d.name.as_str())
+    }
+
     /// The report as label/value rows: its text and HTML forms are both drawn from them.
     pub fn rows(&self) -> Rows {
         let or = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());

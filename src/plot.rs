@@ -206,12 +206,7 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
             .collect()
     };
     let c = &sweep.summary.configuration;
-    let gpu = sweep
-        .summary
-        .environment
-        .as_ref()
-        .and_then(|e| e.device.as_ref())
-        .map_or("unknown GPU", |d| d.name.as_str());
+    let gpu = sweep.gpu_name();
     let title = format!(
         "{gpu}: sweep of {} ({}, batch {} context {} width {} hidden {}), peaks in GiB",
         sweep.dimension,

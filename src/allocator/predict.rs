@@ -140,6 +140,26 @@ pub struct Prediction {
     pub phases: Vec<PhasePrediction>,
 }
 
+impl Prediction {
+    /// The largest predicted `peak_allocated_bytes` over all phases.
+    pub fn max_peak_allocated(&self) -> u64 {
+        self.max_of(|f| f.peak_allocated_bytes)
+    }
+
+    /// The largest predicted `peak_reserved_bytes` over all phases.
+    pub fn max_peak_reserved(&self) -> u64 {
+        self.max_of(|f| f.peak_reserved_bytes)
+    }
+
+    fn max_of(&self, figure: impl Fn(&Figures) -> u64) -> u64 {
+        self.phases
+            .iter()
+            .map(|r| figure(&r.figures))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// The model's name and scope, recorded with every prediction.
 pub const MODEL: &str = "PyTorch 2.11.0 CUDA caching allocator, default configuration, one stream";
 
@@ -230,14 +250,7 @@ impl Replay {
             live_at_end: self.tensors(),
             live_at_peak: std::mem::take(&mut self.live_at_peak),
             segments_at_end: self.allocator.snapshot(),
-            stats_at_end: crate::measure::DeviceStats {
-                requested_bytes: end.requested.current,
-                inactive_split_bytes: end.inactive_split.current,
-                inactive_split_blocks: end.inactive_split_blocks.current,
-                segments: end.segments.current,
-                alloc_retries: 0,
-                ooms: 0,
-            },
+            stats_at_end: self.allocator.device_stats(),
         };
         self.free("output");
         prediction

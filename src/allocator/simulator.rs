@@ -389,23 +389,7 @@ impl CachingAllocator {
     /// a null pointer) or above [`MAX_REQUEST`], or in the practically
     /// impossible case that no free synthetic address range is left.
     pub fn malloc(&mut self, size: u64, stream: u32, label: &str) -> Option<BlockId> {
-        if size == 0 || size > MAX_REQUEST {
-            return None;
-        }
-        // malloc: `size_t size = round_size(orig_size);`
-        let rounded = round_size(size);
-        // `auto& pool = get_pool(size, stream);`
-        let pool = pool_of(rounded);
-        // `const size_t alloc_size = get_allocation_size(size);`
-        let alloc_size = allocation_size(rounded);
-        // `get_free_block(params)`, else `alloc_block(params, ...)`.
-        let slot = match self.get_free_block(pool, stream, rounded) {
-            Some(slot) => slot,
-            None => self.alloc_block(pool, stream, alloc_size)?,
-        };
-        // `bool split_remainder = should_split(params.block, params.size(), ...)`
-        let split = should_split(pool, self.slots[slot].size, rounded);
-        Some(self.alloc_found_block(slot, rounded, size, split, label))
+        self.malloc_on(size, stream, label, false)
     }
 
     /// Allocates like [`malloc`](Self::malloc) on a device whose `cudaMalloc`
@@ -426,19 +410,38 @@ impl CachingAllocator {
         stream: u32,
         label: &str,
     ) -> Option<BlockId> {
+        self.malloc_on(size, stream, label, true)
+    }
+
+    /// [`malloc`](Self::malloc), with `first_cuda_malloc_fails` the out-of-memory path of
+    /// [`malloc_after_failed_cuda_malloc`](Self::malloc_after_failed_cuda_malloc).
+    fn malloc_on(
+        &mut self,
+        size: u64,
+        stream: u32,
+        label: &str,
+        first_cuda_malloc_fails: bool,
+    ) -> Option<BlockId> {
         if size == 0 || size > MAX_REQUEST {
             return None;
         }
+        // malloc: `size_t size = round_size(orig_size);`
         let rounded = round_size(size);
+        // `auto& pool = get_pool(size, stream);`
         let pool = pool_of(rounded);
+        // `get_free_block(params)`, else `alloc_block(params, ...)` with
+        // `const size_t alloc_size = get_allocation_size(size);`
         let slot = match self.get_free_block(pool, stream, rounded) {
             Some(slot) => slot,
             None => {
-                self.empty_cache();
-                self.alloc_retries += 1;
+                if first_cuda_malloc_fails {
+                    self.empty_cache();
+                    self.alloc_retries += 1;
+                }
                 self.alloc_block(pool, stream, allocation_size(rounded))?
             }
         };
+        // `bool split_remainder = should_split(params.block, params.size(), ...)`
         let split = should_split(pool, self.slots[slot].size, rounded);
         Some(self.alloc_found_block(slot, rounded, size, split, label))
     }
@@ -508,6 +511,20 @@ impl CachingAllocator {
     /// Aggregate statistics (`StatType::AGGREGATE`, the `*.all.*` keys).
     pub fn stats(&self) -> Stats {
         self.stats[0]
+    }
+
+    /// The statistics as `torch.cuda.memory_stats` would report them now (the model raises no
+    /// out-of-memory error).
+    pub fn device_stats(&self) -> crate::measure::DeviceStats {
+        let s = self.stats();
+        crate::measure::DeviceStats {
+            requested_bytes: s.requested.current,
+            inactive_split_bytes: s.inactive_split.current,
+            inactive_split_blocks: s.inactive_split_blocks.current,
+            segments: s.segments.current,
+            alloc_retries: self.alloc_retries,
+            ooms: 0,
+        }
     }
 
     /// Statistics of one pool (`small_pool` / `large_pool` keys).

@@ -10,9 +10,10 @@ use std::collections::HashMap;
 pub const UNKNOWN: &str = "unknown";
 
 /// Parses the shim's text (see `torch/csrc/allocator_shim.h`) and names each allocated block by
-/// its address in `names`.
-pub fn parse(text: &str, names: &HashMap<u64, String>) -> Result<Vec<SegmentView>, String> {
+/// its address in `names`; also says whether any segment is an expandable one.
+pub fn parse(text: &str, names: &HashMap<u64, String>) -> Result<(Vec<SegmentView>, bool), String> {
     let mut segments: Vec<SegmentView> = Vec::new();
+    let mut expandable = false;
     let mut streams: Vec<u64> = vec![0];
     for (n, line) in text.lines().enumerate() {
         let fields: Vec<&str> = line.split(' ').collect();
@@ -23,7 +24,9 @@ pub fn parse(text: &str, names: &HashMap<u64, String>) -> Result<Vec<SegmentView
                 .ok_or_else(|| format!("snapshot line {}: `{line}`", n + 1))
         };
         match fields.first() {
+            // "S address size is_large stream is_expandable"
             Some(&"S") => {
+                expandable |= fields.get(5) == Some(&"1");
                 let stream = num(4)?;
                 let id = match streams.iter().position(|s| *s == stream) {
                     Some(i) => i,
@@ -72,7 +75,7 @@ pub fn parse(text: &str, names: &HashMap<u64, String>) -> Result<Vec<SegmentView
             b.inactive_split = split && !b.allocated;
         }
     }
-    Ok(segments)
+    Ok((segments, expandable))
 }
 
 /// Allocated bytes of a map (the sum of its allocated blocks).
@@ -94,7 +97,7 @@ mod tests {
         let text = "S 1000 2097152 0 0\nB 1000 65536 65536 1\nB 66536 2031616 0 0\n\
                     S 9000000 33554432 1 0\nB 9000000 33554432 33554432 1\n";
         let names = HashMap::from([(1000, "linear1.weight".to_string())]);
-        let map = parse(text, &names).unwrap();
+        let (map, _) = parse(text, &names).unwrap();
         assert_eq!(map.len(), 2);
         assert_eq!(map[0].blocks[0].label.as_deref(), Some("linear1.weight"));
         assert!(map[0].blocks[1].inactive_split && map[0].blocks[1].label.is_none());

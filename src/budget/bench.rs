@@ -466,11 +466,7 @@ fn stage_line(f: &mut fmt::Formatter<'_>, cells: [&str; 6]) -> fmt::Result {
 
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let gpu = self
-            .environment
-            .device
-            .as_ref()
-            .map_or("unknown GPU", |d| d.name.as_str());
+        let gpu = self.environment.gpu_name();
         writeln!(f, "Transformer bench on {gpu}, {}", self.measured_at)?;
         writeln!(
             f,

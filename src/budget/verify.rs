@@ -371,11 +371,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
     };
     Ok(Verification {
         run: run.summary(),
-        gpu: report
-            .environment
-            .device
-            .as_ref()
-            .map_or("unknown GPU".into(), |d| d.name.clone()),
+        gpu: report.environment.gpu_name().into(),
         checks,
         maps,
         predicted_peak: Bytes(predicted_peak),

@@ -9,7 +9,7 @@ use super::{say, signals, values, Context, Outcome};
 use crate::allocator::{predict, ComputeCapability, WorkspaceSettings, Workspaces};
 use crate::companion::{Companion, Ended};
 use crate::device::CudaDevice;
-use crate::environment::{EnvironmentReport, LibtorchInfo};
+use crate::environment::EnvironmentReport;
 use crate::estimate::estimate;
 use crate::files;
 use crate::measure::{Dtype, Gpu, MeasureConfig, MeasureError, Measurement};
@@ -253,13 +253,10 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
                 Mode::Engine(gpu) => gpu.environment(Some(a.device)),
                 Mode::Front => match run_engine() {
                     Ok(code) => return Ok(code),
-                    Err(why) => EnvironmentReport::without_libtorch(
-                        Some(a.device),
-                        LibtorchInfo {
-                            built_with: why.companion_found,
-                            load_error: Some(why.message),
-                            ..Default::default()
-                        },
+                    Err(why) => EnvironmentReport::companion_unreachable(
+                        a.device,
+                        why.companion_found,
+                        why.message,
                     ),
                 },
             };
@@ -407,8 +404,8 @@ fn run_engine_with(env: &[(&str, &str)]) -> Result<ExitCode, EngineRefusal> {
         Err(e) => Err(refused(format!("cannot start {ENGINE}: {e}"))),
         Ok(Ended::Interrupted) => Ok(Status::Interrupted.into()),
         Ok(Ended::Exited { status, .. }) => match status.code() {
-            // 127: the system loader could not load a library (it printed which one above).
-            Some(127) => Err(refused(format!(
+            // The system loader could not load a library (it printed which one above).
+            Some(crate::companion::LOADER_FAILED) => Err(refused(format!(
                 "the system loader could not start {ENGINE} (message above); make libtorch \
                  reachable, e.g. LD_LIBRARY_PATH=<site-packages>/torch/lib:<site-packages>/nvidia/cu13/lib"
             ))),

@@ -177,9 +177,6 @@ fn run_points(
                     (point, s.sweep.written_earlier(point.0))
                 };
                 let outcome = written.unwrap_or_else(|| runner.run(config, output));
-                if matches!(outcome, PointOutcome::Interrupted) {
-                    crate::files::remove_leftovers(output);
-                }
                 let mut s = shared.lock().expect("no worker panics");
                 match s
                     .sweep
@@ -188,7 +185,7 @@ fn run_points(
                     Ok(Some(row)) => {
                         s.ooms += usize::from(row.status == "oom");
                         bar.inc(1);
-                        bar.set_message(format!("{} = {value}, out of memory: {}", a.vary, s.ooms));
+                        bar.set_message(progress(a.vary, *value, s.ooms));
                         if !a.keep_going && two_ooms_in_a_row(s.sweep) {
                             s.stop = true;
                         }
@@ -225,6 +222,11 @@ fn two_ooms_in_a_row(sweep: &Sweep) -> bool {
         .any(|w| w[0].status == "oom" && w[1].status == "oom")
 }
 
+/// The progress bar's message: the current value and the out-of-memory count.
+fn progress(dimension: Dimension, value: u64, ooms: usize) -> String {
+    format!("{dimension} = {value}, out of memory: {ooms}")
+}
+
 /// A runner that moves the progress bar (for the limit search, whose length is not known).
 struct Reporting {
     inner: CompanionRunner,
@@ -251,15 +253,11 @@ impl PointRunner for Reporting {
         output: &std::path::Path,
     ) -> PointOutcome {
         let value = self.dimension.value_of(config);
-        self.bar.set_message(format!(
-            "{} = {value}, out of memory: {}",
-            self.dimension, self.ooms
-        ));
+        self.bar
+            .set_message(progress(self.dimension, value, self.ooms));
         let outcome = self.inner.run(config, output);
-        match &outcome {
-            PointOutcome::OutOfMemory { .. } => self.ooms += 1,
-            PointOutcome::Interrupted => crate::files::remove_leftovers(output),
-            _ => {}
+        if let PointOutcome::OutOfMemory { .. } = outcome {
+            self.ooms += 1;
         }
         if self.bar.position() + 1 >= self.bar.length().unwrap_or(0) {
             self.bar.inc_length(1);

@@ -192,10 +192,7 @@ impl Measurement {
 
     /// The measured GPU's name, as the environment recorded it.
     pub fn gpu_name(&self) -> &str {
-        self.environment
-            .device
-            .as_ref()
-            .map_or("unknown GPU", |d| d.name.as_str())
+        self.environment.gpu_name()
     }
 
     /// The largest `peak_allocated_bytes` over all phases.

@@ -58,15 +58,7 @@ pub fn predicted_limit(
 ) -> Option<u64> {
     let fits = |v: u64| {
         predict(&dimension.apply(base, v), model.0, model.1)
-            .map(|p| {
-                p.phases
-                    .iter()
-                    .map(|r| r.figures.peak_reserved_bytes)
-                    .max()
-                    .unwrap_or(0)
-                    <= capacity
-            })
-            .unwrap_or(false)
+            .is_ok_and(|p| p.max_peak_reserved() <= capacity)
     };
     if !fits(lo) {
         return None;

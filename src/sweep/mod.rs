@@ -140,6 +140,11 @@ mod tests {
         }
     }
 
+    /// A sweep of batch from 1 to `to` over [`base`] in `folder`.
+    fn open(folder: &Path, to: u64, resume: bool) -> Result<Sweep, SweepError> {
+        Sweep::open(folder, Dimension::Batch, 1, to, &base(), resume)
+    }
+
     fn base() -> MeasureConfig {
         MeasureConfig {
             context: 4096,
@@ -170,7 +175,7 @@ mod tests {
     fn points_become_rows_and_the_csv_reads_back() {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("sweep");
-        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 64, &base(), false).unwrap();
+        let mut sweep = open(&folder, 64, false).unwrap();
         let mut gpu = Simulated::new(6 << 30);
         for v in values(1, 64, Spacing::Geometric).unwrap() {
             sweep.measure(&mut gpu, v).unwrap().unwrap();
@@ -204,15 +209,7 @@ mod tests {
         let capacity = 40 << 30;
         let expected = true_limit(capacity);
         let dir = tempfile::tempdir().unwrap();
-        let mut sweep = Sweep::open(
-            &dir.path().join("s"),
-            Dimension::Batch,
-            1,
-            512,
-            &base(),
-            false,
-        )
-        .unwrap();
+        let mut sweep = open(&dir.path().join("s"), 512, false).unwrap();
         let mut gpu = Simulated::new(capacity);
         let search = find_limit(&mut sweep, &mut gpu, 1, 512).unwrap();
         assert_eq!(search.predicted, Some(expected));
@@ -229,15 +226,7 @@ mod tests {
         let capacity = 30 << 30;
         let expected = true_limit(capacity);
         let dir = tempfile::tempdir().unwrap();
-        let mut sweep = Sweep::open(
-            &dir.path().join("s"),
-            Dimension::Batch,
-            1,
-            512,
-            &base(),
-            false,
-        )
-        .unwrap();
+        let mut sweep = open(&dir.path().join("s"), 512, false).unwrap();
         let mut gpu = Simulated::new(capacity);
         gpu.reports_free = capacity + LIBRARIES + (8 << 30); // it claims 8 GiB it does not have
         let search = find_limit(&mut sweep, &mut gpu, 1, 512).unwrap();
@@ -258,16 +247,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("s");
         let mut gpu = Simulated::new(20 << 30);
-        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false).unwrap();
+        let mut sweep = open(&folder, 8, false).unwrap();
         sweep.measure(&mut gpu, 1).unwrap();
         sweep.measure(&mut gpu, 2).unwrap();
         let before = std::fs::read(folder.join(CSV_FILE)).unwrap();
         assert!(matches!(
-            Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false),
+            open(&folder, 8, false),
             Err(SweepError::Exists(_))
         ));
         assert_eq!(std::fs::read(folder.join(CSV_FILE)).unwrap(), before);
-        let mut resumed = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), true).unwrap();
+        let mut resumed = open(&folder, 8, true).unwrap();
         assert_eq!(resumed.rows.len(), 2);
         let mut again = Simulated::new(20 << 30);
         for v in [1, 2, 4] {
@@ -289,7 +278,7 @@ mod tests {
     fn resume_records_a_point_written_but_not_recorded() {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("s");
-        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false).unwrap();
+        let mut sweep = open(&folder, 8, false).unwrap();
         let mut gpu = Simulated::new(20 << 30);
         sweep.measure(&mut gpu, 1).unwrap();
         // Point 2's process wrote its measurement; the sweep was killed before its row.
@@ -298,7 +287,7 @@ mod tests {
         // A file of another configuration under point 4's name is not taken for it.
         let (_, file4) = sweep.point(4);
         gpu.run(&sweep.point(3).0, &folder.join(file4));
-        let mut resumed = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), true).unwrap();
+        let mut resumed = open(&folder, 8, true).unwrap();
         let mut again = Simulated::new(20 << 30);
         let row = resumed.measure(&mut again, 2).unwrap().unwrap();
         assert_eq!((row.status.as_str(), row.batch), ("ok", 2));
@@ -313,7 +302,7 @@ mod tests {
         let folder = dir.path().join("s");
         let mut gpu = Simulated::new(20 << 30);
         gpu.interrupt_at = Some(3);
-        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 8, &base(), false).unwrap();
+        let mut sweep = open(&folder, 8, false).unwrap();
         assert!(sweep.measure(&mut gpu, 1).unwrap().is_some());
         assert!(sweep.measure(&mut gpu, 2).unwrap().is_some());
         assert!(sweep.measure(&mut gpu, 3).unwrap().is_none());
@@ -323,15 +312,7 @@ mod tests {
         // The limit search reports the interruption with its status.
         let mut gpu = Simulated::new(20 << 30);
         gpu.interrupt_at = Some(1);
-        let mut s2 = Sweep::open(
-            &dir.path().join("s2"),
-            Dimension::Batch,
-            1,
-            8,
-            &base(),
-            false,
-        )
-        .unwrap();
+        let mut s2 = open(&dir.path().join("s2"), 8, false).unwrap();
         let e = find_limit(&mut s2, &mut gpu, 1, 8).unwrap_err();
         assert_eq!(
             crate::status::Classify::status(&e),
@@ -343,7 +324,7 @@ mod tests {
     fn a_recorded_sweep_draws_its_chart() {
         let dir = tempfile::tempdir().unwrap();
         let folder = dir.path().join("s");
-        let mut sweep = Sweep::open(&folder, Dimension::Batch, 1, 512, &base(), false).unwrap();
+        let mut sweep = open(&folder, 512, false).unwrap();
         let mut gpu = Simulated::new(40 << 30);
         find_limit(&mut sweep, &mut gpu, 1, 512).unwrap();
         let svg = Sweep::load(&folder).unwrap().chart().0;

@@ -240,6 +240,14 @@ impl Sweep {
         Ok(sweep)
     }
 
+    /// The measured GPU's name, as the sweep's environment recorded it.
+    pub fn gpu_name(&self) -> &str {
+        self.summary
+            .environment
+            .as_ref()
+            .map_or(crate::environment::UNKNOWN_GPU, EnvironmentReport::gpu_name)
+    }
+
     /// The row already measured for `value`, if any.
     pub fn row(&self, value: u64) -> Option<&SweepRow> {
         self.rows.iter().find(|r| r.value == value)
@@ -256,17 +264,7 @@ impl Sweep {
     fn predicted(&self, config: &MeasureConfig) -> Option<(u64, u64)> {
         let (cc, ws) = self.model?;
         let p = predict(config, cc, ws).ok()?;
-        let a = p
-            .phases
-            .iter()
-            .map(|r| r.figures.peak_allocated_bytes)
-            .max()?;
-        let r = p
-            .phases
-            .iter()
-            .map(|r| r.figures.peak_reserved_bytes)
-            .max()?;
-        Some((a, r))
+        Some((p.max_peak_allocated(), p.max_peak_reserved()))
     }
 
     /// What measuring `value` needs: its configuration, and its measurement file's name in the

@@ -57,6 +57,13 @@ impl TorchBackend {
     fn gpu(&self) -> Device {
         self.allocator.device()
     }
+
+    /// The runtime's free and total memory of the device now (`cudaMemGetInfo`).
+    pub fn runtime_free_total(
+        &self,
+    ) -> Result<(iteragpu_lab::units::Bytes, iteragpu_lab::units::Bytes), MeasureError> {
+        self.allocator.runtime_free_total()
+    }
 }
 
 /// A `Linear(fan_in -> fan_out)` layer initialised on the CPU in float32 as PyTorch does

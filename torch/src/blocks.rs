@@ -19,12 +19,7 @@ pub fn read_map(
     names: &HashMap<u64, String>,
 ) -> Result<(Vec<SegmentView>, bool), MeasureError> {
     let text = ffi::snapshot(device).map_err(shim_err)?;
-    // "S address size is_large stream is_expandable" (torch/csrc/allocator_shim.h).
-    let expandable = text
-        .lines()
-        .any(|l| l.starts_with("S ") && l.split(' ').nth(5) == Some("1"));
-    let map = snapshot::parse(&text, names).map_err(|e| MeasureError::from_torch_message(&e))?;
-    Ok((map, expandable))
+    snapshot::parse(&text, names).map_err(|e| MeasureError::from_torch_message(&e))
 }
 
 pub struct BlockRecorder {

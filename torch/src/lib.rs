@@ -66,7 +66,7 @@ impl Gpu for TorchGpu {
         let mut backend = TorchBackend::open(config, blocks)?;
         // Free memory once CUDA has started here, before anything is allocated: with the free
         // memory at the end, it tells what the libraries took outside the allocator.
-        let (free_at_start, _) = Allocator::open(config.device)?.runtime_free_total()?;
+        let (free_at_start, _) = backend.runtime_free_total()?;
         let phases = run_protocol(&mut backend, config.warmup, config.repeats, on_phase)?;
         drop(backend);
         let environment = environment(Some(config.device));

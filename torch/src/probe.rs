@@ -179,9 +179,18 @@ pub fn lesson(
         return Err(MeasureError::Torch {
             phase: None,
             message: format!(
-                "the allocator reports expandable segments {} but its map {} expandable segments:                  no record",
-                if settings.expandable_segments { "on" } else { "off" },
-                if probe.expandable_seen { "holds" } else { "holds no" }
+                "the allocator reports expandable segments {} but its map {} expandable segments: \
+                 no record",
+                if settings.expandable_segments {
+                    "on"
+                } else {
+                    "off"
+                },
+                if probe.expandable_seen {
+                    "holds"
+                } else {
+                    "holds no"
+                }
             ),
         });
     }

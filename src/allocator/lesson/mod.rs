@@ -81,21 +81,8 @@ impl LessonModel {
             segments: s.segments.current,
             runtime_used: None,
         });
-        self.stats.push(self.device_stats());
+        self.stats.push(self.allocator.device_stats());
         self.maps.push(self.segments());
-    }
-
-    /// The statistics as the allocator would report them now.
-    pub fn device_stats(&self) -> DeviceStats {
-        let s = self.allocator.stats();
-        DeviceStats {
-            requested_bytes: s.requested.current,
-            inactive_split_bytes: s.inactive_split.current,
-            inactive_split_blocks: s.inactive_split_blocks.current,
-            segments: s.segments.current,
-            alloc_retries: self.allocator.alloc_retries(),
-            ooms: 0,
-        }
     }
 
     fn keep(&mut self, name: &str, id: Option<BlockId>) {

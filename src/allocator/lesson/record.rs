@@ -227,10 +227,7 @@ impl LessonRecord {
 
     /// The measured GPU's name, as the environment recorded it.
     pub fn gpu_name(&self) -> &str {
-        self.environment
-            .device
-            .as_ref()
-            .map_or("unknown GPU", |d| d.name.as_str())
+        self.environment.gpu_name()
     }
 
     /// The script this record ran.

@@ -10,6 +10,7 @@ use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 const MIB: f64 = (1u64 << 20) as f64;
+const GIB: f64 = crate::units::GIB as f64;
 
 /// One series of a grouped bar chart.
 struct Series {
@@ -167,13 +168,18 @@ pub fn step_chart(log: &StepLog) -> Svg {
 /// predicted peak reserved at every point (out-of-memory points included, marked), the capacity
 /// the allocator can use, and the limit found. In GiB.
 pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
-    const GIB: f64 = (1u64 << 30) as f64;
     let rows = &sweep.rows;
     let gib = |b: u64| b as f64 / GIB;
     let limit = sweep.summary.limit.as_ref();
     let capacity = limit
         .and_then(|l| l.capacity)
         .map(|c| gib(c.for_allocator()));
+    let device_total = sweep
+        .summary
+        .environment
+        .as_ref()
+        .and_then(|e| e.device.as_ref())
+        .map(|d| gib(d.runtime_total.0));
     let xs: Vec<f64> = rows.iter().map(|r| r.value as f64).collect();
     let (x0, x1) = (
         xs.iter().copied().fold(f64::INFINITY, f64::min),
@@ -190,14 +196,7 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
         .flatten()
         .map(gib)
         .chain(capacity)
-        .chain(
-            sweep
-                .summary
-                .environment
-                .as_ref()
-                .and_then(|e| e.device.as_ref())
-                .map(|d| gib(d.runtime_total.0)),
-        )
+        .chain(device_total)
         .fold(1e-3, f64::max)
         * 1.08;
     let series = |f: fn(&crate::sweep::SweepRow) -> Option<u64>| -> Vec<(f64, f64)> {
@@ -271,14 +270,7 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
                 )
                 .expect("drawing to memory");
         }
-        if let Some(total) = sweep
-            .summary
-            .environment
-            .as_ref()
-            .and_then(|e| e.device.as_ref())
-            .map(|d| gib(d.runtime_total.0))
-            .filter(|t| *t < top * 1.5)
-        {
+        if let Some(total) = device_total {
             let dark = RGBColor(60, 60, 60);
             level(
                 &mut chart,
@@ -325,13 +317,7 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
                 .label(format!("limit found: {found}"))
                 .legend(move |(x, y)| PathElement::new([(x + 7, y - 6), (x + 7, y + 6)], black));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .expect("drawing to memory");
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 0.85);
     })
 }
 
@@ -521,14 +507,13 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
                     PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
                 });
         }
-        legend(&mut chart);
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, 0.85);
     })
 }
 
 /// The budget stacked term by term, on 1, 2, 4 and 8 GPUs under the fit planner's split rule,
 /// against the memory of each GPU model of `catalog` (dashed lines, named).
 pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog) -> Svg {
-    const GIB: f64 = (1u64 << 30) as f64;
     const PALETTE: [RGBColor; 10] = [
         RGBColor(31, 119, 180),
         RGBColor(174, 199, 232),
@@ -666,13 +651,7 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
                     Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .expect("drawing to memory");
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 0.9);
     })
 }
 
@@ -707,12 +686,16 @@ fn canvas(size: (u32, u32), draw: impl FnOnce(&DrawingArea<SVGBackend, Shift>)) 
     Svg(text)
 }
 
-/// The series legend, in the upper left corner.
-fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartContext<'a, DB, CT>) {
+/// The series legend at `position`, on a white background of `opacity`.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    opacity: f64,
+) {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
+        .position(position)
+        .background_style(WHITE.mix(opacity))
         .border_style(BLACK)
         .draw()
         .expect("drawing to memory");

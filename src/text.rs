@@ -8,8 +8,13 @@ use std::borrow::Cow;
 /// Whether `c` must never reach a terminal raw: a control character (C0, DEL, C1) or a Unicode
 /// bidirectional formatting character.
 pub fn is_unsafe(c: char) -> bool {
-    c.is_control()
-        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || is_bidi_control(c) || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}')
+}
+
+/// Whether `c` is one of the bidirectional embeddings, overrides and isolates that reorder how
+/// the text around them is displayed.
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The first unsafe character of `s`, if any.

@@ -30,30 +30,34 @@ const END_LEN: usize = 22;
 /// A member to write: its full name in the zip, its bytes, whether it is executable.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {
-    /// The full name, top folder included.
-    pub name: &'a str,
+    /// Its path under the archive's top folder.
+    pub path: &'a str,
     /// The content.
     pub bytes: &'a [u8],
     /// Mode 0755 if true, 0644 otherwise.
     pub executable: bool,
 }
 
-/// The canonical zip of `entries`, sorted here by name.
-pub fn write(entries: &[Entry]) -> Vec<u8> {
+/// A member's mode: [`EXEC_MODE`] if `executable`, else [`FILE_MODE`].
+pub fn mode(executable: bool) -> u32 {
+    if executable {
+        EXEC_MODE
+    } else {
+        FILE_MODE
+    }
+}
+
+/// The canonical zip of `entries` under the top folder `top`, sorted here by name.
+pub fn write(top: &str, entries: &[Entry]) -> Vec<u8> {
     let mut sorted = entries.to_vec();
-    sorted.sort_by(|a, b| a.name.cmp(b.name));
+    sorted.sort_by(|a, b| a.path.cmp(b.path));
     let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     for entry in sorted {
-        let mode = if entry.executable {
-            EXEC_MODE
-        } else {
-            FILE_MODE
-        };
         let options = zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Stored)
             .last_modified_time(zip::DateTime::default())
-            .unix_permissions(mode);
-        zip.start_file(entry.name, options)
+            .unix_permissions(mode(entry.executable));
+        zip.start_file(format!("{top}/{}", entry.path), options)
             .expect("writing to memory");
         zip.write_all(entry.bytes).expect("writing to memory");
     }
@@ -121,6 +125,21 @@ struct Header {
     name: Vec<u8>,
 }
 
+impl Header {
+    /// Reads a header whose `flags` lie at `fields` (a local entry's at +6, a central one's at
+    /// +8: the other fields follow in the same layout in both) and whose name starts at `name_at`.
+    fn read(c: &Cursor, fields: usize, name_at: usize) -> Result<Header, String> {
+        Ok(Header {
+            flags: c.u16(fields)?,
+            method: c.u16(fields + 2)?,
+            crc: c.u32(fields + 8)?,
+            compressed: c.u32(fields + 12)?,
+            size: c.u32(fields + 16)?,
+            name: c.slice(name_at, c.u16(fields + 20)?.into())?.to_vec(),
+        })
+    }
+}
+
 /// A local entry: where it starts, its header, its name and its data.
 struct Local<'a> {
     at: usize,
@@ -168,14 +187,7 @@ fn read_locals<'a>(
         if locals.len() == max_members {
             return Err(format!("more than {max_members} members"));
         }
-        let header = Header {
-            flags: c.u16(at + 6)?,
-            method: c.u16(at + 8)?,
-            crc: c.u32(at + 14)?,
-            compressed: c.u32(at + 18)?,
-            size: c.u32(at + 22)?,
-            name: c.slice(at + LOCAL_LEN, c.u16(at + 26)?.into())?.to_vec(),
-        };
+        let header = Header::read(c, at + 6, at + LOCAL_LEN)?;
         let name = String::from_utf8(header.name.clone())
             .map_err(|_| format!("byte {at}: a member whose name is not UTF-8"))?;
         check_member(&header, &name, max_member)?;
@@ -205,14 +217,7 @@ fn read_directory<'a>(
     let mut members = Vec::with_capacity(locals.len());
     while c.signature_at(at) == Some(CENTRAL) {
         let name_len = usize::from(c.u16(at + 28)?);
-        let header = Header {
-            flags: c.u16(at + 8)?,
-            method: c.u16(at + 10)?,
-            crc: c.u32(at + 16)?,
-            compressed: c.u32(at + 20)?,
-            size: c.u32(at + 24)?,
-            name: c.slice(at + CENTRAL_LEN, name_len)?.to_vec(),
-        };
+        let header = Header::read(c, at + 8, at + CENTRAL_LEN)?;
         let Some(local) = locals.get(members.len()) else {
             return Err(format!(
                 "{}: listed in the central directory with no local entry",
@@ -340,18 +345,21 @@ mod tests {
     use super::*;
 
     fn sample() -> Vec<u8> {
-        write(&[
-            Entry {
-                name: "top/b.txt",
-                bytes: b"beta",
-                executable: false,
-            },
-            Entry {
-                name: "top/a.sh",
-                bytes: b"#!/bin/sh\n",
-                executable: true,
-            },
-        ])
+        write(
+            "top",
+            &[
+                Entry {
+                    path: "b.txt",
+                    bytes: b"beta",
+                    executable: false,
+                },
+                Entry {
+                    path: "a.sh",
+                    bytes: b"#!/bin/sh\n",
+                    executable: true,
+                },
+            ],
+        )
     }
 
     #[test]

@@ -35,12 +35,8 @@ pub fn extract(zip: &Path, into: &Path) -> Result<PathBuf, BundleError> {
         .tempdir_in(into)
         .map_err(write_error)?;
     for file in &bundle.files {
-        let mode = if file.executable {
-            archive::EXEC_MODE
-        } else {
-            archive::FILE_MODE
-        };
         let bytes = &bundle.bytes[file.range.clone()];
+        let mode = archive::mode(file.executable);
         write_file(&staging.path().join(&file.path), bytes, mode).map_err(write_error)?;
     }
     std::fs::set_permissions(staging.path(), Permissions::from_mode(0o755)).map_err(write_error)?;

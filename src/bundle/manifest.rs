@@ -178,13 +178,8 @@ fn check_entry(entry: &ManifestEntry) -> Result<(), String> {
         }
         Some(_) => {}
     }
-    let hex = |s: &str| {
-        s.len() == 64
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
     match entry.sha256.as_deref() {
-        Some(s) if hex(s) => Ok(()),
+        Some(s) if crate::is_sha256_hex(s) => Ok(()),
         Some(s) => Err(format!(
             "lists {path} with the hash `{s}`, not a SHA-256 in lowercase hex"
         )),

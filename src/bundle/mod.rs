@@ -181,26 +181,20 @@ pub fn unsafe_path(path: &str) -> Option<&'static str> {
 /// The canonical zip of `members` and their manifest under the top folder `name`.
 pub fn zip_bytes(name: &str, members: &[Member], manifest: &Manifest) -> Vec<u8> {
     let manifest_bytes = manifest.to_bytes();
-    let names: Vec<String> = members
-        .iter()
-        .map(|m| format!("{name}/{}", m.path))
-        .chain([format!("{name}/{MANIFEST}")])
-        .collect();
     let mut entries: Vec<archive::Entry> = members
         .iter()
-        .zip(&names)
-        .map(|(m, full)| archive::Entry {
-            name: full,
+        .map(|m| archive::Entry {
+            path: &m.path,
             bytes: &m.bytes,
             executable: m.executable,
         })
         .collect();
     entries.push(archive::Entry {
-        name: &names[members.len()],
+        path: MANIFEST,
         bytes: &manifest_bytes,
         executable: false,
     });
-    archive::write(&entries)
+    archive::write(name, &entries)
 }
 
 /// Builds the bundle of the project at `root` under the top folder `name` into a new file

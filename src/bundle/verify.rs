@@ -205,17 +205,15 @@ fn same_as_canonical(
     members: &[Found],
     files: &[ZipFile],
 ) -> Result<(), BundleError> {
-    let full: Vec<String> = files.iter().map(|f| format!("{name}/{}", f.path)).collect();
     let entries: Vec<Entry> = files
         .iter()
-        .zip(&full)
-        .map(|(f, full)| Entry {
-            name: full,
+        .map(|f| Entry {
+            path: &f.path,
             bytes: &bytes[f.range.clone()],
             executable: f.executable,
         })
         .collect();
-    let canonical = archive::write(&entries);
+    let canonical = archive::write(name, &entries);
     if canonical == bytes {
         return Ok(());
     }

@@ -241,8 +241,7 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<GridRow, GridError
             });
         }
     }
-    let bytes = files::read_capped(&request.measurement, files::Input::Measurement)?;
-    let measurement = Measurement::from_bytes(&bytes, &measurement_file)?;
+    let measurement = Measurement::load(&request.measurement)?;
     let catalog = Catalog::load(request.catalog.as_deref())?;
     let q = quote(
         &catalog,

@@ -191,13 +191,7 @@ impl Cell {
                 "float32, float16 or bfloat16",
                 ["float32", "float16", "bfloat16"].contains(&value),
             ),
-            Cell::Sha256 => plain(
-                "a lowercase SHA-256",
-                value.len() == 64
-                    && value
-                        .bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
-            ),
+            Cell::Sha256 => plain("a lowercase SHA-256", crate::is_sha256_hex(value)),
             Cell::UnitCost => plain("a decimal number", {
                 let (whole, fraction) = value.split_once('.').unwrap_or((value, "0"));
                 [whole, fraction]
@@ -220,8 +214,7 @@ fn integer(value: &str) -> Option<u64> {
 /// Unicode line and paragraph separators, and the bidirectional controls that reorder how text
 /// is displayed.
 pub fn is_forbidden(c: char) -> bool {
-    c.is_control()
-        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || crate::text::is_bidi_control(c) || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
 /// The characters that make a spreadsheet read a cell as a formula when they lead it (after any

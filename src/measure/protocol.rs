@@ -106,6 +106,19 @@ pub struct RowPrediction {
     pub residual: crate::allocator::predict::Residual,
 }
 
+impl RowPrediction {
+    /// The row's `predicted` and `residual` figures as table cells, in the phase table's order.
+    pub fn cells(&self) -> [(&'static str, [String; 6]); 2] {
+        [
+            (
+                "predicted",
+                self.figures.named().map(|(_, v)| v.to_string()),
+            ),
+            ("residual", self.residual.values().map(|v| v.to_string())),
+        ]
+    }
+}
+
 /// The allocator's own map (its snapshot) of one phase, every allocated block named.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhaseBlocks {

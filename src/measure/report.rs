@@ -301,12 +301,23 @@ impl Shown {
 
     /// Each phase row measured, predicted and their difference, as a table.
     pub fn prediction_table(&self) -> crate::markup::Html {
-        let mut m = self.measurement.clone();
-        let note = if m.phases.iter().all(|p| p.prediction.is_some()) {
-            "Predictions as recorded with the measurement."
+        let (m, note) = if self
+            .measurement
+            .phases
+            .iter()
+            .all(|p| p.prediction.is_some())
+        {
+            (
+                std::borrow::Cow::Borrowed(&self.measurement),
+                "Predictions as recorded with the measurement.",
+            )
         } else {
+            let mut m = self.measurement.clone();
             m.attach_prediction(Ok(Default::default()));
-            "Predicted now, with PyTorch's default workspace settings."
+            (
+                std::borrow::Cow::Owned(m),
+                "Predicted now, with PyTorch's default workspace settings.",
+            )
         };
         let mut rows = Vec::new();
         for p in &m.phases {
@@ -315,14 +326,8 @@ impl Shown {
                 Some(r) => format!("{} {r}", p.phase.name()),
                 None => p.phase.name().to_string(),
             };
-            for (what, values) in [
-                ("measured", p.figures().named().map(|(_, v)| v.to_string())),
-                (
-                    "predicted",
-                    pred.figures.named().map(|(_, v)| v.to_string()),
-                ),
-                ("residual", pred.residual.values().map(|v| v.to_string())),
-            ] {
+            let measured = ("measured", p.figures().named().map(|(_, v)| v.to_string()));
+            for (what, values) in std::iter::once(measured).chain(pred.cells()) {
                 let mut row = vec![label.clone(), what.to_string()];
                 row.extend(values);
                 rows.push(row);
@@ -341,16 +346,7 @@ impl Shown {
         };
         crate::markup::table(
             &format!("Measured and predicted, bytes ({})", self.origin()),
-            &[
-                "phase",
-                "",
-                "alloc base",
-                "alloc end",
-                "alloc peak",
-                "resv base",
-                "resv end",
-                "resv peak",
-            ],
+            &[&["phase", ""], &PHASE_COLUMNS[2..8]].concat(),
             &rows,
         )
         .then(crate::markup::Html::note(&verdict))
@@ -391,23 +387,17 @@ impl fmt::Display for Measurement {
             m.parameters,
             m.parameter_size()
         )?;
-        let line = phase_line;
-        line(f, &PHASE_COLUMNS)?;
+        phase_line(f, &PHASE_COLUMNS)?;
         for p in &self.phases {
             let cells = phase_cells(p);
-            line(f, &cells.each_ref().map(String::as_str))?;
+            phase_line(f, &cells.each_ref().map(String::as_str))?;
             if let Some(pred) = &p.prediction {
-                for (label, values) in [
-                    (
-                        "  predicted",
-                        pred.figures.named().map(|(_, v)| v.to_string()),
-                    ),
-                    ("  residual", pred.residual.values().map(|v| v.to_string())),
-                ] {
-                    let mut cells = vec![label, ""];
+                for (what, values) in pred.cells() {
+                    let label = format!("  {what}");
+                    let mut cells = vec![label.as_str(), ""];
                     cells.extend(values.iter().map(String::as_str));
                     cells.extend(["", ""]);
-                    line(f, &cells)?;
+                    phase_line(f, &cells)?;
                 }
             }
         }

@@ -21,6 +21,9 @@ macro_rules! displayed {
     )*};
 }
 displayed!(
+    crate::budget::Budget,
+    crate::budget::FitPlan,
+    crate::budget::Presets,
     WeightEstimate,
     EnvironmentReport,
     Measurement,
@@ -77,7 +80,7 @@ impl Measurement {
 
 impl Quote {
     pub fn html(&self) -> Html {
-        rows_html("Package quote", &self.rows(), self.banner())
+        rows_html("Package quote", &self.rows(), self.catalog.banner())
     }
 }
 

@@ -752,11 +752,7 @@ mod tests {
             flash_attention: true,
         };
         let cc = crate::allocator::ComputeCapability::new(9, 0);
-        let settings = BudgetSettings {
-            constants: constants::h200(),
-            workspaces: crate::allocator::Workspaces::for_gpu(cc, &Default::default()).unwrap(),
-            reserve_bytes: 0,
-        };
+        let settings = BudgetSettings::for_gpu(cc, 0);
         let b = budget(&w.validated().unwrap(), settings);
         let catalog = crate::catalog::Catalog::parse(crate::catalog::BUILTIN_CSV, "c").unwrap();
         let svg = budget_chart(&b, &catalog).0;

@@ -192,10 +192,12 @@ impl Quote {
         }
         rows
     }
+}
 
-    /// The banner every form of the quote ends with.
+impl CatalogSource {
+    /// The banner every quote and plan from this catalog ends with.
     pub fn banner(&self) -> &'static str {
-        if self.catalog.illustrative {
+        if self.illustrative {
             ILLUSTRATIVE_BANNER
         } else {
             PUBLISHED_BANNER
@@ -206,7 +208,7 @@ impl Quote {
 impl fmt::Display for Quote {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         rows_text(f, "Package quote", &self.rows(), 17)?;
-        write!(f, "{}", self.banner())
+        write!(f, "{}", self.catalog.banner())
     }
 }
 

@@ -20,11 +20,8 @@ pub struct Activations {
     /// Logits and loss: what the loss keeps after forward plus, at the start of backward, the
     /// gradients of the log-probabilities and of the logits (training); token ids (inference).
     pub logits_bytes: u64,
-    pub logits_name: &'static str,
     /// Training: what the loss keeps after forward (final norm, log-probabilities, scalars).
     pub loss_kept: u64,
-    /// Token ids (and targets, training).
-    pub ids: u64,
     pub logits_formula: String,
     /// Working memory when every gradient exists: the optimizer step's float32 copy of the
     /// largest trained tensor's gradient (training).
@@ -32,8 +29,6 @@ pub struct Activations {
     /// With recomputation, the moments inside the backward pass of a recomputed layer, at the
     /// top of the stack and at its bottom: (name, activation bytes, gradient bytes then).
     pub recompute: Vec<(&'static str, u64, u64)>,
-    pub source: String,
-    pub bound: String,
     pub peak_rule: String,
 }
 
@@ -89,16 +84,12 @@ pub fn estimate(w: &Workload) -> Activations {
                     }
                 ),
                 logits_bytes: ids,
-                logits_name: "Token ids",
                 loss_kept: 0,
-                ids,
                 logits_formula: format!(
                     "prompt token ids 8 B × b·t {bs} (the last position's logits come after the layers' working set is freed)"
                 ),
                 step_bytes: 0,
                 recompute: Vec::new(),
-                source: SOURCE.into(),
-                bound: BOUND.into(),
                 peak_rule: "weights + KV cache + cuBLAS workspace + the prefill's largest working set".into(),
             }
         }
@@ -146,17 +137,13 @@ pub fn estimate(w: &Workload) -> Activations {
                 bytes: layers,
                 formula,
                 logits_bytes: logits,
-                logits_name: "Logits and loss",
                 loss_kept,
-                ids: 2 * ids,
                 logits_formula: format!(
                     "final norm ({} B) + float32 log-probabilities kept, and at the start of backward their gradient and the logits' gradient: 3 × 4 B × b·t {bs} × vocab {v}; token ids and targets 2 × 8 B × b·t",
                     kept.final_norm
                 ),
                 step_bytes,
                 recompute,
-                source: SOURCE.into(),
-                bound: BOUND.into(),
                 peak_rule: "persistent states + the largest of the moments: the loss's backward \
                             (every kept activation, the log-probabilities and two gradients of \
                             their size), the optimizer step or the end of backward (every \

@@ -210,11 +210,4 @@ impl FitPlan {
             .filter(|r| r.shortfall.is_some())
             .min_by_key(|r| r.shortfall)
     }
-    pub fn banner(&self) -> &'static str {
-        if self.catalog.illustrative {
-            crate::quote::ILLUSTRATIVE_BANNER
-        } else {
-            crate::quote::PUBLISHED_BANNER
-        }
-    }
 }

@@ -144,10 +144,6 @@ impl Budget {
         }
         h
     }
-
-    pub fn evcxr_display(&self) {
-        self.html().evcxr_display()
-    }
 }
 
 fn split_name(s: Split) -> &'static str {
@@ -267,11 +263,7 @@ impl FitPlan {
         .then(Html::note(&self.verdict()))
         .then(Html::note(&format!("Split rule: {}", self.split_rule)))
         .then(Html::note(&format!("Catalog: {}", self.catalog)))
-        .then(Html::note(self.banner()))
-    }
-
-    pub fn evcxr_display(&self) {
-        self.html().evcxr_display()
+        .then(Html::note(self.catalog.banner()))
     }
 }
 
@@ -288,7 +280,7 @@ impl fmt::Display for FitPlan {
         writeln!(f, "{}", self.verdict())?;
         writeln!(f, "Split rule: {}", self.split_rule)?;
         writeln!(f, "Catalog: {}", self.catalog)?;
-        write!(f, "{}", self.banner())
+        write!(f, "{}", self.catalog.banner())
     }
 }
 
@@ -329,10 +321,6 @@ impl super::Presets {
             &self.cells(),
         )
         .then(Html::note(SOURCES_NOTE))
-    }
-
-    pub fn evcxr_display(&self) {
-        self.html().evcxr_display()
     }
 }
 

@@ -134,18 +134,20 @@ pub struct BudgetSettings {
 }
 
 impl BudgetSettings {
-    /// The H200's measured constants and the default workspaces of its architecture (9.0), no
-    /// reserve.
-    pub fn h200() -> BudgetSettings {
+    /// The H200's measured constants, PyTorch's default workspaces of the architecture `cc`, and
+    /// a reserve of `reserve_bytes`.
+    pub fn for_gpu(cc: crate::allocator::ComputeCapability, reserve_bytes: u64) -> BudgetSettings {
         BudgetSettings {
             constants: super::constants::h200(),
-            workspaces: Workspaces::for_gpu(
-                crate::allocator::ComputeCapability::new(9, 0),
-                &crate::allocator::WorkspaceSettings::default(),
-            )
-            .expect("the default settings are valid"),
-            reserve_bytes: 0,
+            workspaces: Workspaces::for_gpu(cc, &crate::allocator::WorkspaceSettings::default())
+                .expect("the default settings are valid"),
+            reserve_bytes,
         }
+    }
+
+    /// [`for_gpu`](Self::for_gpu) of the H200's architecture (9.0), no reserve.
+    pub fn h200() -> BudgetSettings {
+        BudgetSettings::for_gpu(crate::allocator::ComputeCapability::new(9, 0), 0)
     }
 }
 
@@ -535,7 +537,7 @@ fn recompute_moments(a: &Activations) -> Vec<Moment> {
 
 fn push_activations(b: &mut Builder, a: &Activations) {
     b.push("activations", "Activations", a.formula.clone(), a.bytes)
-        .status(estimated(&a.source, &a.bound))
+        .status(estimated(activations::SOURCE, activations::BOUND))
         .split(Split::PerGpu);
     if a.logits_bytes > 0 {
         b.push(
@@ -544,7 +546,7 @@ fn push_activations(b: &mut Builder, a: &Activations) {
             a.logits_formula.clone(),
             a.logits_bytes,
         )
-        .status(estimated(&a.source, &a.bound))
+        .status(estimated(activations::SOURCE, activations::BOUND))
         .split(Split::PerGpu);
     }
 }

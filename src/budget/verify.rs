@@ -201,13 +201,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
     let w = workload_of(run).validated()?;
     let b = budget(&w, settings);
     let acts = activations::estimate(&w);
-    let reading = |name: &'static str| {
-        report
-            .stages
-            .iter()
-            .find(|s| s.stage == name)
-            .ok_or(VerifyError::MissingStage(name))
-    };
+    let reading = |name: &'static str| report.stage(name).ok_or(VerifyError::MissingStage(name));
     let delta = |name: &'static str| -> Result<u64, VerifyError> {
         Ok(u64::try_from(reading(name)?.allocated_delta()).unwrap_or(0))
     };

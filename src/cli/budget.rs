@@ -3,10 +3,10 @@
 //! `--output`.
 
 use super::{values, Context, Outcome};
-use crate::allocator::{ComputeCapability, WorkspaceSettings, Workspaces};
+use crate::allocator::ComputeCapability;
 use crate::budget::{
-    self, constants, presets::Presets, Budget, BudgetSettings, KvFormat, LinearTarget, Mode,
-    ModelShape, Optimizer, WeightFormat, Workload,
+    self, presets::Presets, Budget, BudgetSettings, KvFormat, LinearTarget, Mode, ModelShape,
+    Optimizer, WeightFormat, Workload,
 };
 use crate::catalog::Catalog;
 use crate::measure::Dtype;
@@ -253,15 +253,9 @@ impl BudgetArgs {
     /// The budget of these flags.
     pub fn budget(&self) -> Result<Budget, super::Failure> {
         let workload = self.workload()?;
-        let settings = BudgetSettings {
-            constants: constants::h200(),
-            workspaces: Workspaces::for_gpu(
-                self.compute_capability,
-                &WorkspaceSettings::default(),
-            )?,
-            reserve_bytes: crate::units::gib_to_bytes(self.reserve_gib)
-                .ok_or_else(|| super::Failure::usage("--reserve-gib is too large"))?,
-        };
+        let reserve = crate::units::gib_to_bytes(self.reserve_gib)
+            .ok_or_else(|| super::Failure::usage("--reserve-gib is too large"))?;
+        let settings = BudgetSettings::for_gpu(self.compute_capability, reserve);
         Ok(budget::budget(&workload, settings))
     }
 }

@@ -333,6 +333,30 @@ impl BenchRun {
     }
 }
 
+/// The bench's names of layer `layer`'s KV cache tensors, K then V. The bench names its blocks
+/// with these and the allocator model's replay names its own with them: `budget --against`
+/// compares the two maps block by block, names included.
+pub fn kv_cache_names(layer: u64) -> [String; 2] {
+    ["k", "v"].map(|x| format!("layers.{layer}.{x}_cache"))
+}
+
+/// The bench's names of the LoRA adapter on layer `layer`'s `target`, A then B (see
+/// [`kv_cache_names`]).
+pub fn adapter_names(layer: u64, target: LinearTarget) -> [String; 2] {
+    ["lora_A", "lora_B"].map(|part| format!("layers.{layer}.{}.{part}", target.module()))
+}
+
+/// The bench's names of AdamW's states of the parameter `parameter`, in the order they are made:
+/// its float32 master copy (with `master`), `exp_avg`, `exp_avg_sq` (see [`kv_cache_names`]).
+pub fn optimizer_state_names(parameter: &str, master: bool) -> Vec<String> {
+    let kinds: &[&str] = if master {
+        &["master", "exp_avg", "exp_avg_sq"]
+    } else {
+        &["exp_avg", "exp_avg_sq"]
+    };
+    kinds.iter().map(|k| format!("{parameter}.{k}")).collect()
+}
+
 /// `(out_features, in_features)` of the linear layer `target` of `shape`: its weight is
 /// `[out, in]`, a LoRA adapter's A is `[rank, in]` and its B `[out, rank]`.
 pub fn linear_features(shape: &ModelShape, target: LinearTarget) -> (u64, u64) {

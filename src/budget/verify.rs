@@ -184,15 +184,14 @@ fn compare_maps(stage: &str, measured: &[SegmentView], model: &[SegmentView]) ->
 /// AdamW's state tensors of `trained` (name, float32 bytes), in the bench's order: for each, its
 /// master copy (with `master`), `exp_avg`, `exp_avg_sq`.
 fn moments(trained: &[(String, u64)], master: bool) -> Vec<(String, u64)> {
-    let mut out = Vec::new();
-    for (name, size) in trained {
-        if master {
-            out.push((format!("{name}.master"), *size));
-        }
-        out.push((format!("{name}.exp_avg"), *size));
-        out.push((format!("{name}.exp_avg_sq"), *size));
-    }
-    out
+    trained
+        .iter()
+        .flat_map(|(name, size)| {
+            super::optimizer_state_names(name, master)
+                .into_iter()
+                .map(|n| (n, *size))
+        })
+        .collect()
 }
 
 /// Checks the budget of `report`'s run against its figures.
@@ -256,9 +255,8 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
         BenchMode::Inference => {
             let s = &run.shape;
             let one = b_ * s.kv_heads * (t_ + run.generated) * s.head_dim * e;
-            let kv = replay.add((0..s.layers).flat_map(|l| {
-                [format!("layers.{l}.k_cache"), format!("layers.{l}.v_cache")].map(|n| (n, one))
-            }));
+            let kv =
+                replay.add((0..s.layers).flat_map(|l| super::kv_cache_names(l).map(|n| (n, one))));
             compare(stage::KV_CACHE, &replay)?;
             check(
                 "kv_cache",
@@ -284,12 +282,13 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
             let states: Vec<(String, u64)>;
             if run.mode == BenchMode::Lora {
                 let mut adapters = Vec::new();
+                let targets = run.ordered_targets();
                 for l in 0..run.shape.layers {
-                    for target in run.ordered_targets() {
+                    for &target in &targets {
                         let (out, inp) = super::linear_features(&run.shape, target);
-                        let name = format!("layers.{l}.{}", target.module());
-                        adapters.push((format!("{name}.lora_A"), run.lora_rank * inp * 4));
-                        adapters.push((format!("{name}.lora_B"), out * run.lora_rank * 4));
+                        let [a, b] = super::adapter_names(l, target);
+                        adapters.push((a, run.lora_rank * inp * 4));
+                        adapters.push((b, out * run.lora_rank * 4));
                     }
                 }
                 trained = adapters;

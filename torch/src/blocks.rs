@@ -50,7 +50,8 @@ impl BlockRecorder {
         self.names.remove(&(tensor.data_ptr() as u64));
     }
 
-    fn map(&self) -> Result<Vec<SegmentView>, MeasureError> {
+    /// The allocator's block map now, each block this recorder knows named.
+    pub fn map(&self) -> Result<Vec<SegmentView>, MeasureError> {
         read_map(self.device, &self.names).map(|(map, _)| map)
     }
 

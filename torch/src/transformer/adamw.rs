@@ -7,6 +7,7 @@
 use super::in_place;
 use super::model::Parameter;
 use crate::ffi;
+use iteragpu_lab::budget::optimizer_state_names;
 use tch::{Kind, TchError, Tensor};
 
 const LEARNING_RATE: f64 = 1e-4;
@@ -58,12 +59,9 @@ impl AdamW {
     pub fn tensors(&self) -> Vec<(String, &Tensor)> {
         let mut out = Vec::new();
         for s in &self.states {
-            let name = &s.parameter.name;
-            if let Some(master) = &s.master {
-                out.push((format!("{name}.master"), master));
-            }
-            out.push((format!("{name}.exp_avg"), &s.exp_avg));
-            out.push((format!("{name}.exp_avg_sq"), &s.exp_avg_sq));
+            let names = optimizer_state_names(&s.parameter.name, s.master.is_some());
+            let tensors = s.master.iter().chain([&s.exp_avg, &s.exp_avg_sq]);
+            out.extend(names.into_iter().zip(tensors));
         }
         out
     }

@@ -5,7 +5,7 @@ use super::decoder::{Decoder, Keys};
 use super::model::Model;
 use super::stages::Stages;
 use iteragpu_lab::budget::bench::stage;
-use iteragpu_lab::budget::BenchRun;
+use iteragpu_lab::budget::{kv_cache_names, BenchRun};
 use iteragpu_lab::measure::MeasureError;
 use tch::{Device, Kind, TchError, Tensor};
 
@@ -56,20 +56,19 @@ pub fn run(run: &BenchRun, stages: &mut Stages, device: Device) -> Result<(), Me
     let _no_grad = tch::no_grad_guard();
     let kind = crate::backend::kind(run.dtype);
     let model = stages.measure(stage::WEIGHTS, || Model::build(&run.shape, kind, device))?;
-    for p in model.weights() {
-        stages.name(&p.tensor, p.name.clone());
-    }
-    stages.map_last()?;
+    stages.map_named(model.weights().iter().map(|p| (&p.tensor, p.name.clone())))?;
     let decoder = Decoder {
         model: &model,
         flash: run.flash_attention,
     };
     let cache = stages.measure(stage::KV_CACHE, || KvCache::new(run, &model))?;
-    for (l, (k, v)) in cache.layers.iter().enumerate() {
-        stages.name(k, format!("layers.{l}.k_cache"));
-        stages.name(v, format!("layers.{l}.v_cache"));
-    }
-    stages.map_last()?;
+    stages.map_named(
+        cache
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(l, (k, v))| [k, v].into_iter().zip(kv_cache_names(l as u64))),
+    )?;
     let context = run.context as i64;
     // What stays alive after the prefill: the cache and the first generated token.
     let first = stages.measure(stage::PREFILL, || {

@@ -3,7 +3,9 @@
 //! the float32 LoRA adapters.
 
 use super::in_place;
-use iteragpu_lab::budget::{linear_features, LinearTarget, ModelShape, WeightTensor};
+use iteragpu_lab::budget::{
+    adapter_names, linear_features, LinearTarget, ModelShape, WeightTensor,
+};
 use std::collections::HashMap;
 use tch::{Device, Kind, TchError, Tensor};
 
@@ -255,9 +257,12 @@ impl Model {
                         scale: 2.0,
                     }
                 };
-                for (part, t) in [("lora_A", &adapter.a), ("lora_B", &adapter.b)] {
+                for (name, t) in adapter_names(l as u64, target)
+                    .into_iter()
+                    .zip([&adapter.a, &adapter.b])
+                {
                     trainable.push(Parameter {
-                        name: format!("layers.{l}.{}.{part}", target.module()),
+                        name,
                         tensor: t.shallow_clone(),
                     });
                 }

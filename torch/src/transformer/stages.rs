@@ -1,10 +1,10 @@
 //! The stage protocol: synchronise, read `allocated`, reset the peaks, run the stage, synchronise,
 //! read the end and the stage's own peaks. A failure inside a stage is named after it.
 
+use crate::blocks::BlockRecorder;
 use crate::{torch_err, Allocator};
 use iteragpu_lab::budget::{BenchMode, StageReading};
 use iteragpu_lab::measure::MeasureError;
-use std::collections::HashMap;
 use std::time::Instant;
 use tch::{TchError, Tensor};
 
@@ -12,8 +12,8 @@ use tch::{TchError, Tensor};
 pub struct Stages<'a> {
     allocator: &'a Allocator,
     readings: Vec<StageReading>,
-    /// With block maps: the names of the tensors made so far, by address.
-    names: Option<HashMap<u64, String>>,
+    /// With block maps: names the tensors made so far and reads the map.
+    recorder: Option<BlockRecorder>,
 }
 
 impl<'a> Stages<'a> {
@@ -23,24 +23,24 @@ impl<'a> Stages<'a> {
         Stages {
             allocator,
             readings: Vec::new(),
-            names: blocks.then(HashMap::new),
+            recorder: blocks.then(|| BlockRecorder::new(allocator.index())),
         }
     }
 
-    /// Names the block that holds `tensor` in the maps (when maps are recorded).
-    pub fn name(&mut self, tensor: &Tensor, name: String) {
-        if let Some(names) = &mut self.names {
-            names.insert(tensor.data_ptr() as u64, name);
-        }
-    }
-
-    /// Reads the block map into the last stage's reading, once the tensors it made are named (a
-    /// host-side read: nothing is allocated on the device between the stage's end and this).
-    pub fn map_last(&mut self) -> Result<(), MeasureError> {
-        let Some(names) = &self.names else {
+    /// When maps are recorded: names the blocks of the tensors the last stage made, then reads
+    /// the block map into its reading (a host-side read: nothing is allocated on the device
+    /// between the stage's end and this). Without maps, `named` is never consumed.
+    pub fn map_named<'t>(
+        &mut self,
+        named: impl IntoIterator<Item = (&'t Tensor, String)>,
+    ) -> Result<(), MeasureError> {
+        let Some(recorder) = &mut self.recorder else {
             return Ok(());
         };
-        let (map, _) = crate::blocks::read_map(self.allocator.index(), names)?;
+        for (tensor, name) in named {
+            recorder.name(tensor, &name);
+        }
+        let map = recorder.map()?;
         if let Some(last) = self.readings.last_mut() {
             last.blocks = Some(map);
         }

@@ -129,11 +129,8 @@ impl Trainer<'_> {
 /// Runs the training stages of `run.mode` (full or lora).
 pub fn run(run: &BenchRun, stages: &mut Stages, device: Device) -> Result<(), MeasureError> {
     let kind = crate::backend::kind(run.dtype);
-    let name_weights = |stages: &mut Stages, model: &Model| -> Result<(), MeasureError> {
-        for p in model.weights() {
-            stages.name(&p.tensor, p.name.clone());
-        }
-        stages.map_last()
+    let name_weights = |stages: &mut Stages, model: &Model| {
+        stages.map_named(model.weights().iter().map(|p| (&p.tensor, p.name.clone())))
     };
     let (model, trainable) = if run.mode == BenchMode::Lora {
         let mut model =
@@ -142,10 +139,7 @@ pub fn run(run: &BenchRun, stages: &mut Stages, device: Device) -> Result<(), Me
         let adapters = stages.measure(stage::ADAPTERS, || {
             model.add_adapters(run.lora_rank, &run.ordered_targets())
         })?;
-        for p in &adapters {
-            stages.name(&p.tensor, p.name.clone());
-        }
-        stages.map_last()?;
+        stages.map_named(adapters.iter().map(|p| (&p.tensor, p.name.clone())))?;
         (model, adapters)
     } else {
         let (model, all) = stages.measure(stage::WEIGHTS, || {
@@ -157,10 +151,7 @@ pub fn run(run: &BenchRun, stages: &mut Stages, device: Device) -> Result<(), Me
         (model, all)
     };
     let mut optimizer = stages.measure(stage::OPTIMIZER_STATES, || AdamW::new(trainable))?;
-    for (name, t) in optimizer.tensors() {
-        stages.name(t, name);
-    }
-    stages.map_last()?;
+    stages.map_named(optimizer.tensors().into_iter().map(|(name, t)| (t, name)))?;
     let trainer = Trainer {
         decoder: Decoder {
             model: &model,

@@ -6,7 +6,7 @@
 //! the derivation was checked against that transformer on an H200 (`docs/benchmarks.md`,
 //! "Budgets on the GPU"). Another implementation keeps other tensors: the terms are `estimated`.
 
-use super::shape::LinearTarget;
+use super::shape::{LinearTarget, WeightTensor};
 use super::workload::{Mode, Workload};
 use crate::measure::Dtype;
 
@@ -47,7 +47,7 @@ const FUSED_RNG_STATE: u64 = 2 * 512;
 const LOSS_SCALARS: u64 = 2 * 512;
 
 /// The activation terms of a validated workload.
-pub fn estimate(w: &Workload) -> Activations {
+pub fn estimate(w: &Workload, tensors: &[WeightTensor]) -> Activations {
     let s = &w.shape;
     let (b, t, e) = (w.batch, w.context, w.dtype.bytes());
     let bs = b * t;
@@ -114,22 +114,15 @@ pub fn estimate(w: &Workload) -> Activations {
             let log_probs = 4 * bs * v;
             let loss_kept = kept.final_norm + log_probs + LOSS_SCALARS;
             let logits = loss_kept + 2 * log_probs + 2 * ids;
-            let largest = w
-                .shape
-                .tensors()
-                .iter()
-                .map(|t| t.elements)
-                .max()
-                .unwrap_or(0);
             // The optimizer step reads each 16-bit gradient as a float32 copy (a float32 gradient is
             // read as it is) and allocates a float32 square root of its second moment, one after
-            // the other.
+            // the other: 4 B × the largest trained tensor.
             let step_bytes = match w.mode {
-                Mode::Full { .. } => 4 * largest,
+                Mode::Full { .. } => 4 * tensors.iter().map(|t| t.elements).max().unwrap_or(0),
                 _ => 0,
             };
             let recompute = if w.checkpointing {
-                recompute_moments(w, &kept)
+                recompute_moments(w, &kept, tensors)
             } else {
                 Vec::new()
             };
@@ -163,7 +156,11 @@ pub fn estimate(w: &Workload) -> Activations {
 /// activations, its output and the incoming gradient, the inputs of the layers not yet done, and
 /// the gradients made so far (the head's, the layers above, down's). At the top every input is
 /// still there; at the bottom every layer above has its gradients.
-fn recompute_moments(w: &Workload, kept: &Kept) -> Vec<(&'static str, u64, u64)> {
+fn recompute_moments(
+    w: &Workload,
+    kept: &Kept,
+    tensors: &[WeightTensor],
+) -> Vec<(&'static str, u64, u64)> {
     let s = &w.shape;
     let e = w.dtype.bytes();
     let (b, t) = (w.batch, w.context);
@@ -173,7 +170,7 @@ fn recompute_moments(w: &Workload, kept: &Kept) -> Vec<(&'static str, u64, u64)>
     let full = matches!(w.mode, Mode::Full { .. });
     let grads = |what: &dyn Fn(&str) -> bool| -> u64 {
         if full {
-            s.tensors()
+            tensors
                 .iter()
                 .filter(|t| what(&t.name))
                 .map(|t| t.elements * e)

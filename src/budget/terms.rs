@@ -220,9 +220,13 @@ fn stored(t: &WeightTensor, w: &Workload) -> (u64, u64) {
 }
 
 /// LoRA parameters: for every layer (and expert) and target, rank × (in + out).
-fn lora_parameters(w: &Workload, rank: u64, targets: &[LinearTarget]) -> u64 {
-    w.shape
-        .tensors()
+fn lora_parameters(
+    w: &Workload,
+    tensors: &[WeightTensor],
+    rank: u64,
+    targets: &[LinearTarget],
+) -> u64 {
+    tensors
         .iter()
         .filter_map(|t| t.linear.filter(|l| targets.contains(l)))
         .map(|l| {
@@ -241,6 +245,14 @@ fn estimated(source: &str, bound: &str) -> TermStatus {
 
 /// Computes the budget of a validated workload.
 pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
+    budget_and_activations(w, settings).0
+}
+
+/// [`budget`], with the activation estimate it was made from.
+pub(crate) fn budget_and_activations(
+    w: &Workload,
+    settings: BudgetSettings,
+) -> (Budget, Activations) {
     let tensors = w.shape.tensors();
     let parameters: u64 = tensors.iter().map(|t| t.elements).sum();
     let mut b = Builder { terms: Vec::new() };
@@ -248,9 +260,9 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
     let trainable = match &w.mode {
         Mode::Inference { .. } => 0,
         Mode::Full { .. } => parameters,
-        Mode::Lora { rank, targets } => lora_parameters(w, *rank, targets),
+        Mode::Lora { rank, targets } => lora_parameters(w, &tensors, *rank, targets),
     };
-    let acts = activations::estimate(w);
+    let acts = activations::estimate(w, &tensors);
     let moments = push_mode(&mut b, w, &tensors, trainable, &acts);
     push_per_gpu(&mut b, w, &settings);
     let mut terms = b.terms;
@@ -266,16 +278,12 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         .max_by_key(|m| on_one_gpu(m))
         .expect("at least one moment")
         .clone();
+    let peak_allocated = on_one_gpu(&peak);
     for t in &mut terms {
         t.at_peak = Bytes(peak.held(t));
     }
-    let peak_allocated = terms
-        .iter()
-        .filter(|t| t.place == Place::Allocator)
-        .map(|t| t.at_peak.0)
-        .sum();
     let total = terms.iter().map(|t| t.at_peak.0).sum();
-    Budget {
+    let budget = Budget {
         schema: SCHEMA.into(),
         workload: w.clone(),
         parameters,
@@ -287,7 +295,8 @@ pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
         peak_allocated: Bytes(peak_allocated),
         total: Bytes(total),
         constants: settings.constants,
-    }
+    };
+    (budget, acts)
 }
 
 /// Weights and their quantization metadata.

@@ -3,9 +3,8 @@
 //! tensors replayed through the allocator model (its 512-byte rounding and its segments), and the
 //! allocator's figure; then the run's peak of `allocated` against the budget's.
 
-use super::activations;
 use super::bench::{stage, BenchMode, BenchReport, BenchRun};
-use super::terms::{budget, Budget, BudgetSettings};
+use super::terms::{budget_and_activations, Budget, BudgetSettings};
 use super::workload::{KvFormat, Mode, Optimizer, WeightFormat, Workload};
 use crate::allocator::simulator::{AddressOrder, CachingAllocator, SegmentView};
 use crate::units::Bytes;
@@ -198,8 +197,7 @@ fn moments(trained: &[(String, u64)], master: bool) -> Vec<(String, u64)> {
 pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verification, VerifyError> {
     let run = &report.run;
     let w = workload_of(run).validated()?;
-    let b = budget(&w, settings);
-    let acts = activations::estimate(&w);
+    let (b, acts) = budget_and_activations(&w, settings);
     let reading = |name: &'static str| report.stage(name).ok_or(VerifyError::MissingStage(name));
     let delta = |name: &'static str| -> Result<u64, VerifyError> {
         Ok(u64::try_from(reading(name)?.allocated_delta()).unwrap_or(0))

@@ -357,24 +357,6 @@ pub fn optimizer_state_names(parameter: &str, master: bool) -> Vec<String> {
     kinds.iter().map(|k| format!("{parameter}.{k}")).collect()
 }
 
-/// `(out_features, in_features)` of the linear layer `target` of `shape`: its weight is
-/// `[out, in]`, a LoRA adapter's A is `[rank, in]` and its B `[out, rank]`.
-pub fn linear_features(shape: &ModelShape, target: LinearTarget) -> (u64, u64) {
-    let (h, q, kv, i) = (
-        shape.hidden,
-        shape.q_dim(),
-        shape.kv_dim(),
-        shape.intermediate,
-    );
-    match target {
-        LinearTarget::Q => (q, h),
-        LinearTarget::K | LinearTarget::V => (kv, h),
-        LinearTarget::O => (h, q),
-        LinearTarget::Gate | LinearTarget::Up => (i, h),
-        LinearTarget::Down => (h, i),
-    }
-}
-
 /// The allocator's figures for one stage. Peaks are reset at the stage's start, so they are the
 /// stage's own; `allocated` is part of `reserved` (never add them).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -727,7 +709,7 @@ mod tests {
         let mut matrices = 0;
         for t in shape.tensors() {
             if let Some(target) = t.linear {
-                let (out, inp) = linear_features(&shape, target);
+                let (out, inp) = shape.linear_features(target);
                 assert_eq!(out * inp, t.elements, "{}", t.name);
                 matrices += 1;
             }

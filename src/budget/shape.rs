@@ -184,6 +184,19 @@ impl ModelShape {
         self.kv_heads * self.head_dim
     }
 
+    /// `(out_features, in_features)` of the linear layer `target`: its weight is `[out, in]`, a
+    /// LoRA adapter's A is `[rank, in]` and its B `[out, rank]`.
+    pub fn linear_features(&self, target: LinearTarget) -> (u64, u64) {
+        let (h, q, kv, i) = (self.hidden, self.q_dim(), self.kv_dim(), self.intermediate);
+        match target {
+            LinearTarget::Q => (q, h),
+            LinearTarget::K | LinearTarget::V => (kv, h),
+            LinearTarget::O => (h, q),
+            LinearTarget::Gate | LinearTarget::Up => (i, h),
+            LinearTarget::Down => (h, i),
+        }
+    }
+
     /// The weight tensors in build order: embedding, each layer, final norm, LM head (absent
     /// when tied).
     pub fn tensors(&self) -> Vec<WeightTensor> {
@@ -192,25 +205,29 @@ impl ModelShape {
 
     fn try_tensors(&self) -> Option<Vec<WeightTensor>> {
         let mul = |a: u64, b: u64| a.checked_mul(b);
-        let (h, q, kv, i) = (self.hidden, self.q_dim(), self.kv_dim(), self.intermediate);
+        let (h, q, kv) = (self.hidden, self.q_dim(), self.kv_dim());
         let tensor = |name: String, elements: u64, linear| WeightTensor {
             name,
             elements,
             linear,
         };
+        let linear = |name: String, target: LinearTarget| {
+            let (out, inp) = self.linear_features(target);
+            Some(tensor(name, mul(out, inp)?, Some(target)))
+        };
         let mut out = vec![tensor("embed_tokens".into(), mul(self.vocab, h)?, None)];
         for l in 0..self.layers {
             let n = |part: &str| format!("layers.{l}.{part}");
             out.push(tensor(n("input_layernorm"), h, None));
-            out.push(tensor(n("q_proj"), mul(q, h)?, Some(LinearTarget::Q)));
-            out.push(tensor(n("k_proj"), mul(kv, h)?, Some(LinearTarget::K)));
-            out.push(tensor(n("v_proj"), mul(kv, h)?, Some(LinearTarget::V)));
+            for target in [LinearTarget::Q, LinearTarget::K, LinearTarget::V] {
+                out.push(linear(n(target.module()), target)?);
+            }
             if self.attention_bias {
                 out.push(tensor(n("q_proj.bias"), q, None));
                 out.push(tensor(n("k_proj.bias"), kv, None));
                 out.push(tensor(n("v_proj.bias"), kv, None));
             }
-            out.push(tensor(n("o_proj"), mul(h, q)?, Some(LinearTarget::O)));
+            out.push(linear(n(LinearTarget::O.module()), LinearTarget::O)?);
             out.push(tensor(n("post_attention_layernorm"), h, None));
             if self.experts > 1 {
                 out.push(tensor(n("router"), mul(self.experts, h)?, None));
@@ -223,9 +240,9 @@ impl ModelShape {
                         n(part)
                     }
                 };
-                out.push(tensor(m("gate_proj"), mul(i, h)?, Some(LinearTarget::Gate)));
-                out.push(tensor(m("up_proj"), mul(i, h)?, Some(LinearTarget::Up)));
-                out.push(tensor(m("down_proj"), mul(h, i)?, Some(LinearTarget::Down)));
+                for target in [LinearTarget::Gate, LinearTarget::Up, LinearTarget::Down] {
+                    out.push(linear(m(target.module()), target)?);
+                }
             }
         }
         out.push(tensor("norm".into(), h, None));

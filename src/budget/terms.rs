@@ -197,7 +197,7 @@ fn stored(t: &WeightTensor, w: &Workload) -> (u64, u64) {
     let dense = t.elements * w.dtype.bytes();
     let (rows_out, cols_in) = t
         .linear
-        .map_or((0, 0), |target| super::linear_features(&w.shape, target));
+        .map_or((0, 0), |target| w.shape.linear_features(target));
     match (t.linear, w.weights) {
         (None, _) | (_, WeightFormat::Dense) => (dense, 0),
         (Some(_), WeightFormat::Int8) => (t.elements, rows_out * 4),
@@ -230,7 +230,7 @@ fn lora_parameters(
         .iter()
         .filter_map(|t| t.linear.filter(|l| targets.contains(l)))
         .map(|l| {
-            let (out, inp) = super::linear_features(&w.shape, l);
+            let (out, inp) = w.shape.linear_features(l);
             rank * (out + inp)
         })
         .sum()

@@ -283,7 +283,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                 let targets = run.ordered_targets();
                 for l in 0..run.shape.layers {
                     for &target in &targets {
-                        let (out, inp) = super::linear_features(&run.shape, target);
+                        let (out, inp) = run.shape.linear_features(target);
                         let [a, b] = super::adapter_names(l, target);
                         adapters.push((a, run.lora_rank * inp * 4));
                         adapters.push((b, out * run.lora_rank * 4));

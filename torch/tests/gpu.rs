@@ -90,8 +90,7 @@ mod transformer {
     use super::GPU0;
     use iteragpu_lab::budget::bench::stage;
     use iteragpu_lab::budget::{
-        linear_features, AttentionKind, BenchMode, BenchReport, BenchRun, LinearTarget, ModelShape,
-        TransformerBench,
+        AttentionKind, BenchMode, BenchReport, BenchRun, LinearTarget, ModelShape, TransformerBench,
     };
     use iteragpu_lab::device::CudaDevice;
     use iteragpu_lab::measure::{Dtype, MeasureError};
@@ -273,7 +272,7 @@ mod transformer {
                 .ordered_targets()
                 .iter()
                 .map(|&t| {
-                    let (out, inp) = linear_features(&run.shape, t);
+                    let (out, inp) = run.shape.linear_features(t);
                     block(4 * run.lora_rank * inp) + block(4 * out * run.lora_rank)
                 })
                 .sum::<u64>()

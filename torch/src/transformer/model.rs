@@ -3,9 +3,7 @@
 //! the float32 LoRA adapters.
 
 use super::in_place;
-use iteragpu_lab::budget::{
-    adapter_names, linear_features, LinearTarget, ModelShape, WeightTensor,
-};
+use iteragpu_lab::budget::{adapter_names, LinearTarget, ModelShape, WeightTensor};
 use std::collections::HashMap;
 use tch::{Device, Kind, TchError, Tensor};
 
@@ -88,7 +86,7 @@ fn dims_of(shape: &ModelShape, t: &WeightTensor) -> Result<Vec<i64>, TchError> {
     let last = t.name.rsplit('.').next().unwrap_or_default();
     let dims = match t.linear {
         Some(target) => {
-            let (out, inp) = linear_features(shape, target);
+            let (out, inp) = shape.linear_features(target);
             vec![out, inp]
         }
         None if t.name == "embed_tokens" || t.name == "lm_head" => vec![shape.vocab, shape.hidden],
@@ -242,7 +240,7 @@ impl Model {
         let mut trainable = Vec::new();
         for (l, layer) in self.layers.iter_mut().enumerate() {
             for &target in targets {
-                let (out, inp) = linear_features(&self.shape, target);
+                let (out, inp) = self.shape.linear_features(target);
                 let adapter = {
                     let _no_grad = tch::no_grad_guard();
                     // A as PEFT initialises it (Kaiming-uniform bound 1/√in), B zeros: the adapted

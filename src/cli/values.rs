@@ -23,6 +23,11 @@ fn whole_in(s: &str, min: u64, max: u64) -> Result<u64, String> {
     }
 }
 
+/// [`whole_in`] for bounds that fit in a `u32`.
+fn whole_u32_in(s: &str, min: u32, max: u32) -> Result<u32, String> {
+    whole_in(s, min.into(), max.into()).map(|n| u32::try_from(n).expect("at most max"))
+}
+
 /// A positive whole number (no sign, no decimals, no exponent).
 pub fn positive_u64(s: &str) -> Result<u64, String> {
     whole_in(s, 1, u64::MAX)
@@ -44,22 +49,19 @@ pub fn repeats(s: &str) -> Result<u32, String> {
 }
 
 fn passes(s: &str, min: u32) -> Result<u32, String> {
-    let n = whole_in(s, min.into(), MAX_PASSES.into())
-        .map_err(|e| format!("{e}; a measurement is bounded to {min} to {MAX_PASSES} passes"))?;
-    Ok(u32::try_from(n).expect("at most MAX_PASSES"))
+    whole_u32_in(s, min, MAX_PASSES)
+        .map_err(|e| format!("{e}; a measurement is bounded to {min} to {MAX_PASSES} passes"))
 }
 
 /// The number of points of a sweep: 1 to [`crate::sweep::MAX_POINTS`].
 pub fn steps(s: &str) -> Result<u32, String> {
-    let n = whole_in(s, 1, crate::sweep::MAX_POINTS as u64)?;
-    Ok(u32::try_from(n).expect("at most MAX_POINTS"))
+    whole_u32_in(s, 1, crate::sweep::MAX_POINTS as u32)
 }
 
 /// A storage width in bits, 1 to 64.
 pub fn bits(s: &str) -> Result<u32, String> {
     let max = crate::estimate::MAX_BITS;
-    whole_in(s, 1, max.into())
-        .map(|n| u32::try_from(n).expect("at most MAX_BITS"))
+    whole_u32_in(s, 1, max)
         .map_err(|_| format!("must be a whole number of bits between 1 and {max}, got `{s}`"))
 }
 

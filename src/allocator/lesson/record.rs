@@ -225,6 +225,13 @@ impl LessonRecord {
         Ok(r)
     }
 
+    /// `PYTORCH_CUDA_ALLOC_CONF` as the run had it: `unset`, or its value in backquotes.
+    pub fn configuration_shown(&self) -> String {
+        self.allocator_configuration
+            .as_deref()
+            .map_or("unset".to_string(), |c| format!("`{c}`"))
+    }
+
     /// The measured GPU's name, as the environment recorded it.
     pub fn gpu_name(&self) -> &str {
         self.environment.gpu_name()
@@ -318,9 +325,7 @@ impl std::fmt::Display for LessonRecord {
             f,
             "Lesson on {} ({ALLOC_CONF} {}), bytes:",
             self.gpu_name(),
-            self.allocator_configuration
-                .as_deref()
-                .map_or("unset".to_string(), |c| format!("`{c}`"))
+            self.configuration_shown()
         )?;
         writeln!(
             f,

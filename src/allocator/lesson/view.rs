@@ -161,9 +161,7 @@ impl ShownLesson {
         h = h.then(note(&format!(
             "{ALLOC_CONF}: {}. The allocator reported: expandable segments {}, large segment \
              {} bytes, max_split_size {}, settings parsed: {}.",
-            r.allocator_configuration
-                .as_deref()
-                .map_or("unset".to_string(), |c| format!("`{c}`")),
+            r.configuration_shown(),
             if s.expandable_segments { "on" } else { "off" },
             s.large_segment_size,
             s.max_split_size

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from report import Report, g
 
 SHAPES = {
     "125m": dict(layers=12, hidden=768, heads=12, kv_heads=12, head_dim=64, intermediate=3072, vocab=32000),
@@ -101,9 +102,6 @@ def runs():
         yield f"{shape}-{dtype}-{mode}", shape, dtype, flags
 
 
-def g(n):
-    return f"{int(n):,}".replace(",", " ")
-
 
 def signed(n):
     return ("+" if n > 0 else "−" if n < 0 else "") + g(abs(n))
@@ -128,11 +126,8 @@ def main() -> int:
         print(f"budget-proof: {len(taken)} result file(s) already in {out}, e.g. {taken[0]}: "
               "results are never overwritten; give a new --out", file=sys.stderr)
         return 4
-    lines, failed, start = [], [], time.perf_counter()
-
-    def say(s=""):
-        lines.append(s)
-        print(s, flush=True)
+    summary, failed, start = Report(), [], time.perf_counter()
+    say = summary.say
 
     say("# Transformer bench on the GPU\n")
     for name, shape, dtype, flags in chosen:
@@ -191,7 +186,7 @@ def main() -> int:
                     f"{maps_text} | {kept_text} | {g(v['predicted_peak']['bytes'])} / {g(v['measured_peak']['bytes'])} | {error:+.4f} % |")
             say()
     say(f"Failed: {', '.join(failed) if failed else 'none'}.")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    summary.write(out / "summary.md")
     return 1 if failed else 0
 
 

@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from report import Report, g
 
 MIB = 1 << 20
 DEFAULT_FILE = "exemple-lecon-h200.json"
@@ -40,9 +41,6 @@ CLEARED = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_C
 PREDICTED_FIGURES = ["allocated", "reserved", "peak_allocated", "peak_reserved", "requested",
                      "segments"]
 
-
-def g(n):
-    return f"{int(n):,}".replace(",", " ")
 
 
 class Lesson:
@@ -88,17 +86,8 @@ def main() -> int:
                   file=sys.stderr)
             return 2
     env = {k: v for k, v in os.environ.items() if k not in CLEARED}
-    lines, failures = [], 0
-
-    def say(s=""):
-        lines.append(s)
-        print(s, flush=True)
-
-    def check(ok, what):
-        nonlocal failures
-        failures += not ok
-        say(f"- {what}: {'OK' if ok else '**FAILED**'}")
-        return ok
+    report = Report()
+    say, check = report.say, report.check
 
     def lesson(path, extra=(), extra_env=None):
         cmd = [mm, "lesson", "--device", a.device, "--output", str(path), *extra]
@@ -118,8 +107,8 @@ def main() -> int:
         runs[title] = Lesson(path)
         say("\n```text\n" + p.stdout.rstrip() + "\n```\n")
     if len(runs) < 2:
-        say(f"\nFailed checks: {failures}.")
-        (out / "lesson-proof.md").write_text("\n".join(lines) + "\n")
+        say(f"\nFailed checks: {report.failures}.")
+        report.write(out / "lesson-proof.md")
         return 1
     d, e = runs["default settings"], runs["expandable segments"]
     env_d = d.record["environment"]
@@ -282,9 +271,9 @@ def main() -> int:
         f"{g(e.delta(em, 'reserved'))} B (the default run: +1 retry, "
         f"{g(d.delta(more, 'reserved'))} B).")
 
-    say(f"\nFailed checks: {failures}.")
-    (out / "lesson-proof.md").write_text("\n".join(lines) + "\n")
-    return 1 if failures else 0
+    say(f"\nFailed checks: {report.failures}.")
+    report.write(out / "lesson-proof.md")
+    return 1 if report.failures else 0
 
 
 if __name__ == "__main__":

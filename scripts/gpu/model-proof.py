@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from report import Report, g
 
 MIB = 1 << 20
 # name: (batch, context, width, hidden or None (4 × width), warmup, repeats)
@@ -64,10 +65,6 @@ FIGURES = ["allocated_baseline_bytes", "allocated_end_bytes", "peak_allocated_by
            "reserved_baseline_bytes", "reserved_end_bytes", "peak_reserved_bytes"]
 
 
-def g(n):
-    """Bytes with digits grouped by three."""
-    return f"{n:,}".replace(",", " ")
-
 
 def flags(shape, dtype):
     b, c, w, h, wu, r = shape
@@ -98,11 +95,8 @@ def main() -> int:
     mm = str(Path(a.bin) / "mesure_memoire")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines, failures = [], 0
-
-    def say(s=""):
-        lines.append(s)
-        print(s, flush=True)
+    report, failures = Report(), 0
+    say = report.say
 
     def measure(name, shape, dtype, extra=(), env=None):
         f = out / f"{name}.json"
@@ -203,7 +197,7 @@ def main() -> int:
             f'{g(cold["allocated_end_bytes"] - cold["allocated_baseline_bytes"])} B |')
 
     say(f"\nMismatches: {failures}.")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    report.write(out / "report.md")
     return 1 if failures else 0
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from report import Report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -90,11 +91,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     mm = str(bin_dir / "mesure_memoire")
     ref = [sys.executable, str(HERE / "reference-measure.py")]
-    report, failures = [], 0
-
-    def say(line=""):
-        print(line, flush=True)
-        report.append(line)
+    report, failures = Report(), 0
+    say = report.say
 
     env_json, _ = run([mm, "environment", "--device", "cuda:0", "--json"])
     (out / "environment.json").write_text(env_json.stdout)
@@ -219,7 +217,7 @@ def main():
     say(f"\nTargets: whole process at least 3x faster ({'met' if pw / rw >= 3 else 'NOT met'}); "
         f"harness overhead at most half of Python's ({'met' if overhead['rust'] <= overhead['python'] / 2 else 'NOT met'}).")
     say(f"\nFailures: {failures}")
-    (out / "report.md").write_text("\n".join(report) + "\n")
+    report.write(out / "report.md")
     return 1 if failures else 0
 
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from report import Report, g
 
 SMALL = ["--context", "16", "--width", "64", "--dtype", "float32", "--warmup", "1", "--repeats", "2"]
 BIG = ["--context", "8192", "--width", "1024", "--hidden", "16384", "--warmup", "1", "--repeats", "2"]
@@ -52,9 +53,6 @@ def gpu_processes():
     return [int(x) for x in p.stdout.split()]
 
 
-def g(n):
-    return f"{int(n):,}".replace(",", " ")
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -69,16 +67,8 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     out.mkdir(parents=True, exist_ok=True)
-    lines, failures = [], 0
-
-    def say(s=""):
-        lines.append(s)
-        print(s, flush=True)
-
-    def check(ok, what):
-        nonlocal failures
-        failures += not ok
-        say(f"- {what}: {'OK' if ok else '**FAILED**'}")
+    report = Report()
+    say, check = report.say, report.check
 
     def sweep(name, extra, devices=None):
         folder = work / name
@@ -113,9 +103,9 @@ def main() -> int:
         limit(sweep, say, check)
     if "orphans" in sections:
         orphans(mm, work, say, check)
-    say(f"\nFailed checks: {failures}.")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return 1 if failures else 0
+    say(f"\nFailed checks: {report.failures}.")
+    report.write(out / "report.md")
+    return 1 if report.failures else 0
 
 
 def cost(sweep, mm, say, check):

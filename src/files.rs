@@ -127,14 +127,17 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, Refused> {
     check(&std::fs::metadata(path).map_err(Refused::Io)?)?;
     let file = open_without_waiting(path).map_err(Refused::Io)?;
     check(&file.metadata().map_err(Refused::Io)?)?;
+    read_at_most(file, limit)
+        .map_err(Refused::Io)?
+        .ok_or(Refused::TooLarge)
+}
+
+/// Reads `reader` to its end, or `None` when it holds more than `limit` bytes (at most one byte
+/// more is read: a file that grows while read, or a device, cannot exhaust memory).
+pub fn read_at_most(reader: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
     let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(Refused::Io)?;
-    if bytes.len() as u64 > limit {
-        return Err(Refused::TooLarge);
-    }
-    Ok(bytes)
+    reader.take(limit + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= limit).then_some(bytes))
 }
 
 /// [`read_capped`] with an explicit limit in bytes.

@@ -122,18 +122,12 @@ pub fn not_regular(path: &Path) -> BundleError {
 
 /// The bytes of the regular file at `path`, refused beyond `limit` bytes (nothing more is read).
 pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, BundleError> {
-    let mut bytes = Vec::new();
-    open_regular(path)?
-        .take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| BundleError::io(path, e))?;
-    if bytes.len() as u64 > limit {
-        return Err(BundleError::TooLarge {
+    crate::files::read_at_most(open_regular(path)?, limit)
+        .map_err(|e| BundleError::io(path, e))?
+        .ok_or_else(|| BundleError::TooLarge {
             file: path.display().to_string(),
             limit,
-        });
-    }
-    Ok(bytes)
+        })
 }
 
 /// Size and SHA-256 (lowercase hex) of the regular file at `path`, read in pieces; refused beyond

@@ -46,18 +46,61 @@ const FUSED_RNG_STATE: u64 = 2 * 512;
 /// The loss's total weight and the loss itself, one block of 512 bytes each.
 const LOSS_SCALARS: u64 = 2 * 512;
 
+/// The sizes the formulas are written in, of one workload.
+struct Dims {
+    /// Batch, context, bytes per element, and batch × context.
+    b: u64,
+    t: u64,
+    e: u64,
+    bs: u64,
+    /// Hidden size, Q width, K/V width, vocabulary.
+    h: u64,
+    q: u64,
+    kv: u64,
+    v: u64,
+    /// The MLP width a token goes through: `experts_per_token` experts of `intermediate` each.
+    i: u64,
+    /// Whether the fused kernel takes grouped K and V as they are (16-bit, head_dim ≤ 256);
+    /// anywhere else K and V are first repeated to every query head, whose width `kv_used` is.
+    native_groups: bool,
+    kv_used: u64,
+}
+
+impl Dims {
+    fn of(w: &Workload) -> Dims {
+        let s = &w.shape;
+        let (q, kv) = (s.q_dim(), s.kv_dim());
+        let native_groups = flash_kernel(w);
+        Dims {
+            b: w.batch,
+            t: w.context,
+            e: w.dtype.bytes(),
+            bs: w.batch * w.context,
+            h: s.hidden,
+            q,
+            kv,
+            v: s.vocab,
+            i: s.intermediate * s.experts_per_token,
+            native_groups,
+            kv_used: if native_groups { kv } else { q },
+        }
+    }
+}
+
 /// The activation terms of a validated workload.
 pub fn estimate(w: &Workload, tensors: &[WeightTensor]) -> Activations {
     let s = &w.shape;
-    let (b, t, e) = (w.batch, w.context, w.dtype.bytes());
-    let bs = b * t;
-    let (h, q, kv, v) = (s.hidden, s.q_dim(), s.kv_dim(), s.vocab);
-    // Tokens go through `experts_per_token` experts of width `intermediate` each.
-    let i = s.intermediate * s.experts_per_token;
-    // The fused kernel takes grouped K and V as they are (16-bit, head_dim ≤ 256); anywhere
-    // else K and V are first repeated to every query head.
-    let native_groups = flash_kernel(w);
-    let kv_used = if native_groups { kv } else { q };
+    let Dims {
+        e,
+        bs,
+        h,
+        q,
+        kv,
+        v,
+        i,
+        kv_used,
+        ..
+    } = Dims::of(w);
     let ids = 8 * bs;
     match &w.mode {
         Mode::Inference { .. } => {
@@ -94,7 +137,7 @@ pub fn estimate(w: &Workload, tensors: &[WeightTensor]) -> Activations {
             }
         }
         Mode::Full { .. } | Mode::Lora { .. } => {
-            let kept = Kept::new(w, native_groups);
+            let kept = Kept::new(w);
             let layers = if w.checkpointing {
                 // Each layer's input and the head's, then one layer recomputed at a time.
                 (s.layers + 1) * e * bs * h
@@ -162,10 +205,16 @@ fn recompute_moments(
     tensors: &[WeightTensor],
 ) -> Vec<(&'static str, u64, u64)> {
     let s = &w.shape;
-    let e = w.dtype.bytes();
-    let (b, t) = (w.batch, w.context);
-    let bs = b * t;
-    let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate * s.experts_per_token);
+    let Dims {
+        b,
+        t,
+        e,
+        bs,
+        h,
+        q,
+        i,
+        ..
+    } = Dims::of(w);
     let row = e * bs * h;
     let full = matches!(w.mode, Mode::Full { .. });
     let grads = |what: &dyn Fn(&str) -> bool| -> u64 {
@@ -304,13 +353,20 @@ struct Kept {
 }
 
 impl Kept {
-    fn new(w: &Workload, native_groups: bool) -> Kept {
+    fn new(w: &Workload) -> Kept {
         let s = &w.shape;
-        let (b, t, e) = (w.batch, w.context, w.dtype.bytes());
-        let bs = b * t;
-        let (h, q, kv) = (s.hidden, s.q_dim(), s.kv_dim());
-        let i = s.intermediate * s.experts_per_token;
-        let kv_used = if native_groups { kv } else { q };
+        let Dims {
+            b,
+            t,
+            e,
+            bs,
+            h,
+            q,
+            i,
+            native_groups,
+            kv_used,
+            ..
+        } = Dims::of(w);
         // Attention keeps Q, K, V and its output; the fused kernel its float32 log-sum-exp per
         // head and token and its random-number state; written out, the causal mask, the float32
         // softmax and its copy in the dtype.

@@ -7,13 +7,10 @@
 mod common;
 
 use common::bundle::{self as b, Member, TOP};
-use common::{paquet_lab as pl, DATA_ERROR, OUTPUT_EXISTS, ROOT, USAGE};
+use common::{mkfifo, paquet_lab as pl, DATA_ERROR, OUTPUT_EXISTS, PATIENCE, ROOT, USAGE};
 use predicates::str::contains;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
-
-/// Longer than any of these commands takes; a hang fails the test instead of blocking it.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 fn verify_fails(target: &Path, what: &str) {
     pl().arg("verify")
@@ -74,12 +71,7 @@ fn two_builds_are_byte_identical_and_verify() {
     let readme = members.iter().find(|m| m.name.ends_with("/README.md"));
     assert_eq!(readme.unwrap().mode, 0o100644);
     // An existing output is never replaced.
-    pl().args(["build", "--root"])
-        .arg(&root)
-        .arg("--output")
-        .arg(&a)
-        .assert()
-        .code(OUTPUT_EXISTS);
+    b::build_cmd(&root, &a).assert().code(OUTPUT_EXISTS);
 }
 
 #[test]
@@ -132,10 +124,7 @@ fn build_never_follows_links() {
     std::os::unix::fs::symlink(&secret, root.join("README.md")).unwrap();
     let out = dir.path().join("x.zip");
     let refused = |what: &str| {
-        pl().args(["build", "--root"])
-            .arg(&root)
-            .arg("--output")
-            .arg(&out)
+        b::build_cmd(&root, &out)
             .assert()
             .code(DATA_ERROR)
             .stderr(contains(what))
@@ -157,10 +146,7 @@ fn build_refuses_named_pipes_and_missing_files_without_hanging() {
     let pipe = root.join("data/pipe");
     mkfifo(&pipe);
     let out = dir.path().join("x.zip");
-    pl().args(["build", "--root"])
-        .arg(&root)
-        .arg("--output")
-        .arg(&out)
+    b::build_cmd(&root, &out)
         .timeout(PATIENCE)
         .assert()
         .code(DATA_ERROR)
@@ -168,23 +154,11 @@ fn build_refuses_named_pipes_and_missing_files_without_hanging() {
         .stderr(contains("not a regular file"));
     std::fs::remove_file(&pipe).unwrap();
     std::fs::remove_file(root.join("Cargo.lock")).unwrap();
-    pl().args(["build", "--root"])
-        .arg(&root)
-        .arg("--output")
-        .arg(&out)
+    b::build_cmd(&root, &out)
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("Cargo.lock: missing"));
     assert!(!out.exists());
-}
-
-/// Creates a named pipe.
-fn mkfifo(path: &Path) {
-    let status = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 #[test]
@@ -210,10 +184,7 @@ fn notebooks_with_outputs_in_any_shape_are_refused() {
     ];
     for notebook in shapes {
         std::fs::write(root.join("notebooks/essai.ipynb"), &notebook).unwrap();
-        pl().args(["build", "--root"])
-            .arg(&root)
-            .arg("--output")
-            .arg(&out)
+        b::build_cmd(&root, &out)
             .assert()
             .code(DATA_ERROR)
             .stderr(contains("essai.ipynb is shipped with outputs"));

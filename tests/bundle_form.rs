@@ -8,13 +8,9 @@
 mod common;
 
 use common::bundle::{self as b, Member, TOP};
-use common::{paquet_lab as pl, DATA_ERROR};
+use common::{mkfifo, paquet_lab as pl, DATA_ERROR, PATIENCE};
 use predicates::str::contains;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// Longer than any of these commands takes; a hang fails the test instead of blocking it.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A built zip in a temporary folder, and its members.
 fn built() -> (tempfile::TempDir, PathBuf, Vec<Member>) {
@@ -310,11 +306,7 @@ fn a_zip_too_large_or_not_a_file_is_refused_without_reading_it() {
         .code(DATA_ERROR)
         .stderr(contains("large.zip: larger than"));
     let pipe = dir.path().join("pipe.zip");
-    let status = std::process::Command::new("mkfifo")
-        .arg(&pipe)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    mkfifo(&pipe);
     pl().arg("verify")
         .arg(&pipe)
         .timeout(PATIENCE)

@@ -6,8 +6,8 @@ mod common;
 
 use assert_cmd::Command;
 use common::{
-    calcul_forfaits as cf, json_of, mesure_memoire as mm, DATA_ERROR, FAILURE, OUTPUT_EXISTS,
-    UNAVAILABLE, USAGE,
+    calcul_forfaits as cf, engine_args, json_of, mesure_memoire as mm, stand_in_companion,
+    with_flag, DATA_ERROR, FAILURE, OUTPUT_EXISTS, SEED_ESTIMATE, SEED_QUOTE, UNAVAILABLE, USAGE,
 };
 use predicates::prelude::*;
 use predicates::str::contains;
@@ -26,36 +26,19 @@ fn clap_definitions_are_consistent() {
 
 #[test]
 fn seed_estimate_prints_bytes_gib_and_gb() {
-    mm().args([
-        "estimate",
-        "--parameters",
-        "7000000000",
-        "--bits",
-        "16",
-        "--reserve-gib",
-        "4",
-    ])
-    .assert()
-    .success()
-    .stdout(contains("14000000000 bytes = 13.04 GiB = 14.00 GB"))
-    .stdout(contains("reserve (hypothesis)"))
-    .stdout(contains("18294967296 bytes = 17.04 GiB = 18.29 GB"))
-    .stdout(contains("KV cache"))
-    .stdout(contains("does not predict"));
+    mm().args(SEED_ESTIMATE)
+        .assert()
+        .success()
+        .stdout(contains("14000000000 bytes = 13.04 GiB = 14.00 GB"))
+        .stdout(contains("reserve (hypothesis)"))
+        .stdout(contains("18294967296 bytes = 17.04 GiB = 18.29 GB"))
+        .stdout(contains("KV cache"))
+        .stdout(contains("does not predict"));
 }
 
 #[test]
 fn estimate_json_parses_back() {
-    let v = json_of(mm().args([
-        "estimate",
-        "--parameters",
-        "7000000000",
-        "--bits",
-        "16",
-        "--reserve-gib",
-        "4",
-        "--json",
-    ]));
+    let v = json_of(mm().args(SEED_ESTIMATE).arg("--json"));
     assert_eq!(v["weights"]["bytes"], 14_000_000_000u64);
     assert_eq!(v["weights"]["gib"], "13.038516");
     assert_eq!(v["weights"]["gb"], "14.000000");
@@ -109,7 +92,7 @@ const B200_7_DAYS_LOT_CENTS: u64 = 156_400;
 
 #[test]
 fn seed_package_quote_two_b200_lots() {
-    cf().args(["--gpu", "b200", "--days", "7", "--lots", "2"])
+    cf().args(SEED_QUOTE)
         .assert()
         .success()
         .stdout(contains("data/tarifs-forfaits.csv (sha256 "))
@@ -124,7 +107,7 @@ fn seed_package_quote_two_b200_lots() {
 
 #[test]
 fn quote_json_has_null_unit_cost_without_accepted_results() {
-    let v = json_of(cf().args(["--gpu", "b200", "--days", "7", "--lots", "2", "--json"]));
+    let v = json_of(cf().args(SEED_QUOTE).arg("--json"));
     assert!(v["unit_cost"].is_null());
     assert!(v["accepted_results"].is_null());
     assert_eq!(v["total_gpus"], 4);
@@ -476,12 +459,8 @@ fn measure_refuses_an_existing_output_untouched() {
 fn measure_validates_every_flag() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("m.json").display().to_string();
-    let base = |flag: &str, value: &str| {
-        let mut a: Vec<String> = measure_args(Path::new(&out));
-        let i = a.iter().position(|x| x == flag).unwrap();
-        a[i + 1] = value.into();
-        a
-    };
+    let base =
+        |flag: &str, value: &str| with_flag(measure_args(Path::new(&out)), flag, Some(value));
     let cases = [
         ("--batch", "0"),
         ("--context", "-4"),
@@ -514,16 +493,12 @@ fn measure_validates_every_flag() {
 /// the GPU machine by scripts/gpu/proof.py (LD_LIBRARY_PATH unset).
 #[test]
 fn an_unloadable_libtorch_is_exit_2_for_measure_and_a_report_for_environment() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let front = common::copy_program("mesure_memoire", dir.path());
-    let engine = dir.path().join("mesure_memoire_torch");
-    std::fs::write(
-        &engine,
+    stand_in_companion(
+        dir.path(),
         "#!/bin/sh\necho 'mesure_memoire_torch: error while loading shared libraries: libtorch_cuda.so' >&2\nexit 127\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let out = dir.path().join("m.json");
     Command::new(&front)
         .args(measure_args(&out))
@@ -749,6 +724,8 @@ impl iteragpu_lab::measure::Backend for SimulatedDevice {
 }
 
 /// A GPU backend of `capacity` bytes, handed to the command line as the libtorch one would be.
+/// Its transformer bench holds the weights' bytes in every stage, and a device smaller than them
+/// runs out of memory in the `weights` stage, as libtorch reports it.
 struct SimulatedGpu {
     capacity: u64,
 }
@@ -787,14 +764,53 @@ impl iteragpu_lab::measure::Gpu for SimulatedGpu {
             phases,
         )?)
     }
+    fn transformer(&self) -> Option<&dyn iteragpu_lab::budget::TransformerBench> {
+        Some(self)
+    }
+}
+
+impl iteragpu_lab::budget::TransformerBench for SimulatedGpu {
+    fn run(
+        &self,
+        run: &iteragpu_lab::budget::BenchRun,
+    ) -> Result<iteragpu_lab::budget::BenchReport, iteragpu_lab::measure::MeasureError> {
+        use iteragpu_lab::budget::{bench::stage, StageReading};
+        use iteragpu_lab::measure::{Gpu, MeasureError};
+        let weights = run.shape.parameters() * run.dtype.bytes();
+        if weights > self.capacity {
+            return Err(MeasureError::from_torch_message(&format!(
+                "CUDA out of memory. Tried to allocate {weights} bytes"
+            ))
+            .in_stage(stage::WEIGHTS));
+        }
+        let stages = run
+            .mode
+            .stages()
+            .iter()
+            .map(|&name| StageReading {
+                stage: name.into(),
+                allocated_before: if name == stage::WEIGHTS { 0 } else { weights },
+                allocated_after: weights,
+                reserved_after: weights.next_multiple_of(1 << 21),
+                peak_allocated: weights,
+                peak_reserved: weights.next_multiple_of(1 << 21),
+                host_ms: 1.0,
+                blocks: None,
+            })
+            .collect();
+        Ok(iteragpu_lab::budget::BenchReport::new(
+            run.clone(),
+            self.environment(Some(run.device)),
+            stages,
+        ))
+    }
 }
 
 /// Exit 3 from an out-of-memory met while measuring: the command line run with a simulated device
 /// whose memory holds the weights and the input but not the first pass's activations.
 #[test]
 fn measure_out_of_memory_is_exit_3_naming_the_phase_and_writes_nothing() {
-    use clap::Parser;
-    use iteragpu_lab::cli::mesure_memoire::{run, Args, Mode};
+    use iteragpu_lab::cli::mesure_memoire::{run, Mode};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("mesures.json");
     let plot = dir.path().join("phases.svg");
@@ -802,16 +818,14 @@ fn measure_out_of_memory_is_exit_3_naming_the_phase_and_writes_nothing() {
     // 64 MiB, each hidden activation 256 MiB; a pass holds two activations at once.
     let mut line = measure_args(&out);
     for (flag, value) in [("--batch", "64"), ("--context", "1024"), ("--width", "256")] {
-        let i = line.iter().position(|a| a == flag).unwrap();
-        line[i + 1] = value.into();
+        line = with_flag(line, flag, Some(value));
     }
-    line.insert(0, "mesure_memoire".into());
     line.extend([
         "--plot".into(),
         plot.display().to_string(),
         "--quiet".into(),
     ]);
-    let args = Args::try_parse_from(&line).unwrap();
+    let args = engine_args(line);
 
     let small = SimulatedGpu {
         capacity: 512 << 20,
@@ -882,19 +896,6 @@ fn transformer_args(output: &Path) -> Vec<String> {
     .into_iter()
     .chain([output.display().to_string()])
     .collect()
-}
-
-/// `args` with `flag`'s value replaced by `value` (or the flag added with it).
-fn with_flag(mut args: Vec<String>, flag: &str, value: Option<&str>) -> Vec<String> {
-    match (args.iter().position(|a| a == flag), value) {
-        (Some(i), Some(v)) => args[i + 1] = v.into(),
-        (Some(_), None) => {}
-        (None, v) => {
-            args.push(flag.into());
-            args.extend(v.map(String::from));
-        }
-    }
-    args
 }
 
 /// Without a GPU `transformer` fails as `measure` does: exit 2, nothing written; without its
@@ -1002,82 +1003,16 @@ fn transformer_refuses_bad_flags_naming_them() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "previous result");
 }
 
-/// A stand-in GPU for the transformer bench: every stage holds the weights' bytes, and a device
-/// smaller than them runs out of memory in the `weights` stage, as libtorch reports it.
-struct SimulatedBench {
-    capacity: u64,
-}
-
-impl iteragpu_lab::measure::Gpu for SimulatedBench {
-    fn environment(
-        &self,
-        device: Option<iteragpu_lab::device::CudaDevice>,
-    ) -> iteragpu_lab::environment::EnvironmentReport {
-        iteragpu_lab::environment::EnvironmentReport::without_libtorch(device, Default::default())
-    }
-    fn measure(
-        &self,
-        _config: &iteragpu_lab::measure::MeasureConfig,
-        _blocks: bool,
-        _on_phase: &mut dyn FnMut(&iteragpu_lab::measure::PhaseRecord),
-    ) -> Result<iteragpu_lab::measure::Measurement, iteragpu_lab::measure::MeasureError> {
-        unreachable!("only the transformer bench is simulated")
-    }
-    fn transformer(&self) -> Option<&dyn iteragpu_lab::budget::TransformerBench> {
-        Some(self)
-    }
-}
-
-impl iteragpu_lab::budget::TransformerBench for SimulatedBench {
-    fn run(
-        &self,
-        run: &iteragpu_lab::budget::BenchRun,
-    ) -> Result<iteragpu_lab::budget::BenchReport, iteragpu_lab::measure::MeasureError> {
-        use iteragpu_lab::budget::{bench::stage, StageReading};
-        use iteragpu_lab::measure::{Gpu, MeasureError};
-        let weights = run.shape.parameters() * run.dtype.bytes();
-        if weights > self.capacity {
-            return Err(MeasureError::from_torch_message(&format!(
-                "CUDA out of memory. Tried to allocate {weights} bytes"
-            ))
-            .in_stage(stage::WEIGHTS));
-        }
-        let stages = run
-            .mode
-            .stages()
-            .iter()
-            .map(|&name| StageReading {
-                stage: name.into(),
-                allocated_before: if name == stage::WEIGHTS { 0 } else { weights },
-                allocated_after: weights,
-                reserved_after: weights.next_multiple_of(1 << 21),
-                peak_allocated: weights,
-                peak_reserved: weights.next_multiple_of(1 << 21),
-                host_ms: 1.0,
-                blocks: None,
-            })
-            .collect();
-        Ok(iteragpu_lab::budget::BenchReport::new(
-            run.clone(),
-            self.environment(Some(run.device)),
-            stages,
-        ))
-    }
-}
-
 /// The GPU side of `transformer` on a simulated bench: out of memory is exit 3 naming the stage,
 /// with nothing written; a run that fits writes a report that reads back.
 #[test]
 fn transformer_out_of_memory_is_exit_3_naming_the_stage_and_a_report_is_written_otherwise() {
-    use clap::Parser;
-    use iteragpu_lab::cli::mesure_memoire::{run, Args, Mode};
+    use iteragpu_lab::cli::mesure_memoire::{run, Mode};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bench.json");
-    let mut line = transformer_args(&out);
-    line.insert(0, "mesure_memoire".into());
-    let args = Args::try_parse_from(&line).unwrap();
+    let args = engine_args(transformer_args(&out));
     // 2 layers of hidden 64 and a vocabulary of 256: 106 816 parameters, 213 632 bytes in bfloat16.
-    let failure = run(&args, Mode::Engine(&SimulatedBench { capacity: 200_000 })).unwrap_err();
+    let failure = run(&args, Mode::Engine(&SimulatedGpu { capacity: 200_000 })).unwrap_err();
     let message = format!("{:#}", failure.error);
     assert_eq!(
         common::code(failure.status),
@@ -1093,7 +1028,7 @@ fn transformer_out_of_memory_is_exit_3_naming_the_stage_and_a_report_is_written_
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 
-    run(&args, Mode::Engine(&SimulatedBench { capacity: 1 << 30 })).unwrap();
+    run(&args, Mode::Engine(&SimulatedGpu { capacity: 1 << 30 })).unwrap();
     let report: iteragpu_lab::budget::BenchReport =
         serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(report.run.generated, 4);

@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{resultats_bruts as rb, DATA_ERROR, FAILURE, RECORDED, ROOT, USAGE};
+use common::grid::{append_args, blank_grid};
+use common::{resultats_bruts as rb, with_flag, DATA_ERROR, FAILURE, RECORDED, ROOT, USAGE};
 use iteragpu_lab::grid::measurement_identity;
 use iteragpu_lab::measure::Measurement;
 use predicates::prelude::PredicateBooleanExt;
@@ -14,13 +15,6 @@ use std::io::BufRead;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// A fresh blank grid in a temporary folder.
-fn blank_grid(dir: &Path) -> PathBuf {
-    let grid = dir.join("resultats-bruts.csv");
-    std::fs::copy(Path::new(ROOT).join("data/resultats-bruts.csv"), &grid).unwrap();
-    grid
-}
 
 /// Distinct measurement files for the grid's bookkeeping: copies of the recorded one whose
 /// `measured_at` differs, so that each is another measurement. They test the grid, not the GPU.
@@ -55,38 +49,6 @@ fn subfolder(dir: &Path, name: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::create_dir_all(&p).unwrap();
     p
-}
-
-fn append_args(grid: &Path, measurement: &Path) -> Vec<String> {
-    [
-        "append",
-        "--gpu",
-        "b200",
-        "--days",
-        "7",
-        "--lots",
-        "2",
-        "--useful-work-unit",
-        "one support ticket classified",
-        "--threshold",
-        "label equals the reviewer's label",
-        "--accepted-results",
-        "3",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(["--grid".into(), grid.display().to_string()])
-    .chain(["--measurement".into(), measurement.display().to_string()])
-    .collect()
-}
-
-/// `args` with the value of `flag` replaced (or the flag added).
-fn with(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
-    match args.iter().position(|a| a == flag) {
-        Some(i) => args[i + 1] = value.into(),
-        None => args.extend([flag.to_string(), value.to_string()]),
-    }
-    args
 }
 
 fn rows(grid: &Path) -> usize {
@@ -151,14 +113,22 @@ fn append_refuses_bad_input_and_duplicates_and_keeps_the_grid() {
         .code(DATA_ERROR)
         .stderr(contains("already has a row for this measurement (line 2"))
         .stderr(contains("is broken").not());
-    rb().args(with(append_args(&grid, &m), "--accepted-results", "0"))
-        .assert()
-        .code(USAGE)
-        .stderr(contains("--accepted-results"));
-    rb().args(with(append_args(&grid, &m), "--threshold", "two\nlines"))
-        .assert()
-        .code(USAGE)
-        .stderr(contains("--threshold"));
+    rb().args(with_flag(
+        append_args(&grid, &m),
+        "--accepted-results",
+        Some("0"),
+    ))
+    .assert()
+    .code(USAGE)
+    .stderr(contains("--accepted-results"));
+    rb().args(with_flag(
+        append_args(&grid, &m),
+        "--threshold",
+        Some("two\nlines"),
+    ))
+    .assert()
+    .code(USAGE)
+    .stderr(contains("--threshold"));
     let not_json = dir.path().join("not.json");
     std::fs::write(&not_json, "{}").unwrap();
     rb().args(append_args(&grid, &not_json))
@@ -193,7 +163,7 @@ fn append_refuses_empty_and_control_character_texts() {
         ("--notes", "one\u{2028}two", "control character U+2028"),
         ("--notes", "\u{202E}txt.exe", "control character U+202E"),
     ] {
-        rb().args(with(append_args(&grid, &m), flag, value))
+        rb().args(with_flag(append_args(&grid, &m), flag, Some(value)))
             .assert()
             .code(USAGE)
             .stderr(contains(format!("invalid {flag}")))
@@ -209,10 +179,10 @@ fn append_refuses_empty_and_control_character_texts() {
         .stderr(contains("control character U+001B"));
     assert_eq!(std::fs::read(&grid).unwrap(), before);
     // Empty notes are allowed; surrounding spaces are trimmed.
-    rb().args(with(
-        with(append_args(&grid, &m), "--notes", ""),
+    rb().args(with_flag(
+        with_flag(append_args(&grid, &m), "--notes", Some("")),
         "--useful-work-unit",
-        "  one ticket  ",
+        Some("  one ticket  "),
     ))
     .assert()
     .success();
@@ -299,10 +269,10 @@ fn a_row_append_would_write_is_a_row_check_accepts() {
     )
     .unwrap();
     let m = measurement_copies(&subfolder(dir.path(), "ok"), 1).remove(0);
-    let args = with(
-        with(append_args(&grid, &m), "--gpu", "rtx4090"),
+    let args = with_flag(
+        with_flag(append_args(&grid, &m), "--gpu", Some("rtx4090")),
         "--catalog",
-        catalog.to_str().unwrap(),
+        Some(catalog.to_str().unwrap()),
     );
     rb().args(args)
         .assert()

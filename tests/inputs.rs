@@ -4,19 +4,15 @@
 
 mod common;
 
+use common::grid::{append_args, blank_grid};
 use common::{
-    calcul_forfaits as cf, json_of, mesure_memoire as mm, resultats_bruts as rb, DATA_ERROR,
-    FAILURE, RECORDED, ROOT, USAGE,
+    calcul_forfaits as cf, json_of, mesure_memoire as mm, mkfifo, resultats_bruts as rb, with_flag,
+    DATA_ERROR, FAILURE, PATIENCE, RECORDED, ROOT, SEED_SMALL, USAGE,
 };
 use iteragpu_lab::files::Input;
 use predicates::prelude::*;
 use predicates::str::contains;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// Long enough for a loaded machine, far shorter than reading `/dev/zero` until memory runs out
-/// or waiting for a named pipe's writer.
-const PROMPTLY: Duration = Duration::from_secs(60);
 
 /// The three ways to hand a program an input file: as a catalog, a measurement and a grid.
 fn read_as(kind: Input, path: &Path, scratch: &Path) -> assert_cmd::Command {
@@ -39,38 +35,8 @@ fn read_as(kind: Input, path: &Path, scratch: &Path) -> assert_cmd::Command {
             c
         }
     };
-    cmd.timeout(PROMPTLY);
+    cmd.timeout(PATIENCE);
     cmd
-}
-
-fn append_args(grid: &Path, measurement: &Path) -> Vec<String> {
-    [
-        "append",
-        "--gpu",
-        "b200",
-        "--days",
-        "7",
-        "--lots",
-        "2",
-        "--useful-work-unit",
-        "one support ticket classified",
-        "--threshold",
-        "label equals the reviewer's label",
-        "--accepted-results",
-        "3",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(["--grid".into(), grid.display().to_string()])
-    .chain(["--measurement".into(), measurement.display().to_string()])
-    .collect()
-}
-
-/// A blank grid in `dir`.
-fn blank_grid(dir: &Path) -> PathBuf {
-    let grid = dir.join("resultats-bruts.csv");
-    std::fs::copy(Path::new(ROOT).join("data/resultats-bruts.csv"), &grid).unwrap();
-    grid
 }
 
 fn stderr_of(cmd: &mut assert_cmd::Command, code: i32) -> Vec<u8> {
@@ -90,7 +56,7 @@ fn dev_zero_as_any_input_is_refused_at_once() {
     }
     let grid = blank_grid(dir.path());
     rb().args(append_args(&grid, Path::new("/dev/zero")))
-        .timeout(PROMPTLY)
+        .timeout(PATIENCE)
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("cannot read measurement /dev/zero"));
@@ -100,11 +66,7 @@ fn dev_zero_as_any_input_is_refused_at_once() {
 fn named_pipes_as_inputs_do_not_hang() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("pipe");
-    assert!(std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     for kind in Input::ALL {
         read_as(kind, &fifo, dir.path())
             .assert()
@@ -142,10 +104,12 @@ fn oversized_inputs_are_refused_naming_the_limit() {
 #[test]
 fn warmup_and_repeats_state_the_documented_bound() {
     let predict = |flag: &str, value: &str| {
-        let mut args: Vec<&str> = ["predict"].into_iter().chain(common::SEED_SMALL).collect();
-        let i = args.iter().position(|a| *a == flag).unwrap();
-        args[i + 1] = value;
-        mm().args(args).assert()
+        let args: Vec<String> = ["predict"]
+            .into_iter()
+            .chain(SEED_SMALL)
+            .map(String::from)
+            .collect();
+        mm().args(with_flag(args, flag, Some(value))).assert()
     };
     for (flag, value) in [
         ("--warmup", "10001"),
@@ -228,9 +192,8 @@ fn out_of_range_values_state_the_flags_range() {
         .stderr(contains("4294967295").not());
     let dir = tempfile::tempdir().unwrap();
     let grid = blank_grid(dir.path());
-    let mut args = append_args(&grid, &Path::new(ROOT).join(RECORDED));
-    args[4] = "4294967296".into();
-    rb().args(args)
+    let args = append_args(&grid, &Path::new(ROOT).join(RECORDED));
+    rb().args(with_flag(args, "--days", Some("4294967296")))
         .assert()
         .code(USAGE)
         .stderr(contains("3, 7 or 30"))

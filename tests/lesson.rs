@@ -8,7 +8,9 @@ mod common;
 
 use assert_cmd::Command;
 use common::lesson::{default_settings, model_record, standard, FIXTURE_GPU};
-use common::{mesure_memoire as mm, OUTPUT_EXISTS, UNAVAILABLE, USAGE};
+use common::{
+    engine_args, mesure_memoire as mm, stand_in_companion, OUTPUT_EXISTS, UNAVAILABLE, USAGE,
+};
 use iteragpu_lab::allocator::lesson::record::{
     EXPANDABLE_SEGMENTS, RECORDED_DEFAULT, RECORDED_EXPANDABLE,
 };
@@ -297,16 +299,12 @@ fn without_a_gpu_or_its_companion_lesson_exits_2_and_writes_nothing() {
 
 /// The front program beside a stand-in companion that exits `code`: `lesson` exits `expected`.
 fn expect_companion_exit(code: i32, expected: i32) {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let front = common::copy_program("mesure_memoire", dir.path());
-    let engine = dir.path().join("mesure_memoire_torch");
-    std::fs::write(
-        &engine,
-        format!("#!/bin/sh\necho 'mesure_memoire: error: no usable GPU' >&2\nexit {code}\n"),
-    )
-    .unwrap();
-    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    stand_in_companion(
+        dir.path(),
+        &format!("#!/bin/sh\necho 'mesure_memoire: error: no usable GPU' >&2\nexit {code}\n"),
+    );
     let out = dir.path().join("lesson.json");
     Command::new(&front)
         .args(lesson_args(&out))
@@ -334,7 +332,6 @@ fn lesson_refuses_an_existing_output_untouched() {
 
 #[test]
 fn expandable_segments_refuse_a_conflicting_alloc_conf_and_set_their_own() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lesson.json");
     for conflicting in ["expandable_segments:False", "max_split_size_mb:64"] {
@@ -350,16 +347,13 @@ fn expandable_segments_refuse_a_conflicting_alloc_conf_and_set_their_own() {
     // What the front program hands the companion: a stand-in companion writes down the variable.
     let front = common::copy_program("mesure_memoire", dir.path());
     let seen = dir.path().join("seen");
-    let engine = dir.path().join("mesure_memoire_torch");
-    std::fs::write(
-        &engine,
-        format!(
+    stand_in_companion(
+        dir.path(),
+        &format!(
             "#!/bin/sh\necho \"${{PYTORCH_CUDA_ALLOC_CONF-unset}}\" >> '{}'\nexit 2\n",
             seen.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let run = |extra: &[&str], conf: Option<&str>| {
         let mut c = Command::new(&front);
         c.args(lesson_args(&out))
@@ -420,14 +414,12 @@ impl iteragpu_lab::measure::Gpu for ModelGpu {
 
 #[test]
 fn the_gpu_process_writes_the_record_once_and_never_over_a_file() {
-    use clap::Parser;
-    use iteragpu_lab::cli::mesure_memoire::{run, Args, Mode};
+    use iteragpu_lab::cli::mesure_memoire::{run, Mode};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("lesson.json");
-    let mut line = vec!["mesure_memoire".to_string()];
-    line.extend(lesson_args(&out));
+    let mut line = lesson_args(&out);
     line.push("--quiet".into());
-    let args = Args::try_parse_from(&line).unwrap();
+    let args = engine_args(line);
     run(&args, Mode::Engine(&ModelGpu)).unwrap();
     let r = LessonRecord::load(&out).unwrap();
     assert_eq!(r.steps.len(), 17);

@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{DATA_ERROR, RECORDED, ROOT, SEED_SMALL};
-use std::path::Path;
+use common::grid::blank_grid;
+use common::{DATA_ERROR, RECORDED, ROOT, SEED_ESTIMATE, SEED_QUOTE, SEED_SMALL};
 use std::process::{Command, Stdio};
 
 /// Runs `program args` with its standard output the write end of a pipe whose read end is already
@@ -25,50 +25,26 @@ fn into_closed_pipe(program: &str, args: &[&str]) -> i32 {
     out.status.code().expect("exited, not killed")
 }
 
+/// Runs `program args` into a closed pipe, then again with `--json`: both exit with `code`.
+fn plain_and_json_exit(program: &str, args: &[&str], code: i32) {
+    for extra in [&[][..], &["--json"][..]] {
+        let args: Vec<&str> = args.iter().chain(extra).copied().collect();
+        assert_eq!(into_closed_pipe(program, &args), code, "{args:?}");
+    }
+}
+
 #[test]
 fn successes_exit_0_into_a_closed_pipe() {
-    let estimate = [
-        "estimate",
-        "--parameters",
-        "7000000000",
-        "--bits",
-        "16",
-        "--reserve-gib",
-        "4",
-    ];
     let predict: Vec<&str> = ["predict"].into_iter().chain(SEED_SMALL).collect();
-    for json in [false, true] {
-        let extra: &[&str] = if json { &["--json"] } else { &[] };
-        fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
-            base.iter().chain(extra).copied().collect()
-        }
-        assert_eq!(
-            into_closed_pipe("mesure_memoire", &with(&estimate, extra)),
-            0
-        );
-        assert_eq!(
-            into_closed_pipe("mesure_memoire", &with(&predict, extra)),
-            0
-        );
-        assert_eq!(
-            into_closed_pipe(
-                "calcul_forfaits",
-                &with(&["--gpu", "b200", "--days", "7", "--lots", "2"], extra)
-            ),
-            0
-        );
-        assert_eq!(
-            into_closed_pipe("calcul_forfaits", &with(&["--list"], extra)),
-            0
-        );
-        assert_eq!(
-            into_closed_pipe(
-                "resultats_bruts",
-                &with(&["check", "--grid", "data/resultats-bruts.csv"], extra)
-            ),
-            0
-        );
-    }
+    plain_and_json_exit("mesure_memoire", &SEED_ESTIMATE, 0);
+    plain_and_json_exit("mesure_memoire", &predict, 0);
+    plain_and_json_exit("calcul_forfaits", &SEED_QUOTE, 0);
+    plain_and_json_exit("calcul_forfaits", &["--list"], 0);
+    plain_and_json_exit(
+        "resultats_bruts",
+        &["check", "--grid", "data/resultats-bruts.csv"],
+        0,
+    );
 }
 
 #[test]
@@ -87,8 +63,7 @@ fn files_are_still_written_into_a_closed_pipe() {
     );
     assert_eq!(code, 0);
     assert!(std::fs::read_to_string(&svg).unwrap().contains("</svg>"));
-    let grid = dir.path().join("resultats-bruts.csv");
-    std::fs::copy(Path::new(ROOT).join("data/resultats-bruts.csv"), &grid).unwrap();
+    let grid = blank_grid(dir.path());
     let code = into_closed_pipe(
         "resultats_bruts",
         &[
@@ -121,29 +96,17 @@ fn failures_keep_their_code_into_a_closed_pipe() {
     let grid = dir.path().join("broken.csv");
     std::fs::write(&grid, "not,the,header\n1,2,3\n").unwrap();
     let tampered = dir.path().join("bundle");
-    for json in [false, true] {
-        let mut args = vec!["check", "--grid", grid.to_str().unwrap()];
-        if json {
-            args.push("--json");
-        }
-        assert_eq!(
-            into_closed_pipe("resultats_bruts", &args),
-            DATA_ERROR,
-            "{args:?}"
-        );
-    }
+    plain_and_json_exit(
+        "resultats_bruts",
+        &["check", "--grid", grid.to_str().unwrap()],
+        DATA_ERROR,
+    );
     // A folder with a manifest that does not match its files.
     std::fs::create_dir(&tampered).unwrap();
     std::fs::write(tampered.join("MANIFEST.json"), "{\"schema\": \"other\"}").unwrap();
-    for json in [false, true] {
-        let mut args = vec!["verify", tampered.to_str().unwrap()];
-        if json {
-            args.push("--json");
-        }
-        assert_eq!(
-            into_closed_pipe("paquet_lab", &args),
-            DATA_ERROR,
-            "{args:?}"
-        );
-    }
+    plain_and_json_exit(
+        "paquet_lab",
+        &["verify", tampered.to_str().unwrap()],
+        DATA_ERROR,
+    );
 }

@@ -5,7 +5,10 @@
 mod common;
 
 use assert_cmd::Command;
-use common::{json_of, mesure_memoire as mm, OUTPUT_EXISTS, SEED_SMALL, UNAVAILABLE, USAGE};
+use common::{
+    json_of, mesure_memoire as mm, stand_in_companion, with_flag, OUTPUT_EXISTS, SEED_SMALL,
+    UNAVAILABLE, USAGE,
+};
 use predicates::str::contains;
 
 fn sweep_args(extra: &[&str], output: &std::path::Path) -> Vec<String> {
@@ -50,15 +53,10 @@ fn sweep_flags_are_validated_before_any_gpu_work() {
     ];
     for (extra, needle) in cases {
         let mut args = sweep_args(&[], &out);
-        // Later flags override the defaults above (clap keeps the last value of a repeated flag
-        // only where allowed; these are replaced in place instead).
+        // The defaults above are replaced in place (clap keeps the last value of a repeated flag
+        // only where allowed), other flags added.
         for pair in extra.chunks(2) {
-            match args.iter().position(|a| a == pair[0]) {
-                Some(i) if pair.len() == 2 => args[i + 1] = pair[1].to_string(),
-                _ => args
-                    .splice(1..1, pair.iter().map(|s| s.to_string()))
-                    .for_each(drop),
-            }
+            args = with_flag(args, pair[0], pair.get(1).copied());
         }
         mm().args(&args)
             .assert()
@@ -107,12 +105,10 @@ fn without_the_companion_a_sweep_exits_2_and_a_folder_with_results_is_kept() {
 /// too large.
 #[test]
 fn each_point_goes_to_a_spare_companion_and_none_outlives_the_sweep() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let standin = dir.path().join("mesure_memoire_torch");
-    std::fs::write(
-        &standin,
+    let standin = stand_in_companion(
+        dir.path(),
         "#!/bin/sh\n\
          echo \"started $$\" >> \"$STANDIN_LOG\"\n\
          [ \"$IGL_SPARE\" = 1 ] || { echo 'not a spare' >&2; exit 1; }\n\
@@ -120,13 +116,13 @@ fn each_point_goes_to_a_spare_companion_and_none_outlives_the_sweep() {
          echo \"given $$ $given\" >> \"$STANDIN_LOG\"\n\
          echo 'error: CUDA ran out of memory during phase `cold_forward`: CUDA out of memory' >&2\n\
          exit 3\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&standin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let out = dir.path().join("s");
-    let mut args = sweep_args(&["--step", "1", "--keep-going"], &out);
-    let to = args.iter().position(|a| a == "--to").unwrap();
-    args[to + 1] = "4".into();
+    let args = with_flag(
+        sweep_args(&["--step", "1", "--keep-going"], &out),
+        "--to",
+        Some("4"),
+    );
     mm().env("IGL_COMPANION", &standin)
         .env("STANDIN_LOG", &log)
         .args(&args)
@@ -183,7 +179,7 @@ fn predict_gives_every_figure_and_names_every_block() {
 
 #[test]
 fn predict_refuses_what_it_does_not_model() {
-    let base = [
+    let base: Vec<String> = [
         "predict",
         "--batch",
         "1",
@@ -197,40 +193,28 @@ fn predict_refuses_what_it_does_not_model() {
         "0",
         "--repeats",
         "1",
-    ];
-    mm().args(base)
+    ]
+    .map(String::from)
+    .into();
+    mm().args(&base)
         .args(["--compute-capability", "13.7"])
         .assert()
         .code(USAGE)
         .stderr(contains("13.7"));
-    mm().args(base)
+    mm().args(&base)
         .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         .assert()
         .code(USAGE)
         .stderr(contains("PYTORCH_CUDA_ALLOC_CONF"));
-    mm().args(base)
+    mm().args(&base)
         .env("CUBLASLT_WORKSPACE_SIZE", "2 MiB")
         .assert()
         .code(USAGE)
         .stderr(contains("CUBLASLT_WORKSPACE_SIZE"));
-    mm().args([
-        "predict",
-        "--batch",
-        "1",
-        "--context",
-        "1",
-        "--width",
-        "4611686018427387904",
-        "--dtype",
-        "float32",
-        "--warmup",
-        "0",
-        "--repeats",
-        "1",
-    ])
-    .assert()
-    .code(USAGE)
-    .stderr(contains("overflow"));
+    mm().args(with_flag(base, "--width", Some("4611686018427387904")))
+        .assert()
+        .code(USAGE)
+        .stderr(contains("overflow"));
 }
 
 /// The sweep recorded on an H200 and shipped in `data/` draws its chart without a GPU.

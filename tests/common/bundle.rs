@@ -29,13 +29,20 @@ pub fn project(dir: &Path) -> PathBuf {
     root
 }
 
-/// `paquet_lab build --name TOP --root ROOT --output OUTPUT`, which must succeed.
-pub fn build(root: &Path, output: &Path) {
-    paquet_lab()
-        .args(["build", "--name", TOP, "--root"])
+/// `paquet_lab build --root ROOT --output OUTPUT`, to run.
+pub fn build_cmd(root: &Path, output: &Path) -> assert_cmd::Command {
+    let mut c = paquet_lab();
+    c.args(["build", "--root"])
         .arg(root)
         .arg("--output")
-        .arg(output)
+        .arg(output);
+    c
+}
+
+/// `paquet_lab build --root ROOT --output OUTPUT --name TOP`, which must succeed.
+pub fn build(root: &Path, output: &Path) {
+    build_cmd(root, output)
+        .args(["--name", TOP])
         .assert()
         .success();
 }

@@ -1,13 +1,18 @@
 //! What every command-line test file shares: the programs, the repository root, the exit codes
-//! by name, and reading JSON from a successful run; [`bundle`] for the bundle's tests; [`lesson`]
-//! for lesson records made by the model (test fixtures).
+//! by name, the seed's command lines, editing and parsing argument lists, reading JSON from a
+//! successful run, stand-in companions and named pipes; [`bundle`] for the bundle's tests;
+//! [`grid`] for the results grid's; [`lesson`] for lesson records made by the model (test
+//! fixtures).
 #![allow(dead_code)]
 
 pub mod bundle;
+pub mod grid;
 pub mod lesson;
 
 use assert_cmd::Command;
 use iteragpu_lab::status::Status;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The repository root (tests run the programs from here where they read `data/`).
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -31,6 +36,25 @@ pub const SEED_SMALL: [&str; 12] = [
     "--repeats",
     "2",
 ];
+
+/// The seed's estimate (`estimate --parameters 7000000000 --bits 16 --reserve-gib 4`).
+pub const SEED_ESTIMATE: [&str; 7] = [
+    "estimate",
+    "--parameters",
+    "7000000000",
+    "--bits",
+    "16",
+    "--reserve-gib",
+    "4",
+];
+
+/// The seed's quote, as `calcul_forfaits` flags (`--gpu b200 --days 7 --lots 2`).
+pub const SEED_QUOTE: [&str; 6] = ["--gpu", "b200", "--days", "7", "--lots", "2"];
+
+/// Longer than any command of the tests takes on a loaded machine, far shorter than reading
+/// `/dev/zero` until memory runs out or waiting for a named pipe's writer: a hang fails the test
+/// instead of blocking it.
+pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// An exit status's code, as `assert_cmd` compares them.
 pub const fn code(status: Status) -> i32 {
@@ -78,7 +102,7 @@ pub fn json_of(cmd: &mut Command) -> serde_json::Value {
 /// Copies the program `name` into `dir` (to run it without its companion, or beside a stand-in)
 /// and waits until it can be started: while another test thread forks, the copy's write handle
 /// may live on in the child for a moment and the kernel answers "text file busy".
-pub fn copy_program(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+pub fn copy_program(name: &str, dir: &Path) -> PathBuf {
     let dest = dir.join(name);
     std::fs::copy(assert_cmd::cargo::cargo_bin(name), &dest).unwrap();
     for _ in 0..100 {
@@ -90,4 +114,45 @@ pub fn copy_program(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
         }
     }
     panic!("{} stays busy", dest.display());
+}
+
+/// A stand-in companion: the shell `script` written to `dir/mesure_memoire_torch`, executable
+/// (mode 0755); its path. The front program copied into `dir` ([`copy_program`]) starts it.
+pub fn stand_in_companion(dir: &Path, script: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("mesure_memoire_torch");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `args` with `flag`'s value replaced by `value` (or the flag added with it; a flag without a
+/// value is added when absent).
+pub fn with_flag(mut args: Vec<String>, flag: &str, value: Option<&str>) -> Vec<String> {
+    match (args.iter().position(|a| a == flag), value) {
+        (Some(i), Some(v)) => args[i + 1] = v.into(),
+        (Some(_), None) => {}
+        (None, v) => {
+            args.push(flag.into());
+            args.extend(v.map(String::from));
+        }
+    }
+    args
+}
+
+/// `mesure_memoire`'s arguments `args` (the subcommand first) parsed as the program parses them,
+/// to run the command line in this process.
+pub fn engine_args(args: Vec<String>) -> iteragpu_lab::cli::mesure_memoire::Args {
+    use clap::Parser;
+    let line = std::iter::once("mesure_memoire".to_string()).chain(args);
+    iteragpu_lab::cli::mesure_memoire::Args::try_parse_from(line).unwrap()
+}
+
+/// Creates a named pipe at `path`.
+pub fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
 }

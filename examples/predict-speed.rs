@@ -2,8 +2,8 @@
 //! the three dtypes, 0 to 9 warm-up passes and 1 to 8 repetitions) and prints the time per
 //! configuration. `cargo run --release --example predict-speed` (recorded in docs/benchmarks.md).
 
-use iteragpu_lab::allocator::{predict, ComputeCapability, WorkspaceSettings, Workspaces};
-use iteragpu_lab::measure::{Dtype, MeasureConfig};
+use iteragpu_lab::allocator::{ComputeCapability, WorkspaceSettings, Workspaces};
+use iteragpu_lab::measure::{predict, Dtype, MeasureConfig};
 use std::time::Instant;
 
 fn main() {

@@ -330,9 +330,9 @@ pub enum LessonError {
     #[error("{PROGRAM} failed (exit {code}): {message}")]
     Failed { code: i32, message: String },
     #[error(transparent)]
-    Conflict(#[from] crate::allocator::lesson::record::AllocConfConflict),
+    Conflict(#[from] crate::lesson::record::AllocConfConflict),
     #[error(transparent)]
-    File(#[from] crate::allocator::lesson::record::LessonFileError),
+    File(#[from] crate::lesson::record::LessonFileError),
 }
 
 impl crate::status::Classify for LessonError {
@@ -358,8 +358,8 @@ impl Companion {
         &self,
         device: crate::device::CudaDevice,
         expandable: bool,
-    ) -> Result<crate::allocator::lesson::LessonRecord, LessonError> {
-        use crate::allocator::lesson::record::{alloc_conf_for, ALLOC_CONF};
+    ) -> Result<crate::lesson::LessonRecord, LessonError> {
+        use crate::lesson::record::{alloc_conf_for, ALLOC_CONF};
         let set = alloc_conf_for(expandable, std::env::var_os(ALLOC_CONF).as_deref())?;
         let dir = temporary_folder()?;
         let output = dir.path().join("lesson.json");
@@ -391,7 +391,7 @@ impl Companion {
             .map_or(said.as_str(), |(_, m)| m)
             .to_string();
         match status.code() {
-            Some(0) => Ok(crate::allocator::lesson::LessonRecord::load(&output)?),
+            Some(0) => Ok(crate::lesson::LessonRecord::load(&output)?),
             Some(UNAVAILABLE) => Err(LessonError::Unavailable(said)),
             Some(OUT_OF_MEMORY) => Err(LessonError::OutOfMemory(said)),
             Some(LOADER_FAILED) => Err(LessonError::Unavailable(format!(
@@ -414,7 +414,7 @@ impl Companion {
 pub fn lesson(
     device: crate::device::CudaDevice,
     expandable: bool,
-) -> Result<crate::allocator::lesson::LessonRecord, LessonError> {
+) -> Result<crate::lesson::LessonRecord, LessonError> {
     Companion::locate()?.lesson_fresh(device, expandable)
 }
 
@@ -427,9 +427,9 @@ pub fn lesson(
 pub fn lessons_or_recorded(
     device: crate::device::CudaDevice,
     data: &Path,
-) -> crate::allocator::lesson::Lessons {
-    use crate::allocator::lesson::record::{RECORDED_DEFAULT, RECORDED_EXPANDABLE};
-    use crate::allocator::lesson::{Lessons, ShownLesson};
+) -> crate::lesson::Lessons {
+    use crate::lesson::record::{RECORDED_DEFAULT, RECORDED_EXPANDABLE};
+    use crate::lesson::{Lessons, ShownLesson};
     let default = lesson(device, false);
     // Without a GPU or a companion the second run would fail the same way: it is not started.
     let expandable = match &default {

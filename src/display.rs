@@ -7,8 +7,9 @@ use crate::environment::EnvironmentReport;
 use crate::estimate::WeightEstimate;
 use crate::grid::{GridReport, GridRow};
 use crate::markup::{labels, rows_html, table, Html};
-use crate::measure::{phase_cells, MeasureError, Measurement, StepLog, PHASE_COLUMNS};
+use crate::measure::{phase_cells, MeasureError, Measurement, PHASE_COLUMNS};
 use crate::quote::Quote;
+use crate::reading::StepLog;
 
 macro_rules! displayed {
     ($($t:ty),*) => {$(

@@ -1,6 +1,7 @@
-//! Presentation primitives that every report shares: an HTML fragment, an SVG image, captioned
-//! tables, and label/value rows rendered as text or as HTML from one list. A leaf: it knows no
-//! report, so `display` (the reports' HTML) and `plot` (the charts) both build on it.
+//! Presentation primitives that every report shares: an HTML fragment, an SVG image, a table
+//! whose rows are computed once and shown as aligned text or as captioned HTML, and label/value
+//! rows rendered as text or as HTML from one list. A leaf: it knows no report, so `display` (the
+//! reports' HTML) and `plot` (the charts) both build on it.
 
 use html_escape::encode_text as esc;
 use std::fmt;
@@ -65,6 +66,71 @@ impl Svg {
     }
 }
 
+/// A table: a header and rows of cells, computed once, shown as aligned text (`Display`: the
+/// first column left-aligned, the others right-aligned, each as wide as its widest cell or its
+/// minimum width) or as a captioned HTML table ([`Table::html`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Table {
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+    /// Minimum widths of the first columns in text (a layout readers already know).
+    pub min_widths: Vec<usize>,
+}
+
+impl Table {
+    pub fn new(header: &[&str], rows: Vec<Vec<String>>) -> Table {
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows,
+            min_widths: Vec::new(),
+        }
+    }
+
+    /// The same table with minimum column widths in text.
+    pub fn with_min_widths(mut self, widths: &[usize]) -> Table {
+        self.min_widths = widths.to_vec();
+        self
+    }
+
+    /// The table in HTML under `caption`; every cell is escaped.
+    pub fn html(&self, caption: &str) -> Html {
+        let header: Vec<&str> = self.header.iter().map(String::as_str).collect();
+        table(caption, &header, &self.rows)
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let columns = self
+            .rows
+            .iter()
+            .map(Vec::len)
+            .chain([self.header.len()])
+            .max()
+            .unwrap_or(0);
+        let mut widths: Vec<usize> = (0..columns)
+            .map(|i| self.min_widths.get(i).copied().unwrap_or(0))
+            .collect();
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, c) in row.iter().enumerate() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, c) in row.iter().enumerate() {
+                if i == 0 {
+                    line += &format!("{c:<w$}", w = widths[0]);
+                } else {
+                    line += &format!(" {c:>w$}", w = widths[i]);
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
 /// A captioned table; every cell is escaped.
 pub fn table(caption: &str, header: &[&str], rows: &[Vec<String>]) -> Html {
     let mut h = format!(
@@ -113,6 +179,14 @@ pub fn rows_text(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_table_aligns_its_columns() {
+        let t = Table::new(&["name", "bytes"], vec![vec!["a".into(), "1 024".into()]]);
+        assert_eq!(t.to_string(), "name bytes\na    1 024\n");
+        let t = t.with_min_widths(&[6, 7]);
+        assert_eq!(t.to_string(), "name     bytes\na        1 024\n");
+    }
 
     #[test]
     fn cells_are_escaped() {

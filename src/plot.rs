@@ -2,9 +2,10 @@
 //! phase of a measurement, and a timeline of allocator readings. The same functions serve the
 //! notebooks (shown inline) and the command line (`--plot FILE.svg`).
 
-use crate::allocator::simulator::{Pool, SegmentView};
+use crate::allocator::{Pool, SegmentView};
 use crate::markup::Svg;
-use crate::measure::{Measurement, PhaseRecord, StepLog, StepReading};
+use crate::measure::{Measurement, PhaseRecord};
+use crate::reading::{StepLog, StepReading};
 use crate::units::Bytes;
 use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
@@ -35,15 +36,23 @@ pub fn phase_chart(m: &Measurement) -> Svg {
     type Field = fn(&PhaseRecord) -> u64;
     let fields: [(&'static str, RGBColor, Field); 6] = [
         ("allocated baseline", ALLOCATED[0], |p| {
-            p.allocated_baseline_bytes
+            p.figures.allocated_baseline_bytes
         }),
-        ("allocated end", ALLOCATED[1], |p| p.allocated_end_bytes),
-        ("allocated peak", ALLOCATED[2], |p| p.peak_allocated_bytes),
+        ("allocated end", ALLOCATED[1], |p| {
+            p.figures.allocated_end_bytes
+        }),
+        ("allocated peak", ALLOCATED[2], |p| {
+            p.figures.peak_allocated_bytes
+        }),
         ("reserved baseline", RESERVED[0], |p| {
-            p.reserved_baseline_bytes
+            p.figures.reserved_baseline_bytes
         }),
-        ("reserved end", RESERVED[1], |p| p.reserved_end_bytes),
-        ("reserved peak", RESERVED[2], |p| p.peak_reserved_bytes),
+        ("reserved end", RESERVED[1], |p| {
+            p.figures.reserved_end_bytes
+        }),
+        ("reserved peak", RESERVED[2], |p| {
+            p.figures.peak_reserved_bytes
+        }),
     ];
     let series: Vec<Series> = fields
         .into_iter()
@@ -721,7 +730,7 @@ mod tests {
     fn a_segment_map_names_every_block() {
         let cc = crate::allocator::ComputeCapability::new(9, 0);
         let ws = crate::allocator::Workspaces::for_gpu(cc, &Default::default()).unwrap();
-        let p = crate::allocator::predict(&Default::default(), cc, ws).unwrap();
+        let p = crate::measure::predict(&Default::default(), cc, ws).unwrap();
         let svg = segment_map("cold pass", &p.phases[2].segments_at_end).0;
         for name in [
             "cublas_workspace",

@@ -683,8 +683,8 @@ impl iteragpu_lab::measure::Backend for SimulatedDevice {
     }
     fn read_allocator(
         &mut self,
-    ) -> Result<iteragpu_lab::measure::AllocatorReading, iteragpu_lab::measure::MeasureError> {
-        Ok(iteragpu_lab::measure::AllocatorReading {
+    ) -> Result<iteragpu_lab::reading::AllocatorReading, iteragpu_lab::measure::MeasureError> {
+        Ok(iteragpu_lab::reading::AllocatorReading {
             allocated: self.live,
             reserved: self.reserved,
             peak_allocated: self.peak_live,
@@ -730,7 +730,7 @@ struct SimulatedGpu {
     capacity: u64,
 }
 
-impl iteragpu_lab::measure::Gpu for SimulatedGpu {
+impl iteragpu_lab::gpu::Gpu for SimulatedGpu {
     fn environment(
         &self,
         device: Option<iteragpu_lab::device::CudaDevice>,
@@ -773,15 +773,17 @@ impl iteragpu_lab::budget::TransformerBench for SimulatedGpu {
     fn run(
         &self,
         run: &iteragpu_lab::budget::BenchRun,
-    ) -> Result<iteragpu_lab::budget::BenchReport, iteragpu_lab::measure::MeasureError> {
+    ) -> Result<iteragpu_lab::budget::BenchReport, iteragpu_lab::budget::BenchFailure> {
         use iteragpu_lab::budget::{bench::stage, StageReading};
-        use iteragpu_lab::measure::{Gpu, MeasureError};
+        use iteragpu_lab::gpu::Gpu;
+        use iteragpu_lab::measure::MeasureError;
         let weights = run.shape.parameters() * run.dtype.bytes();
         if weights > self.capacity {
             return Err(MeasureError::from_torch_message(&format!(
                 "CUDA out of memory. Tried to allocate {weights} bytes"
             ))
-            .in_stage(stage::WEIGHTS));
+            .in_stage(stage::WEIGHTS)
+            .into());
         }
         let stages = run
             .mode
@@ -855,7 +857,7 @@ fn measure_out_of_memory_is_exit_3_naming_the_phase_and_writes_nothing() {
     let m = iteragpu_lab::measure::Measurement::load(&out).unwrap();
     assert_eq!(m.phases.len(), 6);
     assert_eq!(
-        m.phases[2].peak_allocated_bytes - m.phases[2].allocated_baseline_bytes,
+        m.phases[2].figures.peak_allocated_bytes - m.phases[2].figures.allocated_baseline_bytes,
         512 << 20
     );
     assert!(plot.exists());

@@ -151,9 +151,8 @@ const README: &str = "README.md";
 const MODEL: &str = "docs/allocator-model.md";
 const GUIDE: &str = "docs/budget-vs-guide.md";
 const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
-const IN_SRC_ALLOCATOR: &str = "named right after `src/allocator/`";
 
-const ALLOWED: [Allowed; 25] = [
+const ALLOWED: [Allowed; 21] = [
     allowed(
         "FOLDER/sweep.csv",
         README,
@@ -218,30 +217,6 @@ const ALLOWED: [Allowed; 25] = [
         PYTORCH,
     ),
     allowed("aten/src/ATen/native/cuda/Blas.cpp", MODEL, None, PYTORCH),
-    allowed(
-        "simulator.rs",
-        MODEL,
-        Some("src/allocator/simulator.rs"),
-        IN_SRC_ALLOCATOR,
-    ),
-    allowed(
-        "workspace.rs",
-        MODEL,
-        Some("src/allocator/workspace.rs"),
-        IN_SRC_ALLOCATOR,
-    ),
-    allowed(
-        "predict.rs",
-        MODEL,
-        Some("src/allocator/predict.rs"),
-        IN_SRC_ALLOCATOR,
-    ),
-    allowed(
-        "snapshot.rs",
-        MODEL,
-        Some("src/allocator/snapshot.rs"),
-        IN_SRC_ALLOCATOR,
-    ),
     allowed(
         "mesure-memoire.ipynb",
         README,

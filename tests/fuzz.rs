@@ -16,9 +16,9 @@
 //! [`DEFAULT_ITERATIONS`], a few seconds in a debug build), `IGL_FUZZ_SEED` the generator's seed;
 //! `scripts/fuzz` runs it long, in release mode.
 
-use iteragpu_lab::allocator::lesson::{LessonRecord, ShownLesson};
 use iteragpu_lab::allocator::snapshot;
 use iteragpu_lab::catalog::Catalog;
+use iteragpu_lab::lesson::{LessonRecord, ShownLesson};
 use iteragpu_lab::measure::Measurement;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -11,10 +11,8 @@ use common::lesson::{default_settings, model_record, standard, FIXTURE_GPU};
 use common::{
     engine_args, mesure_memoire as mm, stand_in_companion, OUTPUT_EXISTS, UNAVAILABLE, USAGE,
 };
-use iteragpu_lab::allocator::lesson::record::{
-    EXPANDABLE_SEGMENTS, RECORDED_DEFAULT, RECORDED_EXPANDABLE,
-};
-use iteragpu_lab::allocator::lesson::{
+use iteragpu_lab::lesson::record::{EXPANDABLE_SEGMENTS, RECORDED_DEFAULT, RECORDED_EXPANDABLE};
+use iteragpu_lab::lesson::{
     AllocatorSettings, LessonRecord, LessonScript, Lessons, ShownLesson, Step,
 };
 use iteragpu_lab::markup::labels;
@@ -139,7 +137,6 @@ fn a_measured_lesson_shows_each_step_with_its_prediction() {
 }
 
 fn expandable_fixture() -> LessonRecord {
-    // The model does not cover expandable segments: this fixture only carries the settings.
     model_record(
         16 << 30,
         &LessonScript::standard(),
@@ -153,19 +150,23 @@ fn expandable_fixture() -> LessonRecord {
 }
 
 #[test]
-fn no_prediction_is_shown_for_expandable_segments() {
+fn the_run_with_expandable_segments_is_predicted_too() {
     let r = expandable_fixture();
-    assert!(r.prediction.is_none());
+    assert!(r.prediction.is_some() && r.not_predicted.is_none());
     assert!(r
-        .not_predicted
-        .as_deref()
+        .prediction
+        .as_ref()
         .unwrap()
-        .contains("does not cover expandable segments"));
+        .source
+        .contains("expandable segments"));
     let shown = ShownLesson::measured(r, true);
     let h = shown.steps(1..=17).0;
-    assert!(!h.contains("PREDICTED"), "{h}");
-    assert!(h.contains("does not cover expandable segments"));
-    assert_eq!(shown.map(8).0.matches("<svg").count(), 1);
+    assert!(h.contains("PREDICTED"), "{h}");
+    assert_eq!(
+        shown.map(8).0.matches("<svg").count(),
+        2,
+        "the map measured and the map predicted"
+    );
     assert!(shown.summary(8).0.contains("map_block"));
     let lessons = Lessons {
         default: ShownLesson::measured(standard(), false),
@@ -174,7 +175,6 @@ fn no_prediction_is_shown_for_expandable_segments() {
     let c = lessons.compare(8).0;
     assert!(c.contains("alloc retries (expandable)") && c.contains("segments in the map"));
     assert_eq!(c.matches("<svg").count(), 2, "both maps after step 8");
-    assert!(c.contains("does not cover expandable segments"));
     assert!(c.contains("17. allocate more: free memory + half the releasable cache"));
 }
 
@@ -211,11 +211,13 @@ fn a_recorded_lesson_is_labelled_with_its_environment_and_a_missing_one_says_so(
             "{}",
             h.0
         );
-        assert!(
-            !h.0.contains("PREDICTED"),
-            "no prediction for expandable segments"
-        );
     }
+    // The lesson with expandable segments missing: the model's prediction alone, labelled.
+    let h = missing.steps(2..=3).0;
+    assert!(
+        h.contains("PREDICTED") && h.contains("expandable segments"),
+        "{h}"
+    );
     // The default lesson missing: the model's prediction alone, labelled, for the fixed steps.
     let missing_default =
         ShownLesson::recorded(dir.path().join("absent.json"), "no GPU".into(), false);
@@ -380,7 +382,7 @@ fn expandable_segments_refuse_a_conflicting_alloc_conf_and_set_their_own() {
 /// as the libtorch backend would be.
 struct ModelGpu;
 
-impl iteragpu_lab::measure::Gpu for ModelGpu {
+impl iteragpu_lab::gpu::Gpu for ModelGpu {
     fn environment(
         &self,
         device: Option<iteragpu_lab::device::CudaDevice>,
@@ -437,7 +439,7 @@ fn the_gpu_process_writes_the_record_once_and_never_over_a_file() {
 #[test]
 fn the_model_sizes_every_large_step_as_pytorch_does() {
     let r = standard();
-    let delta = |i: usize, f: fn(&iteragpu_lab::measure::StepReading) -> u64| {
+    let delta = |i: usize, f: fn(&iteragpu_lab::reading::StepReading) -> u64| {
         f(&r.steps[i].reading) as i128 - f(&r.steps[i - 1].reading) as i128
     };
     assert_eq!(delta(3, |s| s.reserved), 20 * MIB as i128);

@@ -172,7 +172,7 @@ fn predict_gives_every_figure_and_names_every_block() {
         .assert()
         .success()
         .stdout(contains(
-            "cold_forward     -         136704       34743808       34772480",
+            "cold_forward     -        136 704     34 743 808     34 772 480",
         ))
         .stdout(contains("cublas_workspace 33 554 432 B"));
 }

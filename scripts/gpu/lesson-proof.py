@@ -236,7 +236,18 @@ def main() -> int:
     check(e.record["allocator_settings"]["expandable_segments"]
           and e.record["allocator_configuration"] == "expandable_segments:True",
           "the allocator reported expandable segments on, set through PYTORCH_CUDA_ALLOC_CONF")
-    check(e.record.get("prediction") is None, "no prediction recorded (the model does not cover them)")
+    differ = []
+    predicted = (e.record.get("prediction") or {}).get("steps") or []
+    for k, (s, p) in enumerate(zip(e.steps, predicted)):
+        bad = [f for f in PREDICTED_FIGURES if s["reading"][f] != p["reading"][f]]
+        bad += [f"stats.{f}" for f in s["stats"] if s["stats"][f] != p["stats"][f]]
+        if bad:
+            differ.append(f"step {k + 1} ({s['reading']['step']}): " + ", ".join(bad))
+    check(len(predicted) == len(e.steps) and not differ,
+          "the prediction recorded with expandable segments equals every step: allocated, reserved, "
+          "both peaks, requested, segments and every statistic")
+    for x in differ:
+        say(f"  - {x}")
     check(all(s["stats"]["segments"] == 0 and s["reading"]["segments"] == 0 for s in e.steps),
           "no segment counted at any step (alloc_block returns before counting one; map_block adds "
           "to reserved_bytes only)")

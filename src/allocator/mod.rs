@@ -1,15 +1,25 @@
-//! An exact model of PyTorch 2.11.0's CUDA caching allocator for the synthetic network: the
-//! allocator's rules ([`simulator`]), the cuBLAS/cuBLASLt workspaces ([`workspace`]), and the
-//! protocol's sequence of allocations and frees, phase by phase ([`predict`]). It needs no GPU and
-//! no libtorch: `mesure_memoire predict` runs in the program that does not link libtorch, and
-//! `measure` records the prediction beside each measured row with the residual.
-//! `docs/allocator-model.md` lists each rule, its place in PyTorch's source and the run that proved it.
+//! An exact model of PyTorch 2.11.0's CUDA caching allocator, with its default settings or with
+//! `expandable_segments:True`: the size rules ([`size`]), the statistics it reports ([`stats`]),
+//! the block structure that caches, splits and merges ([`caching`]), where new segments are
+//! placed ([`address`]), the map it shows ([`view`]), the real map read back from libtorch into
+//! the same views ([`snapshot`]), the cuBLAS/cuBLASLt workspaces ([`workspace`]), and one
+//! [`replay`] of named tensors through it that gives the figures, the maps and the names of the
+//! live blocks. It needs no GPU and no libtorch. `docs/allocator-model.md` lists each rule, its
+//! place in PyTorch's source and the run that proved it.
 
-pub mod lesson;
-pub mod predict;
-pub mod simulator;
+pub mod address;
+pub mod caching;
+pub mod replay;
+pub mod size;
 pub mod snapshot;
+pub mod stats;
+pub mod view;
 pub mod workspace;
 
-pub use predict::{predict, Figures, PhasePrediction, PredictError, Prediction, Tensor};
+pub use address::AddressOrder;
+pub use caching::{AllocatorConfig, BlockId, CachingAllocator, Label};
+pub use replay::{LiveBlock, OutOfMemory, Replay, TensorId};
+pub use size::Pool;
+pub use stats::{Counter, Stats};
+pub use view::{BlockView, SegmentView};
 pub use workspace::{ComputeCapability, WorkspaceSettings, Workspaces};

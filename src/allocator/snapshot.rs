@@ -3,7 +3,8 @@
 //! block named after the tensor the protocol made there (`unknown` when none: a finding, never
 //! hidden).
 
-use super::simulator::{BlockView, Pool, SegmentView};
+use super::size::Pool;
+use super::view::{BlockView, SegmentView};
 use std::collections::HashMap;
 
 /// The name of an allocated block that no tensor of the protocol accounts for.

@@ -372,7 +372,7 @@ pub struct StageReading {
     /// The allocator's block map at the end of a stage that only makes named tensors (weights,
     /// KV cache, adapters, optimizer states; with `--blocks`), each block named after its tensor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blocks: Option<Vec<crate::allocator::simulator::SegmentView>>,
+    pub blocks: Option<Vec<crate::allocator::SegmentView>>,
 }
 
 impl StageReading {
@@ -496,13 +496,32 @@ impl fmt::Display for BenchReport {
     }
 }
 
+/// Why a bench run gave no report: refused before any GPU work, or failed on the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchFailure {
+    #[error(transparent)]
+    Refused(#[from] BenchError),
+    #[error(transparent)]
+    Gpu(#[from] MeasureError),
+}
+
+impl crate::status::Classify for BenchFailure {
+    fn status(&self) -> crate::status::Status {
+        match self {
+            BenchFailure::Refused(e) => e.status(),
+            BenchFailure::Gpu(e) => e.status(),
+        }
+    }
+}
+
 /// A way to run the bench on a GPU: the libtorch backend implements it (reached through
-/// [`crate::measure::Gpu::transformer`]). This crate never links libtorch.
+/// [`crate::gpu::Gpu::transformer`]). This crate never links libtorch.
 pub trait TransformerBench {
-    /// Runs a validated `run` stage by stage and returns the report (not yet written). Without a
-    /// usable GPU: [`MeasureError::NoGpu`] or [`MeasureError::DeviceMissing`]; a failure inside a
-    /// stage (out of memory included) comes as [`MeasureError::InStage`] naming the stage.
-    fn run(&self, run: &BenchRun) -> Result<BenchReport, MeasureError>;
+    /// Runs `run` stage by stage and returns the report (not yet written). A run that does not
+    /// validate is refused; without a usable GPU: [`MeasureError::NoGpu`] or
+    /// [`MeasureError::DeviceMissing`]; a failure inside a stage (out of memory included) comes
+    /// as [`MeasureError::InStage`] naming the stage.
+    fn run(&self, run: &BenchRun) -> Result<BenchReport, BenchFailure>;
 }
 
 #[cfg(test)]

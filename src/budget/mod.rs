@@ -13,8 +13,8 @@ pub mod verify;
 pub mod workload;
 
 pub use bench::{
-    adapter_names, kv_cache_names, optimizer_state_names, BenchError, BenchMode, BenchReport,
-    BenchRun, StageReading, TransformerBench,
+    adapter_names, kv_cache_names, optimizer_state_names, BenchError, BenchFailure, BenchMode,
+    BenchReport, BenchRun, StageReading, TransformerBench,
 };
 pub use fit::{plan, FitError, FitPlan};
 pub use presets::{Preset, PresetError, Presets};

@@ -6,7 +6,7 @@
 use super::bench::{stage, BenchMode, BenchReport, BenchRun};
 use super::terms::{budget_and_activations, Budget, BudgetSettings};
 use super::workload::{KvFormat, Mode, Optimizer, WeightFormat, Workload};
-use crate::allocator::simulator::{AddressOrder, CachingAllocator, SegmentView};
+use crate::allocator::{AddressOrder, AllocatorConfig, Replay, SegmentView};
 use crate::units::Bytes;
 use serde::Serialize;
 
@@ -104,23 +104,16 @@ pub fn workload_of(run: &BenchRun) -> Workload {
     }
 }
 
-/// The bench's persistent tensors, in the order it allocates them, through the allocator model:
-/// the `allocated` each group adds.
-struct Replay {
-    allocator: CachingAllocator,
-}
-
-impl Replay {
-    /// Allocates the named tensors in order; the `allocated` they add.
-    fn add(&mut self, tensors: impl IntoIterator<Item = (String, u64)>) -> u64 {
-        let before = self.allocator.stats().allocated.current;
-        for (name, size) in tensors {
-            self.allocator
-                .malloc(size, 0, &name)
-                .expect("the model has no capacity limit");
-        }
-        self.allocator.stats().allocated.current - before
+/// Allocates the bench's persistent tensors in the order it allocates them; the `allocated`
+/// they add.
+fn add(replay: &mut Replay, tensors: impl IntoIterator<Item = (String, u64)>) -> u64 {
+    let before = replay.stats().allocated.current;
+    for (name, size) in tensors {
+        replay
+            .alloc(&name, size)
+            .expect("the model has no capacity limit");
     }
+    replay.stats().allocated.current - before
 }
 
 /// A block map without addresses, segments in a fixed order: (pool, size, each block's
@@ -212,9 +205,10 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
     let tensors = run.shape.tensors();
     // New segments at decreasing addresses, as the H200's driver hands them out (the lesson's
     // maps showed it): where several free blocks fit equally, the allocator picks by address.
-    let mut replay = Replay {
-        allocator: CachingAllocator::with_address_order(AddressOrder::Descending),
-    };
+    let mut replay = Replay::new(AllocatorConfig {
+        address_order: AddressOrder::Descending,
+        ..Default::default()
+    });
     let mut checks = Vec::new();
     let mut rounding: i128 = 0;
     let mut check = |term: &str, stage: &str, formula: u64, model: Option<u64>, measured: u64| {
@@ -235,11 +229,14 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
     let mut maps = Vec::new();
     let mut compare = |stage: &'static str, replay: &Replay| -> Result<(), VerifyError> {
         if let Some(measured) = &reading(stage)?.blocks {
-            maps.push(compare_maps(stage, measured, &replay.allocator.snapshot()));
+            maps.push(compare_maps(stage, measured, &replay.snapshot()));
         }
         Ok(())
     };
-    let weights = replay.add(tensors.iter().map(|t| (t.name.clone(), t.elements * e)));
+    let weights = add(
+        &mut replay,
+        tensors.iter().map(|t| (t.name.clone(), t.elements * e)),
+    );
     compare(stage::WEIGHTS, &replay)?;
     check(
         "weights",
@@ -253,8 +250,10 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
         BenchMode::Inference => {
             let s = &run.shape;
             let one = b_ * s.kv_heads * (t_ + run.generated) * s.head_dim * e;
-            let kv =
-                replay.add((0..s.layers).flat_map(|l| super::kv_cache_names(l).map(|n| (n, one))));
+            let kv = add(
+                &mut replay,
+                (0..s.layers).flat_map(|l| super::kv_cache_names(l).map(|n| (n, one))),
+            );
             compare(stage::KV_CACHE, &replay)?;
             check(
                 "kv_cache",
@@ -264,7 +263,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                 delta(stage::KV_CACHE)?,
             );
             // The prefill leaves the workspace and the next tokens' ids ([batch, 1] int64).
-            let ids = crate::allocator::simulator::round_size(8 * b_);
+            let ids = crate::allocator::size::round_size(8 * b_);
             let workspace = delta(stage::PREFILL)?.saturating_sub(ids);
             check(
                 "cublas_workspace",
@@ -290,7 +289,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                     }
                 }
                 trained = adapters;
-                let adapters = replay.add(trained.iter().cloned());
+                let adapters = add(&mut replay, trained.iter().cloned());
                 compare(stage::ADAPTERS, &replay)?;
                 check(
                     "lora_adapters",
@@ -309,7 +308,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                     .collect();
                 states = moments(&trained, e < 4);
             }
-            let states = replay.add(states);
+            let states = add(&mut replay, states);
             compare(stage::OPTIMIZER_STATES, &replay)?;
             check(
                 "optimizer_states",
@@ -319,7 +318,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
                 delta(stage::OPTIMIZER_STATES)?,
             );
             // The first iteration leaves the workspaces and the batch's ids and targets.
-            let ids = 2 * crate::allocator::simulator::round_size(8 * b_ * t_);
+            let ids = 2 * crate::allocator::size::round_size(8 * b_ * t_);
             let workspace = delta(stage::FIRST_STEP)?.saturating_sub(ids);
             check(
                 "cublas_workspace",
@@ -377,11 +376,12 @@ mod tests {
     use super::*;
 
     fn replayed(sizes: &[u64]) -> Vec<SegmentView> {
-        let mut r = Replay {
-            allocator: CachingAllocator::new(),
-        };
-        r.add(sizes.iter().enumerate().map(|(n, s)| (format!("t{n}"), *s)));
-        r.allocator.snapshot()
+        let mut r = Replay::new(AllocatorConfig::default());
+        add(
+            &mut r,
+            sizes.iter().enumerate().map(|(n, s)| (format!("t{n}"), *s)),
+        );
+        r.snapshot()
     }
 
     #[test]

@@ -6,10 +6,10 @@
 
 use super::mesure_memoire::{hand_over_to_engine_with, Mode};
 use super::{say, Context, Failure, Outcome};
-use crate::allocator::lesson::record::{alloc_conf_for, ALLOC_CONF, EXPANDABLE_SEGMENTS};
-use crate::allocator::lesson::LessonScript;
 use crate::device::CudaDevice;
 use crate::files;
+use crate::lesson::record::{alloc_conf_for, ALLOC_CONF, EXPANDABLE_SEGMENTS};
+use crate::lesson::LessonScript;
 use crate::measure::MeasureError;
 use std::path::PathBuf;
 use std::process::ExitCode;

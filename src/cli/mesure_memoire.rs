@@ -6,13 +6,15 @@
 //! `measure`, a report saying so for `environment`) instead of dying in the system's loader.
 
 use super::{say, signals, values, Context, Outcome};
-use crate::allocator::{predict, ComputeCapability, WorkspaceSettings, Workspaces};
+use crate::allocator::{ComputeCapability, WorkspaceSettings, Workspaces};
 use crate::companion::{Companion, Ended};
 use crate::device::CudaDevice;
 use crate::environment::EnvironmentReport;
 use crate::estimate::estimate;
 use crate::files;
-use crate::measure::{Dtype, Gpu, MeasureConfig, MeasureError, Measurement};
+use crate::gpu::Gpu;
+use crate::measure::predict;
+use crate::measure::{Dtype, MeasureConfig, MeasureError, Measurement};
 use crate::status::Status;
 use crate::sweep::Dimension;
 use clap::{Parser, Subcommand};
@@ -329,8 +331,8 @@ fn run_measure(
                     "{:<13} {:>3}  allocated peak {:>14}  reserved peak {:>14}  host {:>9.3} ms",
                     row.phase.name(),
                     row.repetition.map_or("".into(), |r| r.to_string()),
-                    row.peak_allocated_bytes,
-                    row.peak_reserved_bytes,
+                    row.figures.peak_allocated_bytes,
+                    row.figures.peak_reserved_bytes,
                     row.host_wall_time_ms
                 );
             }

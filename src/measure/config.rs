@@ -2,52 +2,9 @@
 //! `Linear -> GELU -> Linear` network it implies (its parameter count and bytes, exact).
 
 use crate::device::CudaDevice;
+use crate::dtype::Dtype;
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
-
-/// Element types a measurement runs in; weights and inputs share it (no autocast).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    Float32,
-    Float16,
-    Bfloat16,
-}
-
-impl Dtype {
-    /// Every dtype, in the order the help text lists them.
-    pub const ALL: [Dtype; 3] = [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16];
-
-    pub fn bytes(self) -> u64 {
-        match self {
-            Dtype::Float32 => 4,
-            Dtype::Float16 | Dtype::Bfloat16 => 2,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Float32 => "float32",
-            Dtype::Float16 => "float16",
-            Dtype::Bfloat16 => "bfloat16",
-        }
-    }
-}
-
-impl std::fmt::Display for Dtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Dtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Dtype, String> {
-        Dtype::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("unknown dtype `{s}`; expected float32, float16 or bfloat16"))
-    }
-}
 
 /// The most warm-up passes or repetitions one bounded measurement accepts.
 pub const MAX_PASSES: u32 = 10_000;
@@ -278,7 +235,7 @@ mod tests {
     #[test]
     fn dtypes_read_and_print_their_names() {
         for d in Dtype::ALL {
-            assert_eq!(d.name().parse::<Dtype>(), Ok(d));
+            assert_eq!(d.name().parse::<Dtype>(), Ok(*d));
         }
         assert!("float64".parse::<Dtype>().unwrap_err().contains("float64"));
     }

@@ -1,21 +1,20 @@
-//! Bounded, phase-by-phase GPU memory measurement of the synthetic network: configuration,
-//! protocol, result file. No fake measurement: without libtorch or a GPU it fails with exit code 2.
+//! Bounded, phase-by-phase GPU memory measurement of the synthetic network: its configuration,
+//! the protocol (behind the [`Backend`] a GPU implements), the result file, and the allocator
+//! model's prediction of every row ([`predict`]). No fake measurement: without libtorch or a GPU
+//! it fails with exit code 2.
 
 mod config;
+pub mod predict;
 mod protocol;
 pub mod report;
-mod steps;
 
-pub use config::{ConfigError, Dtype, MeasureConfig, SyntheticModel, MAX_PASSES};
-pub use protocol::{
-    run_protocol, AllocatorReading, Backend, DeviceStats, Phase, PhaseBlocks, PhaseRecord,
-    RowPrediction,
-};
-pub use report::{phase_cells, Measurement, Shown, PHASE_COLUMNS, SCHEMA};
-pub use steps::{StepLog, StepReading};
+pub use crate::dtype::Dtype;
+pub use config::{ConfigError, MeasureConfig, SyntheticModel, MAX_PASSES};
+pub use predict::{predict, PhasePrediction, PredictError, Prediction};
+pub use protocol::{run_protocol, Backend, PhaseBlocks, PhaseRecord, RowPrediction};
+pub use report::{phase_cells, Measurement, PHASE_COLUMNS, SCHEMA};
 
-use crate::device::CudaDevice;
-use crate::environment::EnvironmentReport;
+use crate::reading::Phase;
 use crate::status::{Classify, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -52,9 +51,6 @@ pub enum MeasureError {
     },
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A transformer bench run refused before any GPU work (`budget::bench`).
-    #[error(transparent)]
-    Bench(#[from] crate::budget::BenchError),
     /// A failure inside a stage of the transformer bench (out of memory, a libtorch error), with
     /// the stage's name; the failure keeps its own exit status.
     #[error("during stage `{stage}` of the transformer bench")]
@@ -118,42 +114,8 @@ impl Classify for MeasureError {
             | MeasureError::DeviceMissing { .. } => Status::Unavailable,
             MeasureError::OutOfMemory { .. } => Status::OutOfMemory,
             MeasureError::Torch { .. } => Status::Failure,
-            MeasureError::Config(_) | MeasureError::Bench(_) => Status::Usage,
+            MeasureError::Config(_) => Status::Usage,
             MeasureError::InStage { error, .. } => error.status(),
         }
-    }
-}
-
-/// A way to reach a GPU: the libtorch backend (crate `iteragpu-torch`) implements it, and the
-/// program that links it hands it to the command line. This crate never links libtorch.
-pub trait Gpu {
-    /// The environment report, with the GPU `device` when it is usable.
-    fn environment(&self, device: Option<CudaDevice>) -> EnvironmentReport;
-    /// Runs the protocol for a validated `config` and returns the full result (not yet written);
-    /// with `blocks`, each row also holds the allocator's block map at its end and its peak.
-    /// `on_phase` is told after each phase row.
-    fn measure(
-        &self,
-        config: &MeasureConfig,
-        blocks: bool,
-        on_phase: &mut dyn FnMut(&PhaseRecord),
-    ) -> Result<Measurement, MeasureError>;
-    /// The transformer bench on this GPU, where this backend runs it.
-    fn transformer(&self) -> Option<&dyn crate::budget::TransformerBench> {
-        None
-    }
-    /// Runs the allocator lesson `script` on `device` and records the figures, the allocator's
-    /// statistics and its map after every step; `configuration` is `PYTORCH_CUDA_ALLOC_CONF` as
-    /// this process saw it (recorded as it is). A backend that does not run it says so (exit 2).
-    fn lesson(
-        &self,
-        device: CudaDevice,
-        script: &crate::allocator::lesson::LessonScript,
-        configuration: Option<String>,
-    ) -> Result<crate::allocator::lesson::LessonRecord, MeasureError> {
-        let _ = (device, script, configuration);
-        Err(MeasureError::NoGpu(
-            "this GPU backend does not run the allocator lesson".into(),
-        ))
     }
 }

@@ -1,24 +1,13 @@
 //! The phase protocol, independent of libtorch: for each phase, synchronise, read the baselines,
 //! reset the peaks, run, synchronise, read the ends and the peaks; free the phase's output after
-//! the end reading. Any [`Backend`] can run it; the libtorch one is in `crate::torch`.
+//! the end reading. Any [`Backend`] can run it; the libtorch one is in the crate
+//! `iteragpu-torch`.
 
 use super::MeasureError;
-use crate::allocator::simulator::SegmentView;
+use crate::allocator::SegmentView;
+use crate::reading::{AllocatorReading, DeviceStats, Figures, Phase, Residual};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
-
-/// The caching allocator's counters at one instant, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct AllocatorReading {
-    /// Bytes held by live tensors (`torch.cuda.memory_allocated`).
-    pub allocated: u64,
-    /// Bytes held from the driver by the allocator, used or cached (`memory_reserved`).
-    pub reserved: u64,
-    /// Maximum of `allocated` since the last peak reset (`max_memory_allocated`).
-    pub peak_allocated: u64,
-    /// Maximum of `reserved` since the last peak reset (`max_memory_reserved`).
-    pub peak_reserved: u64,
-}
 
 /// What the protocol needs from a device. Every call is synchronous with respect to the host
 /// except the model operations, which may queue work until `synchronize`.
@@ -44,29 +33,6 @@ pub trait Backend {
     }
 }
 
-/// The phases, in protocol order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    ModelLoad,
-    Inputs,
-    ColdForward,
-    Warmup,
-    WarmForward,
-}
-
-impl Phase {
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::ModelLoad => "model_load",
-            Phase::Inputs => "inputs",
-            Phase::ColdForward => "cold_forward",
-            Phase::Warmup => "warmup",
-            Phase::WarmForward => "warm_forward",
-        }
-    }
-}
-
 /// One row of the result: a phase's readings. Baselines, ends and peaks are distinct figures:
 /// `allocated` is part of `reserved` (never add them) and the two peaks are separate maxima
 /// (never subtract them).
@@ -77,12 +43,9 @@ pub struct PhaseRecord {
     pub repetition: Option<u32>,
     /// Forward passes run in this row (0 for `model_load` and `inputs`).
     pub passes: u32,
-    pub allocated_baseline_bytes: u64,
-    pub allocated_end_bytes: u64,
-    pub peak_allocated_bytes: u64,
-    pub reserved_baseline_bytes: u64,
-    pub reserved_end_bytes: u64,
-    pub peak_reserved_bytes: u64,
+    /// The six figures, flat in the JSON (`allocated_baseline_bytes` ... `peak_reserved_bytes`).
+    #[serde(flatten)]
+    pub figures: Figures,
     /// Host wall time from after the baseline reading to after the final synchronisation, in ms:
     /// includes launch overhead, host work and synchronisation, as the original protocol does.
     pub host_wall_time_ms: f64,
@@ -101,9 +64,9 @@ pub struct PhaseRecord {
 /// The model's figures for one measured row, and how far the measurement is from them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RowPrediction {
-    pub figures: crate::allocator::Figures,
+    pub figures: Figures,
     /// measured − predicted, per figure, in bytes.
-    pub residual: crate::allocator::predict::Residual,
+    pub residual: Residual,
 }
 
 impl RowPrediction {
@@ -132,38 +95,6 @@ pub struct PhaseBlocks {
     pub stats_at_end: Option<DeviceStats>,
 }
 
-/// Statistics of the caching allocator beyond the four figures (`torch.cuda.memory_stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceStats {
-    /// Bytes asked for by live tensors, before rounding (`requested_bytes.all.current`).
-    pub requested_bytes: u64,
-    /// Free bytes in segments that also hold live blocks (`inactive_split_bytes.all.current`).
-    pub inactive_split_bytes: u64,
-    /// Free blocks in such segments (`inactive_split.all.current`).
-    pub inactive_split_blocks: u64,
-    /// Segments held from the driver (`segment.all.current`).
-    pub segments: u64,
-    /// Times `cudaMalloc` failed and the allocator released its cache to try again
-    /// (`num_alloc_retries`).
-    pub alloc_retries: u64,
-    /// Out-of-memory errors raised (`num_ooms`).
-    pub ooms: u64,
-}
-
-impl PhaseRecord {
-    /// The six allocator figures of the row.
-    pub fn figures(&self) -> crate::allocator::Figures {
-        crate::allocator::Figures {
-            allocated_baseline_bytes: self.allocated_baseline_bytes,
-            allocated_end_bytes: self.allocated_end_bytes,
-            peak_allocated_bytes: self.peak_allocated_bytes,
-            reserved_baseline_bytes: self.reserved_baseline_bytes,
-            reserved_end_bytes: self.reserved_end_bytes,
-            peak_reserved_bytes: self.peak_reserved_bytes,
-        }
-    }
-}
-
 /// Runs one phase under the protocol.
 fn run_phase<B: Backend>(
     backend: &mut B,
@@ -188,12 +119,14 @@ fn run_phase<B: Backend>(
         phase,
         repetition,
         passes,
-        allocated_baseline_bytes: baseline.allocated,
-        allocated_end_bytes: end.allocated,
-        peak_allocated_bytes: end.peak_allocated,
-        reserved_baseline_bytes: baseline.reserved,
-        reserved_end_bytes: end.reserved,
-        peak_reserved_bytes: end.peak_reserved,
+        figures: Figures {
+            allocated_baseline_bytes: baseline.allocated,
+            allocated_end_bytes: end.allocated,
+            peak_allocated_bytes: end.peak_allocated,
+            reserved_baseline_bytes: baseline.reserved,
+            reserved_end_bytes: end.reserved,
+            peak_reserved_bytes: end.peak_reserved,
+        },
         host_wall_time_ms: host_ms,
         gpu_event_time_ms: gpu_ms,
         prediction: None,
@@ -353,17 +286,17 @@ mod tests {
         assert_eq!(&sim.log[..5], ["sync", "read", "reset", "load", "sync"]);
         // Weights and inputs persist; each output is alive at the end reading and freed after it.
         let cold = &rows[2];
-        assert_eq!(cold.allocated_baseline_bytes, 1100);
-        assert_eq!(cold.allocated_end_bytes, 1200);
-        assert_eq!(cold.peak_allocated_bytes, 1500);
-        assert_eq!(rows[3].allocated_baseline_bytes, 1100);
-        assert_eq!(rows[4].allocated_baseline_bytes, 1100);
+        assert_eq!(cold.figures.allocated_baseline_bytes, 1100);
+        assert_eq!(cold.figures.allocated_end_bytes, 1200);
+        assert_eq!(cold.figures.peak_allocated_bytes, 1500);
+        assert_eq!(rows[3].figures.allocated_baseline_bytes, 1100);
+        assert_eq!(rows[4].figures.allocated_baseline_bytes, 1100);
         assert!(rows
             .iter()
-            .all(|r| r.peak_reserved_bytes >= r.reserved_end_bytes));
+            .all(|r| r.figures.peak_reserved_bytes >= r.figures.reserved_end_bytes));
         assert!(rows
             .iter()
-            .all(|r| r.peak_allocated_bytes >= r.allocated_end_bytes));
+            .all(|r| r.figures.peak_allocated_bytes >= r.figures.allocated_end_bytes));
     }
 
     #[test]
@@ -371,7 +304,7 @@ mod tests {
         let mut sim = Simulated::default();
         let rows = run_protocol(&mut sim, 5, 1, |_| {}).unwrap();
         // Two outputs alive at once would make the peak 1600.
-        assert_eq!(rows[3].peak_allocated_bytes, 1500);
+        assert_eq!(rows[3].figures.peak_allocated_bytes, 1500);
     }
 
     #[test]

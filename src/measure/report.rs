@@ -121,7 +121,7 @@ impl Measurement {
                 for (row, predicted) in self.phases.iter_mut().zip(&p.phases) {
                     row.prediction = Some(RowPrediction {
                         figures: predicted.figures,
-                        residual: row.figures().residual(&predicted.figures),
+                        residual: row.figures.residual(&predicted.figures),
                     });
                 }
                 ModelComparison {
@@ -138,7 +138,7 @@ impl Measurement {
                 }
             }
             Err(why) => ModelComparison {
-                model: crate::allocator::predict::MODEL.into(),
+                model: super::predict::MODEL.into(),
                 compute_capability: cc,
                 workspaces: None,
                 not_predicted: Some(why),
@@ -153,8 +153,8 @@ impl Measurement {
     pub fn model_prediction(
         &self,
         settings: &crate::allocator::WorkspaceSettings,
-    ) -> Result<crate::allocator::Prediction, String> {
-        use crate::allocator::{predict, ComputeCapability, Workspaces};
+    ) -> Result<super::Prediction, String> {
+        use crate::allocator::{ComputeCapability, Workspaces};
         let cc: ComputeCapability = self
             .environment
             .device
@@ -164,7 +164,7 @@ impl Measurement {
             .parse()
             .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())?;
         let workspaces = Workspaces::for_gpu(cc, settings).map_err(|e| e.to_string())?;
-        predict(&self.configuration, cc, workspaces).map_err(|e| e.to_string())
+        super::predict(&self.configuration, cc, workspaces).map_err(|e| e.to_string())
     }
 
     /// Reads a measurement file written by `measure` (a regular file of at most
@@ -200,7 +200,7 @@ impl Measurement {
         Bytes(
             self.phases
                 .iter()
-                .map(|p| p.peak_allocated_bytes)
+                .map(|p| p.figures.peak_allocated_bytes)
                 .max()
                 .unwrap_or(0),
         )
@@ -216,7 +216,7 @@ impl Measurement {
         Bytes(
             self.phases
                 .iter()
-                .map(|p| p.peak_reserved_bytes)
+                .map(|p| p.figures.peak_reserved_bytes)
                 .max()
                 .unwrap_or(0),
         )
@@ -326,7 +326,7 @@ impl Shown {
                 Some(r) => format!("{} {r}", p.phase.name()),
                 None => p.phase.name().to_string(),
             };
-            let measured = ("measured", p.figures().named().map(|(_, v)| v.to_string()));
+            let measured = ("measured", p.figures.named().map(|(_, v)| v.to_string()));
             for (what, values) in std::iter::once(measured).chain(pred.cells()) {
                 let mut row = vec![label.clone(), what.to_string()];
                 row.extend(values);
@@ -387,20 +387,19 @@ impl fmt::Display for Measurement {
             m.parameters,
             m.parameter_size()
         )?;
-        phase_line(f, &PHASE_COLUMNS)?;
+        let mut rows = Vec::new();
         for p in &self.phases {
-            let cells = phase_cells(p);
-            phase_line(f, &cells.each_ref().map(String::as_str))?;
+            rows.push(phase_cells(p).to_vec());
             if let Some(pred) = &p.prediction {
                 for (what, values) in pred.cells() {
-                    let label = format!("  {what}");
-                    let mut cells = vec![label.as_str(), ""];
-                    cells.extend(values.iter().map(String::as_str));
-                    cells.extend(["", ""]);
-                    phase_line(f, &cells)?;
+                    let mut cells = vec![format!("  {what}"), String::new()];
+                    cells.extend(values);
+                    rows.push(cells);
                 }
             }
         }
+        let table = crate::markup::Table::new(&PHASE_COLUMNS, rows).with_min_widths(&PHASE_WIDTHS);
+        write!(f, "{table}")?;
         if let Some(m) = &self.model {
             match &m.not_predicted {
                 None => writeln!(
@@ -431,29 +430,20 @@ pub const PHASE_COLUMNS: [&str; 10] = [
     "host ms",
     "gpu ms",
 ];
-const COLUMN_WIDTHS: [usize; 10] = [13, 4, 14, 14, 14, 14, 14, 14, 10, 10];
-
-/// One line of a phase table in text, cells in the order of [`PHASE_COLUMNS`] (fewer cells
-/// leave the last columns out): the phase name left-aligned, the figures right-aligned.
-pub fn phase_line(f: &mut fmt::Formatter<'_>, cells: &[&str]) -> fmt::Result {
-    write!(f, "{:<w$}", cells[0], w = COLUMN_WIDTHS[0])?;
-    for (cell, width) in cells[1..].iter().zip(&COLUMN_WIDTHS[1..]) {
-        write!(f, " {cell:>width$}")?;
-    }
-    writeln!(f)
-}
+/// The phase table's minimum column widths in text.
+pub const PHASE_WIDTHS: [usize; 10] = [13, 4, 14, 14, 14, 14, 14, 14, 10, 10];
 
 /// One phase row as table cells, in the order of [`PHASE_COLUMNS`].
 pub fn phase_cells(p: &PhaseRecord) -> [String; 10] {
     [
         p.phase.name().to_string(),
         p.repetition.map_or("-".into(), |r| r.to_string()),
-        p.allocated_baseline_bytes.to_string(),
-        p.allocated_end_bytes.to_string(),
-        p.peak_allocated_bytes.to_string(),
-        p.reserved_baseline_bytes.to_string(),
-        p.reserved_end_bytes.to_string(),
-        p.peak_reserved_bytes.to_string(),
+        p.figures.allocated_baseline_bytes.to_string(),
+        p.figures.allocated_end_bytes.to_string(),
+        p.figures.peak_allocated_bytes.to_string(),
+        p.figures.reserved_baseline_bytes.to_string(),
+        p.figures.reserved_end_bytes.to_string(),
+        p.figures.peak_reserved_bytes.to_string(),
         format!("{:.3}", p.host_wall_time_ms),
         format!("{:.3}", p.gpu_event_time_ms),
     ]

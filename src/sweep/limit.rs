@@ -4,7 +4,8 @@
 //! when the prediction is wrong.
 
 use super::{Dimension, Sweep, SweepError};
-use crate::allocator::{predict, ComputeCapability, Workspaces};
+use crate::allocator::{ComputeCapability, Workspaces};
+use crate::measure::predict;
 use crate::measure::MeasureConfig;
 use serde::{Deserialize, Serialize};
 

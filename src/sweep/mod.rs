@@ -45,8 +45,9 @@ pub trait PointRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::{predict, ComputeCapability, WorkspaceSettings, Workspaces};
+    use crate::allocator::{ComputeCapability, WorkspaceSettings, Workspaces};
     use crate::environment::{EnvironmentReport, GpuInfo, LibtorchInfo};
+    use crate::measure::predict;
     use crate::measure::{Dtype, PhaseRecord};
     use crate::units::Bytes;
 
@@ -96,26 +97,18 @@ mod tests {
             let phases: Vec<PhaseRecord> = p
                 .phases
                 .iter()
-                .map(|r| {
-                    let f = r.figures;
-                    PhaseRecord {
-                        phase: r.phase,
-                        repetition: r.repetition,
-                        passes: 1,
-                        allocated_baseline_bytes: f.allocated_baseline_bytes,
-                        allocated_end_bytes: f.allocated_end_bytes,
-                        peak_allocated_bytes: f.peak_allocated_bytes,
-                        reserved_baseline_bytes: f.reserved_baseline_bytes,
-                        reserved_end_bytes: f.reserved_end_bytes,
-                        peak_reserved_bytes: f.peak_reserved_bytes,
-                        host_wall_time_ms: 1.0,
-                        gpu_event_time_ms: 1.0,
-                        prediction: None,
-                        blocks: None,
-                    }
+                .map(|r| PhaseRecord {
+                    phase: r.phase,
+                    repetition: r.repetition,
+                    passes: 1,
+                    figures: r.figures,
+                    host_wall_time_ms: 1.0,
+                    gpu_event_time_ms: 1.0,
+                    prediction: None,
+                    blocks: None,
                 })
                 .collect();
-            let reserved_end = phases.last().unwrap().reserved_end_bytes;
+            let reserved_end = phases.last().unwrap().figures.reserved_end_bytes;
             let mut env = EnvironmentReport::without_libtorch(
                 Some(config.device),
                 LibtorchInfo {

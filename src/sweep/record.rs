@@ -3,10 +3,12 @@
 //! environment once. An existing folder with results is continued only on request (`resume`).
 
 use super::{Dimension, PointOutcome, PointRunner};
-use crate::allocator::{predict, ComputeCapability, Figures, Workspaces};
+use crate::allocator::{ComputeCapability, Workspaces};
 use crate::environment::EnvironmentReport;
 use crate::files::{self, WriteError};
+use crate::measure::predict;
 use crate::measure::{MeasureConfig, Measurement};
+use crate::reading::Figures;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -358,8 +360,12 @@ impl Sweep {
             PointOutcome::Measured(m) => {
                 row.status = "ok".into();
                 row.measurement_file = file;
-                if let Some(p) = m.phases.iter().max_by_key(|p| p.peak_allocated_bytes) {
-                    let f: Figures = p.figures();
+                if let Some(p) = m
+                    .phases
+                    .iter()
+                    .max_by_key(|p| p.figures.peak_allocated_bytes)
+                {
+                    let f: Figures = p.figures;
                     row.peak_phase = p.phase.name().into();
                     row.allocated_baseline_bytes = Some(f.allocated_baseline_bytes);
                     row.allocated_end_bytes = Some(f.allocated_end_bytes);
@@ -493,7 +499,7 @@ pub fn csv_header() -> Vec<String> {
 pub fn libraries_outside_allocator(m: &Measurement) -> Option<u64> {
     let d = m.environment.device.as_ref()?;
     let free_start = m.runtime_free_at_start_bytes?;
-    let reserved = m.phases.last()?.reserved_end_bytes;
+    let reserved = m.phases.last()?.figures.reserved_end_bytes;
     free_start
         .checked_sub(d.runtime_free.0)?
         .checked_sub(reserved)

@@ -2,13 +2,13 @@
 //! device of a given capacity, for the tests of the record, its rendering and the command line.
 //! Its GPU is named so that no reader can take it for a GPU run.
 
-use iteragpu_lab::allocator::lesson::{
-    AllocatorSettings, LessonModel, LessonRecord, LessonScript, StepRecord,
-};
-use iteragpu_lab::allocator::simulator::LARGE_BUFFER;
+use iteragpu_lab::allocator::size::LARGE_BUFFER;
 use iteragpu_lab::allocator::ComputeCapability;
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::environment::{EnvironmentReport, GpuInfo};
+use iteragpu_lab::lesson::{
+    AllocatorSettings, LessonModel, LessonRecord, LessonScript, StepRecord,
+};
 use iteragpu_lab::units::Bytes;
 
 /// The name the fixture gives its device.
@@ -34,7 +34,11 @@ pub fn model_record(
     configuration: Option<String>,
     settings: AllocatorSettings,
 ) -> LessonRecord {
-    let mut m = LessonModel::new(ComputeCapability::new(9, 0)).unwrap();
+    let mut m = LessonModel::with_expandable_segments(
+        ComputeCapability::new(9, 0),
+        settings.expandable_segments,
+    )
+    .unwrap();
     let runtime = |reserved: u64| Some(reserved + OUTSIDE);
     let last = |m: &LessonModel| {
         let mut reading = m.log.steps.last().unwrap().clone();

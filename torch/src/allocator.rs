@@ -3,7 +3,8 @@
 
 use crate::{ffi, shim_err};
 use iteragpu_lab::device::CudaDevice;
-use iteragpu_lab::measure::{AllocatorReading, MeasureError};
+use iteragpu_lab::measure::MeasureError;
+use iteragpu_lab::reading::AllocatorReading;
 use iteragpu_lab::units::Bytes;
 use tch::Device;
 
@@ -67,11 +68,9 @@ impl Allocator {
         ffi::empty_cache().map_err(shim_err)
     }
     /// The settings the allocator reports it runs with (whichever variable set them).
-    pub fn settings(
-        &self,
-    ) -> Result<iteragpu_lab::allocator::lesson::AllocatorSettings, MeasureError> {
+    pub fn settings(&self) -> Result<iteragpu_lab::lesson::AllocatorSettings, MeasureError> {
         let (s, parsed) = ffi::allocator_settings().map_err(shim_err)?;
-        Ok(iteragpu_lab::allocator::lesson::AllocatorSettings {
+        Ok(iteragpu_lab::lesson::AllocatorSettings {
             expandable_segments: s.expandable_segments != 0,
             large_segment_size: s.large_segment_size,
             max_split_size: (s.max_split_size != u64::MAX).then_some(s.max_split_size),
@@ -87,8 +86,8 @@ impl Allocator {
 
 impl ffi::MemoryStats {
     /// The statistics a measurement records beside its four figures.
-    pub fn device_stats(&self) -> iteragpu_lab::measure::DeviceStats {
-        iteragpu_lab::measure::DeviceStats {
+    pub fn device_stats(&self) -> iteragpu_lab::reading::DeviceStats {
+        iteragpu_lab::reading::DeviceStats {
             requested_bytes: self.requested_current,
             inactive_split_bytes: self.inactive_split_bytes_current,
             inactive_split_blocks: self.inactive_split_current,

@@ -3,9 +3,8 @@
 
 use crate::blocks::BlockRecorder;
 use crate::{ffi, shim_err, torch_err, Allocator};
-use iteragpu_lab::measure::{
-    AllocatorReading, Backend, Dtype, MeasureConfig, MeasureError, PhaseBlocks,
-};
+use iteragpu_lab::measure::{Backend, Dtype, MeasureConfig, MeasureError, PhaseBlocks};
+use iteragpu_lab::reading::AllocatorReading;
 use tch::{Device, Kind, Tensor};
 
 /// The libtorch element type of `d`.

@@ -6,8 +6,8 @@
 //! compares the figures with and without `--blocks`), but it adds host time to the spans.
 
 use crate::{ffi, shim_err};
-use iteragpu_lab::allocator::simulator::SegmentView;
 use iteragpu_lab::allocator::snapshot::{self, UNKNOWN};
+use iteragpu_lab::allocator::SegmentView;
 use iteragpu_lab::measure::{MeasureError, PhaseBlocks};
 use std::collections::HashMap;
 use tch::Tensor;

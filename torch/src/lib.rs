@@ -20,9 +20,8 @@ pub use probe::{lesson, Probe};
 
 use iteragpu_lab::device::CudaDevice;
 use iteragpu_lab::environment::EnvironmentReport;
-use iteragpu_lab::measure::{
-    run_protocol, Gpu, MeasureConfig, MeasureError, Measurement, PhaseRecord,
-};
+use iteragpu_lab::gpu::Gpu;
+use iteragpu_lab::measure::{run_protocol, MeasureConfig, MeasureError, Measurement, PhaseRecord};
 
 /// Re-exported so that notebooks can make tensors with the same libtorch.
 pub use tch;
@@ -82,9 +81,9 @@ impl Gpu for TorchGpu {
     fn lesson(
         &self,
         device: CudaDevice,
-        script: &iteragpu_lab::allocator::lesson::LessonScript,
+        script: &iteragpu_lab::lesson::LessonScript,
         configuration: Option<String>,
-    ) -> Result<iteragpu_lab::allocator::lesson::LessonRecord, MeasureError> {
+    ) -> Result<iteragpu_lab::lesson::LessonRecord, MeasureError> {
         lesson(device, script, configuration)
     }
 }

@@ -5,11 +5,12 @@
 //! lesson, so that no other allocator state reaches the figures; the notebook shows the record.
 
 use crate::{torch_err, Allocator};
-use iteragpu_lab::allocator::lesson::{LessonRecord, LessonScript, Resolved, Step, StepRecord};
-use iteragpu_lab::allocator::simulator::SegmentView;
 use iteragpu_lab::allocator::snapshot::UNKNOWN;
+use iteragpu_lab::allocator::SegmentView;
 use iteragpu_lab::device::CudaDevice;
-use iteragpu_lab::measure::{MeasureError, StepReading};
+use iteragpu_lab::lesson::{LessonRecord, LessonScript, Resolved, Step, StepRecord};
+use iteragpu_lab::measure::MeasureError;
+use iteragpu_lab::reading::StepReading;
 use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 

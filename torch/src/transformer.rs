@@ -10,8 +10,7 @@ mod stages;
 mod training;
 
 use crate::{environment, Allocator, TorchGpu};
-use iteragpu_lab::budget::{BenchMode, BenchReport, BenchRun, TransformerBench};
-use iteragpu_lab::measure::MeasureError;
+use iteragpu_lab::budget::{BenchFailure, BenchMode, BenchReport, BenchRun, TransformerBench};
 use stages::Stages;
 use tch::{TchError, Tensor};
 
@@ -21,7 +20,7 @@ fn in_place(result: Result<Tensor, TchError>) -> Result<(), TchError> {
 }
 
 impl TransformerBench for TorchGpu {
-    fn run(&self, run: &BenchRun) -> Result<BenchReport, MeasureError> {
+    fn run(&self, run: &BenchRun) -> Result<BenchReport, BenchFailure> {
         let run = run.clone().validated()?;
         let allocator = Allocator::open(run.device)?;
         tch::manual_seed(0);

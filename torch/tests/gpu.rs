@@ -3,7 +3,8 @@
 //! One check runs everywhere: without a GPU, the lesson is refused, never simulated.
 
 use iteragpu_lab::device::CudaDevice;
-use iteragpu_lab::measure::{MeasureConfig, Phase};
+use iteragpu_lab::measure::MeasureConfig;
+use iteragpu_lab::reading::Phase;
 use iteragpu_torch::{measure, tch, Allocator};
 
 const GPU0: CudaDevice = CudaDevice { index: 0 };
@@ -29,9 +30,17 @@ fn small_measurement_is_consistent() {
         ]
     );
     for p in &m.phases {
-        assert!(p.allocated_end_bytes <= p.reserved_end_bytes, "{p:?}");
-        assert!(p.peak_allocated_bytes >= p.allocated_end_bytes.max(p.allocated_baseline_bytes));
-        assert!(p.peak_reserved_bytes >= p.reserved_end_bytes);
+        assert!(
+            p.figures.allocated_end_bytes <= p.figures.reserved_end_bytes,
+            "{p:?}"
+        );
+        assert!(
+            p.figures.peak_allocated_bytes
+                >= p.figures
+                    .allocated_end_bytes
+                    .max(p.figures.allocated_baseline_bytes)
+        );
+        assert!(p.figures.peak_reserved_bytes >= p.figures.reserved_end_bytes);
         assert!(p.gpu_event_time_ms >= 0.0 && p.host_wall_time_ms > 0.0);
     }
     let load = &m.phases[0];
@@ -41,7 +50,7 @@ fn small_measurement_is_consistent() {
         .map(|b: &u64| b.next_multiple_of(512))
         .sum();
     assert_eq!(
-        load.allocated_end_bytes - load.allocated_baseline_bytes,
+        load.figures.allocated_end_bytes - load.figures.allocated_baseline_bytes,
         rounded
     );
     assert!(m.environment.device.as_ref().unwrap().total_memory.0 > 0);
@@ -90,7 +99,8 @@ mod transformer {
     use super::GPU0;
     use iteragpu_lab::budget::bench::stage;
     use iteragpu_lab::budget::{
-        AttentionKind, BenchMode, BenchReport, BenchRun, LinearTarget, ModelShape, TransformerBench,
+        AttentionKind, BenchFailure, BenchMode, BenchReport, BenchRun, LinearTarget, ModelShape,
+        TransformerBench,
     };
     use iteragpu_lab::device::CudaDevice;
     use iteragpu_lab::measure::{Dtype, MeasureError};
@@ -295,7 +305,10 @@ mod transformer {
         };
         let err = TorchGpu.run(&run).unwrap_err();
         assert!(
-            matches!(err, MeasureError::DeviceMissing { index: 4096, .. }),
+            matches!(
+                err,
+                BenchFailure::Gpu(MeasureError::DeviceMissing { index: 4096, .. })
+            ),
             "{err:?}"
         );
     }
@@ -316,7 +329,7 @@ fn lesson_child_process() {
     let Some(output) = std::env::var_os(LESSON_CHILD) else {
         return;
     };
-    let script = iteragpu_lab::allocator::lesson::LessonScript::standard();
+    let script = iteragpu_lab::lesson::LessonScript::standard();
     let record = iteragpu_torch::lesson(GPU0, &script, None).unwrap();
     iteragpu_lab::files::write_new_json(std::path::Path::new(&output), &record).unwrap();
 }
@@ -332,8 +345,8 @@ fn lesson_child_process() {
     ignore = "needs a CUDA GPU: run with --features gpu-tests"
 )]
 fn the_lesson_is_measured_as_the_model_predicts() {
-    use iteragpu_lab::allocator::lesson::record::same_figures;
-    use iteragpu_lab::allocator::lesson::LessonRecord;
+    use iteragpu_lab::lesson::record::same_figures;
+    use iteragpu_lab::lesson::LessonRecord;
     let dir = std::env::temp_dir().join(format!("igl-gpu-lesson-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let output = dir.join("lesson.json");
@@ -405,7 +418,7 @@ fn without_a_gpu_the_lesson_is_unavailable() {
     if tch::Cuda::is_available() {
         return;
     }
-    let script = iteragpu_lab::allocator::lesson::LessonScript::standard();
+    let script = iteragpu_lab::lesson::LessonScript::standard();
     let e = iteragpu_torch::lesson(GPU0, &script, None).unwrap_err();
     assert_eq!(e.status(), Status::Unavailable, "{e}");
 }

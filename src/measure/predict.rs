@@ -13,101 +13,17 @@
 //!   `addmm` requires), the cuBLASLt workspace; `gelu`; free `hidden`; `output`; free `gelu`.
 //!   The output is alive at the end reading and freed right after it.
 
-use super::simulator::{BlockId, CachingAllocator, Pool, SegmentView};
-use super::workspace::{ComputeCapability, WorkspaceError, Workspaces};
-use crate::measure::report::phase_line;
-use crate::measure::{MeasureConfig, Phase, PHASE_COLUMNS};
+use super::report::PHASE_WIDTHS;
+use super::{MeasureConfig, PHASE_COLUMNS};
+use crate::allocator::workspace::WorkspaceError;
+use crate::allocator::{
+    AddressOrder, AllocatorConfig, ComputeCapability, LiveBlock, Replay, SegmentView, Workspaces,
+};
+use crate::markup::Table;
+use crate::reading::{DeviceStats, Figures, Phase};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-
-/// The six figures of a phase row, in bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Figures {
-    pub allocated_baseline_bytes: u64,
-    pub allocated_end_bytes: u64,
-    pub peak_allocated_bytes: u64,
-    pub reserved_baseline_bytes: u64,
-    pub reserved_end_bytes: u64,
-    pub peak_reserved_bytes: u64,
-}
-
-impl Figures {
-    /// Names and values, in the order of the phase tables.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
-        [
-            ("allocated_baseline_bytes", self.allocated_baseline_bytes),
-            ("allocated_end_bytes", self.allocated_end_bytes),
-            ("peak_allocated_bytes", self.peak_allocated_bytes),
-            ("reserved_baseline_bytes", self.reserved_baseline_bytes),
-            ("reserved_end_bytes", self.reserved_end_bytes),
-            ("peak_reserved_bytes", self.peak_reserved_bytes),
-        ]
-    }
-
-    /// `measured − predicted` for each figure (`self` is the measurement).
-    pub fn residual(&self, predicted: &Figures) -> Residual {
-        let d = |m: u64, p: u64| {
-            (m as i128 - p as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64
-        };
-        Residual {
-            allocated_baseline_bytes: d(
-                self.allocated_baseline_bytes,
-                predicted.allocated_baseline_bytes,
-            ),
-            allocated_end_bytes: d(self.allocated_end_bytes, predicted.allocated_end_bytes),
-            peak_allocated_bytes: d(self.peak_allocated_bytes, predicted.peak_allocated_bytes),
-            reserved_baseline_bytes: d(
-                self.reserved_baseline_bytes,
-                predicted.reserved_baseline_bytes,
-            ),
-            reserved_end_bytes: d(self.reserved_end_bytes, predicted.reserved_end_bytes),
-            peak_reserved_bytes: d(self.peak_reserved_bytes, predicted.peak_reserved_bytes),
-        }
-    }
-}
-
-/// `measured − predicted` for each of the six figures, in bytes (0 everywhere when the model is
-/// exact).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Residual {
-    pub allocated_baseline_bytes: i64,
-    pub allocated_end_bytes: i64,
-    pub peak_allocated_bytes: i64,
-    pub reserved_baseline_bytes: i64,
-    pub reserved_end_bytes: i64,
-    pub peak_reserved_bytes: i64,
-}
-
-impl Residual {
-    pub fn values(&self) -> [i64; 6] {
-        [
-            self.allocated_baseline_bytes,
-            self.allocated_end_bytes,
-            self.peak_allocated_bytes,
-            self.reserved_baseline_bytes,
-            self.reserved_end_bytes,
-            self.peak_reserved_bytes,
-        ]
-    }
-    pub fn is_zero(&self) -> bool {
-        self.values().iter().all(|v| *v == 0)
-    }
-}
-
-/// A live tensor (or workspace) and the block that holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tensor {
-    /// `linear1.weight`, `linear1.bias`, `linear2.weight`, `linear2.bias`, `input`, `hidden`,
-    /// `gelu`, `output`, `cublas_workspace` or `cublaslt_workspace`.
-    pub name: String,
-    /// Bytes asked for.
-    pub requested_bytes: u64,
-    /// Bytes of the block handed out (rounded to 512, or a whole cached block).
-    pub block_bytes: u64,
-    /// `small` or `large`.
-    pub pool: String,
-}
 
 /// One predicted phase row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,14 +32,14 @@ pub struct PhasePrediction {
     pub repetition: Option<u32>,
     pub figures: Figures,
     /// Live tensors at the end reading, in allocation order.
-    pub live_at_end: Vec<Tensor>,
+    pub live_at_end: Vec<LiveBlock>,
     /// Live tensors at the moment `allocated` peaked (the first moment it reached the peak).
-    pub live_at_peak: Vec<Tensor>,
+    pub live_at_peak: Vec<LiveBlock>,
     /// The allocator's segments at the end reading, in address order.
     pub segments_at_end: Vec<SegmentView>,
     /// The allocator's other statistics at the end reading (no retry and no out-of-memory: the
     /// model has no device capacity).
-    pub stats_at_end: crate::measure::DeviceStats,
+    pub stats_at_end: DeviceStats,
 }
 
 /// What the model predicts for one configuration.
@@ -168,7 +84,7 @@ pub enum PredictError {
     #[error(transparent)]
     Workspace(#[from] WorkspaceError),
     #[error(transparent)]
-    Config(#[from] crate::measure::ConfigError),
+    Config(#[from] super::ConfigError),
 }
 
 impl crate::status::Classify for PredictError {
@@ -177,84 +93,33 @@ impl crate::status::Classify for PredictError {
     }
 }
 
-/// The allocator model running the protocol, with the live blocks by name.
-struct Replay {
-    allocator: CachingAllocator,
-    live: Vec<(String, u64, BlockId)>,
-    peak_allocated: u64,
-    live_at_peak: Vec<Tensor>,
+/// Runs one phase under the protocol: baseline, peak reset, work, end reading, output freed.
+fn phase(
+    r: &mut Replay,
+    phase: Phase,
+    repetition: Option<u32>,
+    work: impl FnOnce(&mut Replay),
+) -> PhasePrediction {
+    r.begin_span();
+    work(r);
+    let prediction = PhasePrediction {
+        phase,
+        repetition,
+        figures: r.span_figures(),
+        live_at_end: r.live(),
+        live_at_peak: r.live_at_peak().to_vec(),
+        segments_at_end: r.snapshot(),
+        stats_at_end: r.device_stats(),
+    };
+    r.free_named("output");
+    prediction
 }
 
-impl Replay {
-    fn malloc(&mut self, name: &str, bytes: u64) {
-        // A tensor of zero bytes allocates nothing (PyTorch returns a null pointer).
-        if let Some(id) = self.allocator.malloc(bytes, 0, name) {
-            self.live.push((name.to_string(), bytes, id));
-            let now = self.allocator.stats().allocated.current;
-            if now > self.peak_allocated {
-                self.peak_allocated = now;
-                self.live_at_peak = self.tensors();
-            }
-        }
-    }
-
-    fn free(&mut self, name: &str) {
-        if let Some(i) = self.live.iter().position(|(n, _, _)| n == name) {
-            let (_, _, id) = self.live.remove(i);
-            self.allocator.free(id);
-        }
-    }
-
-    fn tensors(&self) -> Vec<Tensor> {
-        self.live
-            .iter()
-            .map(|(name, bytes, id)| {
-                let block = self.allocator.block_size(*id).unwrap_or(0);
-                Tensor {
-                    name: name.clone(),
-                    requested_bytes: *bytes,
-                    block_bytes: block,
-                    pool: match super::simulator::pool_of(super::simulator::round_size(*bytes)) {
-                        Pool::Small => "small".into(),
-                        Pool::Large => "large".into(),
-                    },
-                }
-            })
-            .collect()
-    }
-
-    /// Runs one phase under the protocol: baseline, peak reset, work, end reading, output freed.
-    fn phase(
-        &mut self,
-        phase: Phase,
-        repetition: Option<u32>,
-        work: impl FnOnce(&mut Replay),
-    ) -> PhasePrediction {
-        let before = self.allocator.stats();
-        self.allocator.reset_peaks();
-        self.peak_allocated = before.allocated.current;
-        self.live_at_peak = self.tensors();
-        work(self);
-        let end = self.allocator.stats();
-        let prediction = PhasePrediction {
-            phase,
-            repetition,
-            figures: Figures {
-                allocated_baseline_bytes: before.allocated.current,
-                allocated_end_bytes: end.allocated.current,
-                peak_allocated_bytes: end.allocated.peak,
-                reserved_baseline_bytes: before.reserved.current,
-                reserved_end_bytes: end.reserved.current,
-                peak_reserved_bytes: end.reserved.peak,
-            },
-            live_at_end: self.tensors(),
-            live_at_peak: std::mem::take(&mut self.live_at_peak),
-            segments_at_end: self.allocator.snapshot(),
-            stats_at_end: self.allocator.device_stats(),
-        };
-        self.free("output");
-        prediction
-    }
+/// Allocates `name`: the model has no device capacity, so only a zero-byte tensor allocates
+/// nothing.
+fn alloc(r: &mut Replay, name: &str, bytes: u64) {
+    r.alloc(name, bytes)
+        .expect("the model of a measurement has no device capacity");
 }
 
 /// Predicts every phase row of `measure` for `config` on a GPU of compute capability `cc` with
@@ -274,50 +139,51 @@ pub fn predict(
     let cublaslt_path = workspaces.addmm_cublaslt && width > 1 && hidden > 1;
     let mut first_pass = true;
     let mut forward = move |r: &mut Replay| {
-        r.free("output");
-        r.malloc("hidden", rows * hidden * e);
+        r.free_named("output");
+        alloc(r, "hidden", rows * hidden * e);
         if first_pass {
-            r.malloc("cublas_workspace", workspaces.cublas_bytes);
+            alloc(r, "cublas_workspace", workspaces.cublas_bytes);
             if cublaslt_path {
                 if let Some(lt) = workspaces.cublaslt_bytes {
-                    r.malloc("cublaslt_workspace", lt);
+                    alloc(r, "cublaslt_workspace", lt);
                 }
             }
             first_pass = false;
         }
-        r.malloc("gelu", rows * hidden * e);
-        r.free("hidden");
-        r.malloc("output", rows * width * e);
-        r.free("gelu");
+        alloc(r, "gelu", rows * hidden * e);
+        r.free_named("hidden");
+        alloc(r, "output", rows * width * e);
+        r.free_named("gelu");
     };
-    let mut r = Replay {
-        allocator: CachingAllocator::with_address_order(super::simulator::AddressOrder::Descending),
-        live: Vec::new(),
-        peak_allocated: 0,
-        live_at_peak: Vec::new(),
-    };
+    let mut r = Replay::new(AllocatorConfig {
+        address_order: AddressOrder::Descending,
+        ..Default::default()
+    })
+    .tracking_peak_tensors();
     let mut phases = Vec::with_capacity(4 + config.repeats as usize);
-    phases.push(r.phase(Phase::ModelLoad, None, |r| {
-        r.malloc("linear1.weight", width * hidden * e);
-        r.malloc("linear1.bias", hidden * e);
-        r.malloc("linear2.weight", hidden * width * e);
-        r.malloc("linear2.bias", width * e);
+    phases.push(phase(&mut r, Phase::ModelLoad, None, |r| {
+        alloc(r, "linear1.weight", width * hidden * e);
+        alloc(r, "linear1.bias", hidden * e);
+        alloc(r, "linear2.weight", hidden * width * e);
+        alloc(r, "linear2.bias", width * e);
     }));
     debug_assert_eq!(
-        r.live.iter().map(|(_, b, _)| b).sum::<u64>(),
+        r.live().iter().map(|t| t.requested_bytes).sum::<u64>(),
         model.parameter_bytes
     );
-    phases.push(r.phase(Phase::Inputs, None, |r| {
-        r.malloc("input", model.input_bytes)
+    phases.push(phase(&mut r, Phase::Inputs, None, |r| {
+        alloc(r, "input", model.input_bytes)
     }));
-    phases.push(r.phase(Phase::ColdForward, None, |r| forward(r)));
-    phases.push(r.phase(Phase::Warmup, None, |r| {
+    phases.push(phase(&mut r, Phase::ColdForward, None, |r| forward(r)));
+    phases.push(phase(&mut r, Phase::Warmup, None, |r| {
         for _ in 0..config.warmup {
             forward(r);
         }
     }));
     for repetition in 1..=config.repeats {
-        phases.push(r.phase(Phase::WarmForward, Some(repetition), |r| forward(r)));
+        phases.push(phase(&mut r, Phase::WarmForward, Some(repetition), |r| {
+            forward(r)
+        }));
     }
     Ok(Prediction {
         model: MODEL.into(),
@@ -329,7 +195,7 @@ pub fn predict(
     })
 }
 
-fn tensor_list(tensors: &[Tensor]) -> String {
+fn tensor_list(tensors: &[LiveBlock]) -> String {
     tensors
         .iter()
         .map(|t| format!("{} {}", t.name, Bytes(t.block_bytes).grouped()))
@@ -366,16 +232,24 @@ impl fmt::Display for Prediction {
                 (true, Some(b)) => format!("{} ({})", Bytes(b).grouped(), Bytes(b).mib_text()),
             }
         )?;
-        // The figure columns of a measurement's table, without the times.
-        phase_line(f, &PHASE_COLUMNS[..8])?;
-        for p in &self.phases {
-            let mut cells = vec![
-                p.phase.name().to_string(),
-                p.repetition.map_or("-".into(), |r| r.to_string()),
-            ];
-            cells.extend(p.figures.named().map(|(_, v)| v.to_string()));
-            phase_line(f, &cells.iter().map(String::as_str).collect::<Vec<_>>())?;
-        }
+        // The figure columns of a measurement's table, without the times; bytes grouped.
+        let rows = self
+            .phases
+            .iter()
+            .map(|p| {
+                let mut cells = vec![
+                    p.phase.name().to_string(),
+                    p.repetition.map_or("-".into(), |r| r.to_string()),
+                ];
+                cells.extend(p.figures.values().map(crate::units::grouped));
+                cells
+            })
+            .collect();
+        write!(
+            f,
+            "{}",
+            Table::new(&PHASE_COLUMNS[..8], rows).with_min_widths(&PHASE_WIDTHS)
+        )?;
         writeln!(f, "Live blocks (name, block size):")?;
         for p in &self.phases {
             let rep = p.repetition.map_or(String::new(), |r| format!(" {r}"));
@@ -415,7 +289,8 @@ impl fmt::Display for Prediction {
         }
         write!(
             f,
-            "Bytes as the caching allocator counts them: `allocated` is part of `reserved`, never add them."
+            "Bytes as the caching allocator counts them: `allocated` is part of `reserved`, never \
+             add them."
         )
     }
 }
@@ -476,7 +351,7 @@ mod tests {
         let p = predict(&m.configuration, cc, ws).unwrap();
         assert_eq!(p.phases.len(), m.phases.len());
         for (measured, predicted) in m.phases.iter().zip(&p.phases) {
-            let r = measured.figures().residual(&predicted.figures);
+            let r = measured.figures.residual(&predicted.figures);
             assert!(r.is_zero(), "{:?}: {r:?}", measured.phase);
         }
     }

@@ -7,10 +7,10 @@
 
 use super::script::{LessonScript, Resolved, Step};
 use super::LessonModel;
-use crate::allocator::simulator::{SegmentView, LARGE_BUFFER};
 use crate::allocator::ComputeCapability;
+use crate::allocator::{size::LARGE_BUFFER, SegmentView};
 use crate::environment::EnvironmentReport;
-use crate::measure::{DeviceStats, StepReading};
+use crate::reading::{DeviceStats, StepReading};
 use crate::status::{Classify, Status};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsStr;
@@ -245,39 +245,34 @@ impl LessonRecord {
     }
 
     /// The readings as a log headed by `source`.
-    pub fn log(&self, source: &str) -> crate::measure::StepLog {
-        crate::measure::StepLog {
+    pub fn log(&self, source: &str) -> crate::reading::StepLog {
+        crate::reading::StepLog {
             steps: self.steps.iter().map(|s| s.reading.clone()).collect(),
             source: Some(source.to_string()),
         }
     }
 
-    /// Why the allocator model does not cover this run, if it does not.
+    /// Why the allocator model does not cover this run, if it does not: it covers PyTorch's
+    /// default settings and `expandable_segments:True`, nothing else.
     pub fn why_not_predicted(&self) -> Option<String> {
         let s = &self.allocator_settings;
-        if s.expandable_segments {
-            return Some(
-                "the allocator model does not cover expandable segments (this run had \
-                 expandable_segments on): no prediction"
-                    .into(),
-            );
+        let expandable_only = self.allocator_configuration.as_deref() == Some(EXPANDABLE_SEGMENTS)
+            && s.expandable_segments
+            && s.large_segment_size == LARGE_BUFFER
+            && s.max_split_size.is_none();
+        if expandable_only || (self.allocator_configuration.is_none() && s.is_default()) {
+            return None;
         }
-        if let Some(conf) = &self.allocator_configuration {
-            return Some(format!(
-                "the allocator model covers PyTorch's default settings only, and this run had \
-                 {ALLOC_CONF}=`{}`: no prediction",
-                conf
-            ));
-        }
-        if !s.is_default() {
-            return Some(format!(
-                "the allocator model covers PyTorch's default settings only, and the allocator \
-                 reported others (settings `{}`, max_split_size {:?}, large segment {} bytes): \
-                 no prediction",
-                s.parsed, s.max_split_size, s.large_segment_size
-            ));
-        }
-        None
+        Some(format!(
+            "the allocator model covers PyTorch's default settings and `{EXPANDABLE_SEGMENTS}` \
+             only, and this run had {ALLOC_CONF} {} (the allocator reported settings `{}`, \
+             expandable segments {}, max_split_size {:?}, large segment {} bytes): no prediction",
+            self.configuration_shown(),
+            s.parsed,
+            s.expandable_segments,
+            s.max_split_size,
+            s.large_segment_size
+        ))
     }
 
     /// The lesson replayed on the allocator model, on the recorded GPU's architecture, every step
@@ -294,7 +289,9 @@ impl LessonRecord {
             .compute_capability
             .parse()
             .map_err(|e: crate::allocator::workspace::WorkspaceError| e.to_string())?;
-        let mut m = LessonModel::new(cc).map_err(|e| e.to_string())?;
+        let mut m =
+            LessonModel::with_expandable_segments(cc, self.allocator_settings.expandable_segments)
+                .map_err(|e| e.to_string())?;
         for s in self.steps.iter().skip(1) {
             let Some(step) = &s.step else {
                 return Err("a step without its operation".into());

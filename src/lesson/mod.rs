@@ -4,9 +4,8 @@
 //! steps replayed on the allocator model ([`LessonModel`]), and how a notebook shows them
 //! ([`view`]: a measurement beside its prediction, or a recording made elsewhere, labelled so).
 //!
-//! The model covers PyTorch's default allocator settings only: a lesson run with
-//! `expandable_segments:True` (or any other allocator setting) is shown without a prediction, and
-//! says why.
+//! The model covers PyTorch's default allocator settings and `expandable_segments:True`: a lesson
+//! run with any other allocator setting is shown without a prediction, and says why.
 
 pub mod record;
 pub mod script;
@@ -16,9 +15,11 @@ pub use record::{AllocatorSettings, LessonPrediction, LessonRecord, StepRecord, 
 pub use script::{LessonScript, Resolved, Step};
 pub use view::{Lessons, ShownLesson};
 
-use super::simulator::{BlockId, CachingAllocator, SegmentView};
-use super::workspace::{ComputeCapability, WorkspaceError, WorkspaceSettings, Workspaces};
-use crate::measure::{DeviceStats, StepLog, StepReading};
+use crate::allocator::workspace::{
+    ComputeCapability, WorkspaceError, WorkspaceSettings, Workspaces, KNOWN_ARCHITECTURES,
+};
+use crate::allocator::{AddressOrder, AllocatorConfig, Replay, SegmentView, TensorId};
+use crate::reading::{DeviceStats, StepLog, StepReading};
 use std::collections::BTreeMap;
 
 /// What heads a predicted log.
@@ -28,8 +29,8 @@ pub const PREDICTED: &str = "PREDICTED by the allocator model";
 /// caching allocator would report in a fresh process under PyTorch's default settings.
 #[derive(Debug)]
 pub struct LessonModel {
-    allocator: CachingAllocator,
-    tensors: BTreeMap<String, BlockId>,
+    replay: Replay,
+    tensors: BTreeMap<String, TensorId>,
     workspace_bytes: u64,
     products: usize,
     /// Every predicted reading so far (the first one at the start).
@@ -44,21 +45,33 @@ impl LessonModel {
     /// A fresh process on a GPU of compute capability `cc`, with PyTorch's default workspaces and
     /// allocator settings; an architecture the model does not know is refused.
     pub fn new(cc: ComputeCapability) -> Result<LessonModel, WorkspaceError> {
-        if !super::workspace::KNOWN_ARCHITECTURES.contains(&cc) {
+        Self::with_expandable_segments(cc, false)
+    }
+
+    /// [`new`](Self::new), with `expandable_segments:True` when `expandable`.
+    pub fn with_expandable_segments(
+        cc: ComputeCapability,
+        expandable: bool,
+    ) -> Result<LessonModel, WorkspaceError> {
+        if !KNOWN_ARCHITECTURES.contains(&cc) {
             return Err(WorkspaceError::UnknownArchitecture(cc.to_string()));
         }
         let workspace_bytes = Workspaces::for_gpu(cc, &WorkspaceSettings::default())?.cublas_bytes;
+        let settings = if expandable {
+            "expandable segments"
+        } else {
+            "PyTorch's default settings"
+        };
         let mut m = LessonModel {
-            allocator: CachingAllocator::with_address_order(
-                super::simulator::AddressOrder::Descending,
-            ),
+            replay: Replay::new(AllocatorConfig {
+                expandable_segments: expandable,
+                address_order: AddressOrder::Descending,
+            }),
             tensors: BTreeMap::new(),
             workspace_bytes,
             products: 0,
             log: StepLog {
-                source: Some(format!(
-                    "{PREDICTED} (compute capability {cc}, PyTorch's default settings)"
-                )),
+                source: Some(format!("{PREDICTED} (compute capability {cc}, {settings})")),
                 steps: Vec::new(),
             },
             stats: Vec::new(),
@@ -70,7 +83,7 @@ impl LessonModel {
 
     /// Records the figures after `step`.
     pub fn record(&mut self, step: &str) {
-        let s = self.allocator.stats();
+        let s = self.replay.stats();
         self.log.steps.push(StepReading {
             step: step.into(),
             allocated: s.allocated.current,
@@ -81,13 +94,19 @@ impl LessonModel {
             segments: s.segments.current,
             runtime_used: None,
         });
-        self.stats.push(self.allocator.device_stats());
+        self.stats.push(self.replay.device_stats());
         self.maps.push(self.segments());
     }
 
-    fn keep(&mut self, name: &str, id: Option<BlockId>) {
+    /// Allocates `bytes` for `name`; the lesson's sizes fit its GPU (a refusal allocates
+    /// nothing, as in the real process, whose step would then have failed).
+    fn alloc(&mut self, name: &str, bytes: u64) -> Option<TensorId> {
+        self.replay.alloc(name, bytes).ok().flatten()
+    }
+
+    fn keep(&mut self, name: &str, id: Option<TensorId>) {
         if let Some(old) = self.tensors.remove(name) {
-            self.allocator.free(old);
+            self.replay.free(old);
         }
         if let Some(id) = id {
             self.tensors.insert(name.into(), id);
@@ -97,14 +116,14 @@ impl LessonModel {
     /// A tensor of `bytes` bytes kept under `name` (a tensor of that name is dropped after the new
     /// one is made, as an assignment in Python or Rust does).
     pub fn allocate(&mut self, name: &str, bytes: u64) {
-        let id = self.allocator.malloc(bytes, 0, name);
+        let id = self.alloc(name, bytes);
         self.keep(name, id);
     }
 
     /// The tensor `name` dropped.
     pub fn free(&mut self, name: &str) {
         if let Some(id) = self.tensors.remove(name) {
-            self.allocator.free(id);
+            self.replay.free(id);
         }
     }
 
@@ -112,45 +131,43 @@ impl LessonModel {
     /// process's first product) cuBLAS's workspace, kept; A dropped.
     pub fn matmul(&mut self, name: &str, n: u64) {
         let bytes = n.saturating_mul(n).saturating_mul(4);
-        let a = self.allocator.malloc(bytes, 0, "A");
-        let c = self.allocator.malloc(bytes, 0, name);
+        let a = self.alloc("A", bytes);
+        let c = self.alloc(name, bytes);
         if self.products == 0 {
-            self.allocator
-                .malloc(self.workspace_bytes, 0, "cublas_workspace");
+            self.alloc("cublas_workspace", self.workspace_bytes);
         }
         self.products += 1;
         if let Some(a) = a {
-            self.allocator.free(a);
+            self.replay.free(a);
         }
         self.keep(name, c);
     }
 
     pub fn reset_peaks(&mut self) {
-        self.allocator.reset_peaks();
+        self.replay.reset_peaks();
     }
 
     pub fn empty_cache(&mut self) {
-        self.allocator.empty_cache();
+        self.replay.empty_cache();
     }
 
-    /// A tensor of `bytes` bytes allocated and dropped at once: its segment stays cached.
+    /// A tensor of `bytes` bytes allocated and dropped at once: its memory stays cached.
     pub fn fill_cache(&mut self, name: &str, bytes: u64) {
-        if let Some(id) = self.allocator.malloc(bytes, 0, name) {
-            self.allocator.free(id);
+        if let Some(id) = self.alloc(name, bytes) {
+            self.replay.free(id);
         }
     }
 
     /// A tensor of `bytes` bytes kept under `name`, asked for when the driver had `runtime_free`
-    /// bytes free: when the new segment is larger than that, `cudaMalloc` fails and the allocator
-    /// releases its cache and tries again (the caller's sizes guarantee the retry fits).
+    /// bytes free: when the new memory is larger than that, the driver refuses it and the
+    /// allocator releases its cache and tries again (the caller's sizes guarantee the retry
+    /// fits).
     pub fn allocate_beyond_free(&mut self, name: &str, bytes: u64, runtime_free: u64) {
-        let segment = super::simulator::allocation_size(super::simulator::round_size(bytes));
-        let id = if segment > runtime_free {
-            self.allocator
-                .malloc_after_failed_cuda_malloc(bytes, 0, name)
-        } else {
-            self.allocator.malloc(bytes, 0, name)
-        };
+        let reserved = self.replay.stats().reserved.current;
+        self.replay
+            .set_capacity(Some(reserved.saturating_add(runtime_free)));
+        let id = self.alloc(name, bytes);
+        self.replay.set_capacity(None);
         self.keep(name, id);
     }
 
@@ -189,7 +206,7 @@ impl LessonModel {
 
     /// The predicted map: segments and blocks, named.
     pub fn segments(&self) -> Vec<SegmentView> {
-        self.allocator.snapshot()
+        self.replay.snapshot()
     }
 }
 
@@ -233,6 +250,42 @@ mod tests {
             .any(|b| b.label.as_deref() == Some("cublas_workspace")));
         assert_eq!(m.stats.len(), m.log.steps.len());
         assert_eq!(m.maps.len(), m.log.steps.len());
+    }
+
+    /// The lesson recorded on the H200 with expandable segments (data/): the model predicts
+    /// every step's counters, statistics and map (segments and blocks, sizes and states).
+    #[test]
+    fn the_expandable_lesson_recorded_on_the_h200_is_predicted_step_by_step() {
+        let r = LessonRecord::from_bytes(
+            include_bytes!("../../data/exemple-lecon-h200-expandable.json"),
+            "exemple-lecon-h200-expandable.json",
+        )
+        .unwrap();
+        assert!(r.allocator_settings.expandable_segments);
+        let m = r.model().unwrap();
+        let shape = |map: &[SegmentView]| {
+            let mut s: Vec<_> = map
+                .iter()
+                .map(|g| {
+                    let blocks: Vec<_> = g.blocks.iter().map(|b| (b.size, b.allocated)).collect();
+                    (g.pool, g.size, blocks)
+                })
+                .collect();
+            s.sort();
+            s
+        };
+        assert_eq!(m.log.steps.len(), r.steps.len());
+        for (i, s) in r.steps.iter().enumerate() {
+            assert!(
+                record::same_figures(&s.reading, &m.log.steps[i]),
+                "step {i}: {:?} against {:?}",
+                s.reading,
+                m.log.steps[i]
+            );
+            assert_eq!(s.stats, m.stats[i], "step {i}");
+            assert_eq!(shape(&s.map), shape(&m.maps[i]), "step {i}");
+        }
+        assert_eq!(r.exact_steps(), Some((r.steps.len(), r.steps.len())));
     }
 
     #[test]

@@ -8,10 +8,10 @@
 use super::record::{LessonRecord, StepRecord, ALLOC_CONF};
 use super::script::LessonScript;
 use super::{LessonModel, PREDICTED};
-use crate::allocator::simulator::{Pool, SegmentView};
 use crate::allocator::ComputeCapability;
+use crate::allocator::{Pool, SegmentView};
 use crate::markup::{labels, table, Html};
-use crate::measure::{DeviceStats, StepReading};
+use crate::reading::{DeviceStats, StepReading};
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
@@ -205,14 +205,9 @@ impl ShownLesson {
     }
 
     /// Without a record: the model's prediction of the standard lesson's steps of fixed size on
-    /// an H200 (default settings only), labelled as such.
+    /// an H200, labelled as such.
     fn prediction_without_record(&self, show: impl FnOnce(&LessonModel) -> Html) -> Html {
-        if self.expandable {
-            return note(
-                "The allocator model does not cover expandable segments: no prediction either.",
-            );
-        }
-        let Ok(mut m) = LessonModel::new(H200) else {
+        let Ok(mut m) = LessonModel::with_expandable_segments(H200, self.expandable) else {
             return Html(String::new());
         };
         for step in LessonScript::standard().steps {

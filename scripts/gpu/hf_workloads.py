@@ -1,0 +1,164 @@
+"""The Hugging Face workloads the GPU proofs run (scripts/gpu/hf-record.py, scripts/gpu/hf-proof.py):
+public configurations, small configurations of the same architectures for traces, and the
+specification scripts/gpu/hf-run.py takes. Standard library only."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# Public configurations (the fields of each model's config.json that change memory).
+PUBLIC = {
+    "llama-3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                                   tie_word_embeddings=False)),
+    "llama-3.2-1b": ("llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                   num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                                   max_position_embeddings=131072, tie_word_embeddings=True)),
+    "qwen2.5-7b": ("qwen2", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                 num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072,
+                                 tie_word_embeddings=False)),
+    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                   tie_word_embeddings=True)),
+    "mistral-7b-v0.1": ("mistral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                                        max_position_embeddings=32768, sliding_window=4096,
+                                        tie_word_embeddings=False)),
+    "mixtral-8x7b": ("mixtral", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                     num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+                                     num_experts_per_tok=2, max_position_embeddings=32768, tie_word_embeddings=False)),
+    "qwen3-8b": ("qwen3", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                               max_position_embeddings=40960, tie_word_embeddings=False)),
+    "qwen3-30b-a3b": ("qwen3_moe", dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                        moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                                        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                                        norm_topk_prob=True, max_position_embeddings=40960,
+                                        tie_word_embeddings=False)),
+    "gemma-2-2b": ("gemma2", dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                                  num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096,
+                                  query_pre_attn_scalar=256, final_logit_softcapping=30.0,
+                                  attn_logit_softcapping=50.0, max_position_embeddings=8192)),
+    "gemma-3-12b": ("gemma3_text", dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360,
+                                        num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+                                        head_dim=256, sliding_window=1024, query_pre_attn_scalar=256,
+                                        max_position_embeddings=131072)),
+    "phi-3-mini": ("phi3", dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                                sliding_window=2047, tie_word_embeddings=False)),
+    "deepseek-v2-lite": ("deepseek_v2", dict(vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+                                             moe_intermediate_size=1408, num_hidden_layers=27,
+                                             num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
+                                             q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                             v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+                                             num_experts_per_tok=6, first_k_dense_replace=1,
+                                             max_position_embeddings=163840, tie_word_embeddings=False)),
+    "qwen1.5-moe-a2.7b": ("qwen2_moe", dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                                            moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                                            num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                                            num_experts=60, num_experts_per_tok=4,
+                                            max_position_embeddings=8192, tie_word_embeddings=False)),
+}
+
+
+def small(model_type, variant=0):
+    """A small configuration of `model_type` (2 layers) whose widths are all distinct, so that a
+    trace tells which width each allocation comes from; `variant` 1 changes every width."""
+    h, heads, kv, hd, inter, vocab = [(320, 5, 1, 72, 448, 1160), (384, 6, 2, 56, 608, 1416)][variant]
+    c = dict(vocab_size=vocab, hidden_size=h, intermediate_size=inter, num_hidden_layers=2,
+             num_attention_heads=heads, num_key_value_heads=kv, head_dim=hd, max_position_embeddings=4096,
+             tie_word_embeddings=False, pad_token_id=0)
+    if model_type in ("mixtral",):
+        c.update(num_local_experts=4, num_experts_per_tok=2)
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        c.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=inter // 2 + 8)
+        if model_type == "qwen2_moe":
+            c.update(shared_expert_intermediate_size=inter + 16)
+    if model_type == "mistral":
+        c.update(sliding_window=24)
+    if model_type in ("gemma2", "gemma3_text"):
+        c.update(sliding_window=24, query_pre_attn_scalar=hd)
+    if model_type == "gemma2":
+        c.update(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+    if model_type == "gemma3_text":
+        c.update(num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    if model_type == "phi3":
+        c.update(num_key_value_heads=heads, sliding_window=None)
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        c.pop("head_dim")
+        c.update(num_key_value_heads=heads, kv_lora_rank=96 + 8 * variant, q_lora_rank=None if model_type ==
+                 "deepseek_v2" else 112, qk_nope_head_dim=48, qk_rope_head_dim=16, v_head_dim=40,
+                 n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                 moe_intermediate_size=inter // 2 + 8)
+        if model_type == "deepseek_v3":
+            c.update(n_group=2, topk_group=1)
+    return c
+
+
+def spec(name, model_type, config, mode, dtype="bfloat16", batch=3, context=40, generated=5, **extra):
+    s = dict(name=name, model_type=model_type, config=config, mode=mode, dtype=dtype, batch=batch,
+             context=context, generated=generated)
+    s.update(extra)
+    return s
+
+
+def run_spec(s, out_dir: Path, expandable=False, timeout=600):
+    """Runs one spec in a fresh process; returns the result record (or an error record)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / f"{s['name']}.spec.json"
+    result_path = out_dir / f"{s['name']}.json"
+    spec_path.write_text(json.dumps(s))
+    env = dict(os.environ)
+    if expandable or s.get("expandable"):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    else:
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    start = time.time()
+    log = open(out_dir / f"{s['name']}.log", "w")
+    p = subprocess.Popen([sys.executable, str(HERE / "hf-run.py"), str(spec_path), str(result_path)], env=env,
+                         stdout=log, stderr=subprocess.STDOUT, text=True)
+    log.close()
+    return p, start, result_path
+
+
+def finish(p, start, result_path, timeout=600):
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    wall = time.time() - start
+    out = result_path.with_suffix(".log").read_text(errors="replace")
+    if result_path.exists():
+        record = json.loads(result_path.read_text())
+    else:
+        record = dict(outcome="crashed", message=out[-3000:])
+    record["wall_s"] = round(wall, 2)
+    record["exit_code"] = p.returncode
+    record["log_tail"] = out[-2000:]
+    result_path.write_text(json.dumps(record, separators=(",", ":")))
+    return record
+
+
+def run_all(specs, out_dir: Path, parallel=1, deadline=None, say=print):
+    """Runs every spec, `parallel` processes at a time, none started after `deadline` (a time())."""
+    pending, running, records = list(specs), [], []
+    while pending or running:
+        while pending and len(running) < parallel and (deadline is None or time.time() < deadline):
+            s = pending.pop(0)
+            running.append((s, *run_spec(s, out_dir)))
+        if not running:
+            for s in pending:
+                say(f"- {s['name']}: not run (out of time)")
+            break
+        s, p, start, path = running.pop(0)
+        r = finish(p, start, path)
+        peak = max((st["peak_reserved"] for st in r.get("stages", [])), default=0)
+        say(f"- {s['name']}: {r.get('outcome')} in {r['wall_s']} s, peak reserved {peak:,} B"
+            + (f" ({r.get('message', '')[:200]})" if r.get("outcome") != "ok" else ""))
+        records.append(r)
+    return records

@@ -64,6 +64,20 @@ impl PlainDecimal {
     }
 }
 
+impl From<u32> for PlainDecimal {
+    /// A whole number.
+    fn from(n: u32) -> PlainDecimal {
+        if n == 0 {
+            PlainDecimal::ZERO
+        } else {
+            PlainDecimal {
+                mantissa: n.into(),
+                scale: 0,
+            }
+        }
+    }
+}
+
 impl std::str::FromStr for PlainDecimal {
     type Err = DecimalError;
 

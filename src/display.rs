@@ -10,6 +10,7 @@ use crate::markup::{labels, rows_html, table, Html};
 use crate::measure::{phase_cells, MeasureError, Measurement, PHASE_COLUMNS};
 use crate::quote::Quote;
 use crate::reading::StepLog;
+use crate::shown::Shown;
 
 macro_rules! displayed {
     ($($t:ty),*) => {$(
@@ -194,5 +195,129 @@ pub fn outcome(result: &Result<Measurement, MeasureError>) -> Html {
             labels::NO_MEASUREMENT,
             html_escape::encode_text(&e.to_string())
         )),
+    }
+}
+
+impl Shown<Measurement> {
+    /// One line saying what is shown and where it was measured.
+    pub fn origin(&self) -> String {
+        match &self.value {
+            Some(m) => format!(
+                "{} on {}, {}: {}",
+                m.configuration.device,
+                m.gpu_name(),
+                m.measured_at,
+                self.whence()
+            ),
+            None => self.value_or_why().err().unwrap_or_default(),
+        }
+    }
+
+    /// The per-phase chart under its origin line.
+    pub fn chart(&self) -> Html {
+        match self.value_or_why() {
+            Ok(m) => m.chart().with_caption(&self.origin()),
+            Err(why) => Html::note(&why),
+        }
+    }
+
+    /// The allocator's map when `allocated` peaked during the cold pass, every block named: the
+    /// measured map when the measurement recorded one (`--blocks`), else the model's, said so.
+    pub fn cold_pass_map(&self) -> Html {
+        use crate::reading::Phase;
+        let m = match self.value_or_why() {
+            Ok(m) => m,
+            Err(why) => return Html::note(&why),
+        };
+        let cold = m.phases.iter().find(|p| p.phase == Phase::ColdForward);
+        let (segments, whence) = match cold.and_then(|p| p.blocks.as_ref()) {
+            Some(b) => (b.at_peak.clone(), "the allocator's own map, measured".to_string()),
+            None => match m.model_prediction(&Default::default()) {
+                Ok(p) => (
+                    p.phases
+                        .iter()
+                        .find(|r| r.phase == Phase::ColdForward)
+                        .map(|r| r.segments_at_end.clone())
+                        .unwrap_or_default(),
+                    "PREDICTED by the allocator model (this file holds no map): the end of the pass"
+                        .to_string(),
+                ),
+                Err(_) => (Vec::new(), "no map recorded and no prediction possible".to_string()),
+            },
+        };
+        crate::plot::segment_map(&format!("cold_forward: {whence}"), &segments)
+            .with_caption(&self.origin())
+    }
+
+    /// Each phase row measured, predicted and their difference, as a table.
+    pub fn prediction_table(&self) -> Html {
+        let shown = match self.value_or_why() {
+            Ok(m) => m,
+            Err(why) => return Html::note(&why),
+        };
+        let (m, note) = if shown.phases.iter().all(|p| p.prediction.is_some()) {
+            (
+                std::borrow::Cow::Borrowed(shown),
+                "Predictions as recorded with the measurement.",
+            )
+        } else {
+            let mut m = shown.clone();
+            m.attach_prediction(Ok(Default::default()));
+            (
+                std::borrow::Cow::Owned(m),
+                "Predicted now, with PyTorch's default workspace settings.",
+            )
+        };
+        let mut rows = Vec::new();
+        for p in &m.phases {
+            let Some(pred) = &p.prediction else { continue };
+            let label = match p.repetition {
+                Some(r) => format!("{} {r}", p.phase.name()),
+                None => p.phase.name().to_string(),
+            };
+            let measured = ("measured", p.figures.named().map(|(_, v)| v.to_string()));
+            for (what, values) in std::iter::once(measured).chain(pred.cells()) {
+                let mut row = vec![label.clone(), what.to_string()];
+                row.extend(values);
+                rows.push(row);
+            }
+        }
+        let verdict = match &m.model {
+            Some(c) if c.not_predicted.is_none() => format!(
+                "{} of {} rows exact to the byte ({}). {note}",
+                c.exact_rows, c.rows, c.model
+            ),
+            Some(c) => format!(
+                "No prediction: {}",
+                c.not_predicted.as_deref().unwrap_or("")
+            ),
+            None => "No prediction.".into(),
+        };
+        table(
+            &format!("Measured and predicted, bytes ({})", self.origin()),
+            &[&["phase", ""], &PHASE_COLUMNS[2..8]].concat(),
+            &rows,
+        )
+        .then(Html::note(&verdict))
+    }
+}
+
+impl Shown<crate::sweep::Sweep> {
+    /// The sweep's chart under a line saying where it was measured.
+    pub fn chart(&self) -> Html {
+        match self.value_or_why() {
+            Ok(sweep) => {
+                let whence = match self.recorded_file() {
+                    None => {
+                        "measured just now on this machine, one fresh process per point".to_string()
+                    }
+                    Some(_) => self.whence(),
+                };
+                sweep
+                    .chart()
+                    .with_caption(&format!("{}: {whence}", sweep.gpu_name()))
+            }
+            Err(why) => Html::note(&why),
+        }
     }
 }

@@ -58,10 +58,25 @@ pub struct WeightEstimate {
     pub caveat: &'static str,
 }
 
+/// What an estimate is asked for: a parameter count stored on `bits` bits each, and a reserve in
+/// GiB chosen as a hypothesis (exact as written, `"1.5".parse()` or `PlainDecimal::from(4)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightQuestion {
+    pub parameters: u64,
+    pub bits: u32,
+    pub reserve_gib: PlainDecimal,
+}
+
+impl WeightQuestion {
+    /// The estimate (see [`estimate`]).
+    pub fn estimate(&self) -> Result<WeightEstimate, EstimateError> {
+        estimate(self.parameters, self.bits, self.reserve_gib)
+    }
+}
+
 /// Computes the estimate, refusing zero parameters, absurd widths and overflow. The reserve is
-/// exact as written (`"1.5".parse()`) and rounded up to a whole byte: a positive reserve, however
-/// small, is at least one byte.
-pub fn estimate(
+/// rounded up to a whole byte: a positive reserve, however small, is at least one byte.
+fn estimate(
     parameters: u64,
     bits: u32,
     reserve_gib: PlainDecimal,

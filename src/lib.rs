@@ -42,6 +42,7 @@ pub mod notebook;
 pub mod plot;
 pub mod quote;
 pub mod reading;
+pub mod shown;
 pub mod status;
 pub mod sweep;
 pub mod text;

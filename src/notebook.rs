@@ -1,143 +1,140 @@
-//! Notebook hygiene: notebooks are shipped in nbformat 4 with outputs, execution counts and
-//! widget state stripped. Outputs are looked for in every shape they can take, not only the usual
-//! one: an `outputs` member that is not an empty list (an object, a string, a list with items),
-//! on any cell; an execution count; the widget state Jupyter saves in the notebook's metadata;
-//! and nbformat 3, whose cells (and outputs) live in worksheets.
+//! What a notebook calls to measure: each measurement, lesson and environment report in a fresh
+//! GPU process (never in the notebook's kernel, so that nothing of the kernel's own allocator
+//! reaches a figure), and, where nothing can be measured here, what was recorded on an H200,
+//! labelled as recorded elsewhere with why nothing was measured here.
 
-use serde_json::Value;
+use crate::companion::{Companion, CompanionRunner, LessonError};
+use crate::device::CudaDevice;
+use crate::environment::EnvironmentReport;
+use crate::lesson::record::{LessonRecord, RECORDED_DEFAULT, RECORDED_EXPANDABLE};
+use crate::lesson::Lessons;
+use crate::measure::{MeasureConfig, MeasureError, Measurement};
+use crate::shown::Shown;
+use crate::sweep::{Dimension, PointRunner, StopRule, Sweep, SweepError};
+use std::path::{Path, PathBuf};
 
-/// The key under which Jupyter saves widget state in a notebook's metadata.
-const WIDGET_STATE: &str = "widgets";
-
-/// Problems that keep a notebook from being shipped, one message per offending cell or field;
-/// empty when it can be shipped. An error when the bytes are not JSON.
-pub fn unstripped_cells(bytes: &[u8]) -> Result<Vec<String>, serde_json::Error> {
-    let nb: Value = serde_json::from_slice(bytes)?;
-    let mut problems = Vec::new();
-    match nb.get("nbformat").and_then(Value::as_u64) {
-        Some(4) => {}
-        Some(n) => problems.push(format!(
-            "nbformat {n}: only nbformat 4 is shipped (nbformat 3 keeps cells and outputs in \
-             worksheets); convert it"
-        )),
-        None => problems.push("no nbformat: not a Jupyter notebook".into()),
+/// The environment report for `device`, from a fresh GPU process when the project's GPU program
+/// is installed, else a report that says why no libtorch was reached (always a valid report).
+pub fn environment(device: CudaDevice) -> EnvironmentReport {
+    match Companion::locate() {
+        Ok(c) => c.environment(device).unwrap_or_else(|e| {
+            EnvironmentReport::companion_unreachable(device, true, e.to_string())
+        }),
+        Err(e) => EnvironmentReport::companion_unreachable(device, false, e.to_string()),
     }
-    if nb.get("worksheets").is_some() {
-        problems.push("worksheets (nbformat 3) may hold outputs".into());
-    }
-    if nb
-        .pointer(&format!("/metadata/{WIDGET_STATE}"))
-        .is_some_and(|w| !w.is_null())
-    {
-        problems.push("the notebook's metadata carries widget state".into());
-    }
-    let Some(cells) = nb.get("cells").and_then(Value::as_array) else {
-        problems.push("no list of cells".into());
-        return Ok(problems);
-    };
-    for (i, cell) in cells.iter().enumerate() {
-        let kind = cell.get("cell_type").and_then(Value::as_str).unwrap_or("?");
-        let outputs = cell
-            .get("outputs")
-            .is_some_and(|o| o.as_array().is_none_or(|list| !list.is_empty()));
-        let count = cell.get("execution_count").is_some_and(|c| !c.is_null());
-        if outputs || count {
-            problems.push(format!(
-                "{kind} cell {i} carries outputs or an execution count"
-            ));
-        }
-    }
-    Ok(problems)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Measures `config` in a fresh GPU process (its block map too, with `blocks`), or says why
+/// nothing could be measured (the reason of exit code 2).
+pub fn measure(config: &MeasureConfig, blocks: bool) -> Result<Measurement, MeasureError> {
+    Companion::locate()?.measure_fresh(config, blocks)
+}
 
-    fn problems(json: &str) -> Vec<String> {
-        unstripped_cells(json.as_bytes()).unwrap()
-    }
+/// The measurement `result` holds, else the one recorded in `recorded`, labelled so.
+pub fn shown(result: &Result<Measurement, MeasureError>, recorded: &Path) -> Shown<Measurement> {
+    Shown::or_recorded(result.as_ref().cloned(), recorded, Measurement::load)
+}
 
-    #[test]
-    fn outputs_and_counts_are_found() {
-        let clean = r#"{"nbformat":4,"cells":[{"cell_type":"code","execution_count":null,"outputs":[],"source":[]}]}"#;
-        assert!(problems(clean).is_empty());
-        let run = r#"{"nbformat":4,"cells":[{"cell_type":"markdown","source":[]},{"cell_type":"code","execution_count":3,"outputs":[],"source":[]}]}"#;
-        assert_eq!(
-            problems(run),
-            ["code cell 1 carries outputs or an execution count"]
-        );
-    }
+/// Why no file holds the measurement shown.
+#[derive(Debug, thiserror::Error)]
+pub enum NoFile {
+    /// Nothing was measured here and the recording could not be read.
+    #[error("{0}")]
+    NothingShown(String),
+    #[error(transparent)]
+    Write(#[from] crate::files::WriteError),
+}
 
-    #[test]
-    fn outputs_in_other_shapes_are_found() {
-        let object = r#"{"nbformat":4,"cells":[{"cell_type":"code","execution_count":null,"outputs":{"data":{"text/plain":"42"}},"source":[]}]}"#;
-        assert_eq!(problems(object).len(), 1);
-        let on_markdown =
-            r#"{"nbformat":4,"cells":[{"cell_type":"markdown","outputs":["x"],"source":[]}]}"#;
-        assert_eq!(
-            problems(on_markdown),
-            ["markdown cell 0 carries outputs or an execution count"]
-        );
-        let v3 = r#"{"nbformat":3,"worksheets":[{"cells":[{"cell_type":"code","outputs":[{"text":"42"}]}]}]}"#;
-        let found = problems(v3);
-        assert!(
-            found.iter().any(|p| p.starts_with("nbformat 3")),
-            "{found:?}"
-        );
-        assert!(found.iter().any(|p| p.contains("worksheets")), "{found:?}");
-        let widgets = r#"{"nbformat":4,"metadata":{"widgets":{"application/vnd.jupyter.widget-state+json":{"state":{}}}},"cells":[]}"#;
-        assert_eq!(
-            problems(widgets),
-            ["the notebook's metadata carries widget state"]
-        );
-    }
-
-    /// A code cell as Jupyter saves it after a run, with its count cleared: the outputs alone
-    /// must keep the notebook from being shipped.
-    fn cell_with_output(output: &str) -> String {
-        format!(
-            r#"{{"cell_type":"code","execution_count":null,"metadata":{{}},"outputs":[{output}],"source":["1 + 1"]}}"#
-        )
-    }
-
-    #[test]
-    fn real_outputs_are_refused_without_an_execution_count() {
-        let outputs = [
-            r#"{"output_type":"stream","name":"stdout","text":["2\n"]}"#,
-            r#"{"output_type":"execute_result","execution_count":1,"data":{"text/plain":["2"]},"metadata":{}}"#,
-            r#"{"output_type":"display_data","data":{"text/html":["<table></table>"],"text/plain":["table"]},"metadata":{}}"#,
-            r#"{"output_type":"error","ename":"Error","evalue":"boom","traceback":["boom"]}"#,
-        ];
-        for output in outputs {
-            let cells = [
-                r#"{"cell_type":"markdown","metadata":{},"source":["Title"]}"#.to_string(),
-                cell_with_output(output),
-            ];
-            let nb = format!(
-                r#"{{"cells":[{}],"metadata":{{}},"nbformat":4,"nbformat_minor":5}}"#,
-                cells.join(",")
-            );
-            assert_eq!(
-                unstripped_cells(nb.as_bytes()).unwrap(),
-                ["code cell 1 carries outputs or an execution count"],
-                "{output}"
-            );
+impl Shown<Measurement> {
+    /// A file holding this measurement, for the results grid: the recorded file itself, or a new
+    /// file written in `folder`.
+    pub fn file_in(&self, folder: &Path) -> Result<PathBuf, NoFile> {
+        if let Some(file) = self.recorded_file() {
+            return Ok(file.to_path_buf());
         }
-        // Every offending cell is named, each once.
-        let two = format!(
-            r#"{{"cells":[{},{}],"metadata":{{}},"nbformat":4,"nbformat_minor":5}}"#,
-            cell_with_output(r#"{"output_type":"stream","name":"stderr","text":["w"]}"#),
-            cell_with_output(r#"{"output_type":"stream","name":"stdout","text":["x"]}"#)
-        );
-        assert_eq!(
-            unstripped_cells(two.as_bytes()).unwrap(),
-            [
-                "code cell 0 carries outputs or an execution count",
-                "code cell 1 carries outputs or an execution count"
-            ]
-        );
-        // A notebook that is not JSON is an error, not a clean notebook.
-        assert!(unstripped_cells(b"{\"cells\": [").is_err());
+        let m = self.value_or_why().map_err(NoFile::NothingShown)?;
+        let path = folder.join(format!("mesures-{}.json", m.measured_at.replace(':', "")));
+        crate::files::write_new_json(&path, m)?;
+        Ok(path)
+    }
+}
+
+/// Runs the lesson on `device` in a fresh GPU process, first with PyTorch's default allocator
+/// settings, then with expandable segments (one after the other: each sizes its last steps from
+/// the free memory, which the other must not hold); each one that cannot run here is read instead
+/// from its recording in `data` (`exemple-lecon-h200.json`,
+/// `exemple-lecon-h200-expandable.json`), labelled as recorded elsewhere, with why nothing was
+/// measured here.
+pub fn lessons(device: CudaDevice, data: &Path) -> Lessons {
+    let run = |expandable| Companion::locate()?.lesson_fresh(device, expandable);
+    let default = run(false);
+    // Without a GPU or a companion the second run would fail the same way: it is not started.
+    let expandable = match &default {
+        Err(LessonError::Unavailable(why)) => Err(LessonError::Unavailable(why.clone())),
+        Err(LessonError::Measure(e @ MeasureError::NoCompanion { .. })) => {
+            Err(LessonError::Unavailable(e.to_string()))
+        }
+        _ => run(true),
+    };
+    Lessons {
+        default: Shown::or_recorded(
+            default,
+            &data.join(RECORDED_DEFAULT),
+            LessonRecord::load_recording,
+        ),
+        expandable: Shown::or_recorded(
+            expandable,
+            &data.join(RECORDED_EXPANDABLE),
+            LessonRecord::load_recording,
+        ),
+    }
+}
+
+/// Sweeps `dimension` over `values` from `base`, each point in a fresh GPU process on `base`'s
+/// device, in a new temporary folder, until two points in a row run out of memory; without a GPU
+/// (the first point finds none), reads the sweep recorded in `recorded` instead, labelled so.
+pub fn sweep(
+    base: &MeasureConfig,
+    dimension: Dimension,
+    values: &[u64],
+    recorded: &Path,
+) -> Result<Shown<Sweep>, SweepError> {
+    let (first, last) = match (values.first(), values.last()) {
+        (Some(f), Some(l)) => (*f, *l),
+        _ => {
+            return Ok(Shown::recorded(
+                recorded,
+                "no value to sweep".into(),
+                Sweep::load,
+            ))
+        }
+    };
+    let companion = match Companion::locate() {
+        Ok(c) => c,
+        Err(e) => return Ok(Shown::recorded(recorded, e.to_string(), Sweep::load)),
+    };
+    let folder = tempfile::Builder::new()
+        .prefix("iteragpu-sweep-")
+        .tempdir()
+        .map_err(|source| SweepError::Io {
+            file: std::env::temp_dir().display().to_string(),
+            source,
+        })?
+        .keep()
+        .join("sweep");
+    let mut sweep = Sweep::open(&folder, dimension, first, last, base, false)?;
+    let runner: Box<dyn PointRunner + Send> =
+        Box::new(CompanionRunner::new(companion, base.device));
+    let done = crate::sweep::run(
+        &mut sweep,
+        values,
+        vec![runner],
+        StopRule::TwoOutOfMemoryInARow,
+        &|_, _| {},
+    );
+    match done {
+        Ok(()) => Ok(Shown::here(sweep)),
+        Err(SweepError::Unavailable(why)) => Ok(Shown::recorded(recorded, why, Sweep::load)),
+        Err(e) => Err(e),
     }
 }

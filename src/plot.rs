@@ -31,6 +31,13 @@ const RESERVED: [RGBColor; 3] = [
     RGBColor(140, 45, 4),
 ];
 
+impl Measurement {
+    /// The per-phase chart (see [`phase_chart`]).
+    pub fn chart(&self) -> Svg {
+        phase_chart(self)
+    }
+}
+
 /// Grouped bars: for each phase row, allocated baseline/end/peak and reserved baseline/end/peak, in MiB.
 pub fn phase_chart(m: &Measurement) -> Svg {
     type Field = fn(&PhaseRecord) -> u64;
@@ -173,6 +180,13 @@ pub fn step_chart(log: &StepLog) -> Svg {
     timeline_chart(&title, &steps, &lines)
 }
 
+impl crate::sweep::Sweep {
+    /// The sweep's chart (see [`sweep_chart`]).
+    pub fn chart(&self) -> Svg {
+        sweep_chart(self)
+    }
+}
+
 /// A sweep: measured peak allocated and reserved against the varied dimension, the model's
 /// predicted peak reserved at every point (out-of-memory points included, marked), the capacity
 /// the allocator can use, and the limit found. In GiB.
@@ -292,7 +306,7 @@ pub fn sweep_chart(sweep: &crate::sweep::Sweep) -> Svg {
         let red = RGBColor(200, 30, 30);
         let ooms: Vec<(f64, f64)> = rows
             .iter()
-            .filter(|r| r.status == "oom")
+            .filter(|r| r.status == crate::sweep::PointStatus::Oom)
             .map(|r| {
                 (
                     r.value as f64,

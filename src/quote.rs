@@ -69,8 +69,31 @@ pub struct Quote {
     pub unit_cost: Option<UnitCost>,
 }
 
+/// What is priced: `lots` lots of the catalog's model `gpu` for `days` days, and the distinct
+/// results accepted from the run, when known (the unit cost needs them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Order<'a> {
+    pub gpu: &'a str,
+    pub days: u32,
+    pub lots: u64,
+    pub accepted_results: Option<u64>,
+}
+
+impl Catalog {
+    /// Prices `order` from this catalog (see [`quote`]).
+    pub fn quote(&self, order: &Order) -> Result<Quote, QuoteError> {
+        quote(
+            self,
+            order.gpu,
+            order.days,
+            order.lots,
+            order.accepted_results,
+        )
+    }
+}
+
 /// Prices `lots` lots of `model` over `days` from `catalog`.
-pub fn quote(
+fn quote(
     catalog: &Catalog,
     model: &str,
     days: u32,

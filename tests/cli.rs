@@ -832,7 +832,7 @@ fn measure_out_of_memory_is_exit_3_naming_the_phase_and_writes_nothing() {
     let small = SimulatedGpu {
         capacity: 512 << 20,
     };
-    let failure = run(&args, Mode::Engine(&small)).unwrap_err();
+    let failure = run(&args, Mode::Companion(&small)).unwrap_err();
     let message = format!("{:#}", failure.error);
     assert_eq!(
         common::code(failure.status),
@@ -853,7 +853,7 @@ fn measure_out_of_memory_is_exit_3_naming_the_phase_and_writes_nothing() {
 
     // The same command line on a device large enough measures and writes both files.
     let large = SimulatedGpu { capacity: 2 << 30 };
-    run(&args, Mode::Engine(&large)).unwrap();
+    run(&args, Mode::Companion(&large)).unwrap();
     let m = iteragpu_lab::measure::Measurement::load(&out).unwrap();
     assert_eq!(m.phases.len(), 6);
     assert_eq!(
@@ -1014,7 +1014,7 @@ fn transformer_out_of_memory_is_exit_3_naming_the_stage_and_a_report_is_written_
     let out = dir.path().join("bench.json");
     let args = engine_args(transformer_args(&out));
     // 2 layers of hidden 64 and a vocabulary of 256: 106 816 parameters, 213 632 bytes in bfloat16.
-    let failure = run(&args, Mode::Engine(&SimulatedGpu { capacity: 200_000 })).unwrap_err();
+    let failure = run(&args, Mode::Companion(&SimulatedGpu { capacity: 200_000 })).unwrap_err();
     let message = format!("{:#}", failure.error);
     assert_eq!(
         common::code(failure.status),
@@ -1030,7 +1030,7 @@ fn transformer_out_of_memory_is_exit_3_naming_the_stage_and_a_report_is_written_
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 
-    run(&args, Mode::Engine(&SimulatedGpu { capacity: 1 << 30 })).unwrap();
+    run(&args, Mode::Companion(&SimulatedGpu { capacity: 1 << 30 })).unwrap();
     let report: iteragpu_lab::budget::BenchReport =
         serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(report.run.generated, 4);

@@ -18,8 +18,9 @@
 
 use iteragpu_lab::allocator::snapshot;
 use iteragpu_lab::catalog::Catalog;
-use iteragpu_lab::lesson::{LessonRecord, ShownLesson};
+use iteragpu_lab::lesson::{LessonRecord, LessonView};
 use iteragpu_lab::measure::Measurement;
+use iteragpu_lab::shown::Shown;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -440,8 +441,13 @@ fn catalog() {
             let _ = c.to_string();
             for model in c.models() {
                 for days in [3, 7, 30] {
-                    let _ = iteragpu_lab::quote::quote(&c, &model, days, 2, Some(3))
-                        .map(|q| q.to_string());
+                    let order = iteragpu_lab::quote::Order {
+                        gpu: &model,
+                        days,
+                        lots: 2,
+                        accepted_results: Some(3),
+                    };
+                    let _ = c.quote(&order).map(|q| q.to_string());
                 }
             }
             true
@@ -487,7 +493,11 @@ fn lesson() {
             // What `mesure_memoire lesson` prints and the notebook shows of a recorded lesson.
             Ok(r) => {
                 let _ = r.to_string();
-                let shown = ShownLesson::measured(r, false);
+                let lesson = Shown::here(r);
+                let shown = LessonView {
+                    shown: &lesson,
+                    expandable: false,
+                };
                 let _ = shown.header();
                 let _ = shown.steps(1..=40);
                 let _ = shown.map(8);

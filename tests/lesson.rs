@@ -13,9 +13,10 @@ use common::{
 };
 use iteragpu_lab::lesson::record::{EXPANDABLE_SEGMENTS, RECORDED_DEFAULT, RECORDED_EXPANDABLE};
 use iteragpu_lab::lesson::{
-    AllocatorSettings, LessonRecord, LessonScript, Lessons, ShownLesson, Step,
+    AllocatorSettings, LessonRecord, LessonScript, LessonView, Lessons, Step,
 };
 use iteragpu_lab::markup::labels;
+use iteragpu_lab::shown::Shown;
 use predicates::str::contains;
 use std::path::Path;
 
@@ -96,9 +97,21 @@ fn a_record_round_trips_through_json_and_bad_files_are_refused() {
     assert!(LessonRecord::from_bytes(b"{}", "r.json").is_err());
 }
 
+fn view(lesson: &Shown<LessonRecord>, expandable: bool) -> LessonView<'_> {
+    LessonView {
+        shown: lesson,
+        expandable,
+    }
+}
+
+fn recorded_elsewhere(file: &Path, why: &str) -> Shown<LessonRecord> {
+    Shown::recorded(file, why.into(), LessonRecord::load_recording)
+}
+
 #[test]
 fn a_measured_lesson_shows_each_step_with_its_prediction() {
-    let shown = ShownLesson::measured(standard(), false);
+    let lesson = Shown::here(standard());
+    let shown = view(&lesson, false);
     let h = shown.steps(2..=3).0;
     assert!(
         h.contains("MEASURED just now") && h.contains(FIXTURE_GPU),
@@ -159,7 +172,8 @@ fn the_run_with_expandable_segments_is_predicted_too() {
         .unwrap()
         .source
         .contains("expandable segments"));
-    let shown = ShownLesson::measured(r, true);
+    let lesson = Shown::here(r);
+    let shown = view(&lesson, true);
     let h = shown.steps(1..=17).0;
     assert!(h.contains("PREDICTED"), "{h}");
     assert_eq!(
@@ -169,8 +183,8 @@ fn the_run_with_expandable_segments_is_predicted_too() {
     );
     assert!(shown.summary(8).0.contains("map_block"));
     let lessons = Lessons {
-        default: ShownLesson::measured(standard(), false),
-        expandable: shown,
+        default: Shown::here(standard()),
+        expandable: lesson,
     };
     let c = lessons.compare(8).0;
     assert!(c.contains("alloc retries (expandable)") && c.contains("segments in the map"));
@@ -183,7 +197,8 @@ fn a_recorded_lesson_is_labelled_with_its_environment_and_a_missing_one_says_so(
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join(RECORDED_DEFAULT);
     std::fs::write(&file, serde_json::to_vec(&standard()).unwrap()).unwrap();
-    let recorded = ShownLesson::recorded(file, "no usable GPU here".into(), false);
+    let recorded_lesson = recorded_elsewhere(&file, "no usable GPU here");
+    let recorded = view(&recorded_lesson, false);
     let h = recorded.steps(2..=2).0;
     assert!(
         h.contains(labels::RECORDED_ELSEWHERE) && h.contains(RECORDED_DEFAULT),
@@ -194,11 +209,9 @@ fn a_recorded_lesson_is_labelled_with_its_environment_and_a_missing_one_says_so(
     assert!(header.contains(labels::NO_GPU) && header.contains("no usable GPU here"));
     assert!(header.contains("Environment") && header.contains(FIXTURE_GPU));
 
-    let missing = ShownLesson::recorded(
-        dir.path().join(RECORDED_EXPANDABLE),
-        "no usable GPU here".into(),
-        true,
-    );
+    let missing_lesson =
+        recorded_elsewhere(&dir.path().join(RECORDED_EXPANDABLE), "no usable GPU here");
+    let missing = view(&missing_lesson, true);
     for h in [
         missing.header(),
         missing.steps(2..=3),
@@ -219,8 +232,8 @@ fn a_recorded_lesson_is_labelled_with_its_environment_and_a_missing_one_says_so(
         "{h}"
     );
     // The default lesson missing: the model's prediction alone, labelled, for the fixed steps.
-    let missing_default =
-        ShownLesson::recorded(dir.path().join("absent.json"), "no GPU".into(), false);
+    let missing_default_lesson = recorded_elsewhere(&dir.path().join("absent.json"), "no GPU");
+    let missing_default = view(&missing_default_lesson, false);
     let h = missing_default.steps(2..=3).0;
     assert!(
         h.contains("PREDICTED") && h.contains("2. allocate a (1 B)"),
@@ -232,17 +245,16 @@ fn a_recorded_lesson_is_labelled_with_its_environment_and_a_missing_one_says_so(
         .0
         .contains("no predicted step"));
     let lessons = Lessons {
-        default: missing_default,
-        expandable: missing,
+        default: missing_default_lesson.clone(),
+        expandable: missing_lesson.clone(),
     };
     assert!(lessons.compare(8).0.contains("cannot be shown"));
     assert!(lessons.header().0.contains("missing, not recorded yet"));
     // A file that is not a lesson: said, never shown.
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, b"{\"schema\": \"iteragpu-lab/measurement/v1\"}").unwrap();
-    let h = ShownLesson::recorded(bad, "no GPU".into(), false)
-        .header()
-        .0;
+    let bad_lesson = recorded_elsewhere(&bad, "no GPU");
+    let h = view(&bad_lesson, false).header().0;
     assert!(h.contains("is not a lesson record"), "{h}");
 }
 
@@ -258,10 +270,7 @@ fn a_model_lesson_needs_the_sizes_it_ran_with() {
     let mut r = standard();
     r.environment.device.as_mut().unwrap().compute_capability = "6.1".into();
     assert!(r.model().is_err());
-    assert!(ShownLesson::measured(r, false)
-        .steps(2..=2)
-        .0
-        .contains("6.1"));
+    assert!(view(&Shown::here(r), false).steps(2..=2).0.contains("6.1"));
 }
 
 // The command line.
@@ -422,11 +431,11 @@ fn the_gpu_process_writes_the_record_once_and_never_over_a_file() {
     let mut line = lesson_args(&out);
     line.push("--quiet".into());
     let args = engine_args(line);
-    run(&args, Mode::Engine(&ModelGpu)).unwrap();
+    run(&args, Mode::Companion(&ModelGpu)).unwrap();
     let r = LessonRecord::load(&out).unwrap();
     assert_eq!(r.steps.len(), 17);
     assert_eq!(r.allocator_configuration, None);
-    let failure = run(&args, Mode::Engine(&ModelGpu)).unwrap_err();
+    let failure = run(&args, Mode::Companion(&ModelGpu)).unwrap_err();
     assert_eq!(common::code(failure.status), OUTPUT_EXISTS);
     assert_eq!(LessonRecord::load(&out).unwrap(), r, "untouched");
     assert_eq!(

@@ -1,7 +1,7 @@
 //! The committed notebooks are valid and carry no outputs or execution counts; each one loads the
 //! library from the repository and opens with the note on the first compile.
 
-use iteragpu_lab::notebook::unstripped_cells;
+use iteragpu_lab::bundle::notebook::unstripped_cells;
 
 fn notebooks() -> Vec<std::path::PathBuf> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/notebooks");

@@ -99,10 +99,41 @@ fn without_the_companion_a_sweep_exits_2_and_a_folder_with_results_is_kept() {
     );
 }
 
+/// A companion that finds no GPU (exit 2, as `measure` does) stops the sweep after its first
+/// point: exit 2, no row written, no folder left.
+#[test]
+fn without_a_gpu_a_sweep_exits_2_after_its_first_point_and_writes_no_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let standin = stand_in_companion(
+        dir.path(),
+        "#!/bin/sh\n\
+         tr '\\0' ' ' >> \"$STANDIN_LOG\"\n\
+         echo >> \"$STANDIN_LOG\"\n\
+         echo 'mesure_memoire: error: no usable GPU: CUDA is not available' >&2\n\
+         exit 2\n",
+    );
+    let out = dir.path().join("s");
+    mm().env("IGL_COMPANION", &standin)
+        .env("STANDIN_LOG", &log)
+        .args(sweep_args(&["--step", "1"], &out))
+        .assert()
+        .code(UNAVAILABLE)
+        .stderr(contains("no usable GPU"))
+        .stderr(contains("no row written"));
+    assert!(!out.exists(), "the sweep's folder is left behind");
+    let given = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        given.lines().filter(|l| l.contains("measure")).count(),
+        1,
+        "{given}"
+    );
+}
+
 /// Each point is handed to a companion started ahead as a spare (`IGL_SPARE=1`, its command line on
 /// stdin), and no companion outlives the sweep, the one started for a next point included. The
 /// stand-in companion logs what it is given and runs out of memory, as a GPU would for a point
-/// too large.
+/// too large, saying in its result file (`IGL_RESULT_FILE`) in which phase.
 #[test]
 fn each_point_goes_to_a_spare_companion_and_none_outlives_the_sweep() {
     let dir = tempfile::tempdir().unwrap();
@@ -114,7 +145,9 @@ fn each_point_goes_to_a_spare_companion_and_none_outlives_the_sweep() {
          [ \"$IGL_SPARE\" = 1 ] || { echo 'not a spare' >&2; exit 1; }\n\
          given=$(tr '\\0' ' ')\n\
          echo \"given $$ $given\" >> \"$STANDIN_LOG\"\n\
-         echo 'error: CUDA ran out of memory during phase `cold_forward`: CUDA out of memory' >&2\n\
+         echo 'error: CUDA out of memory' >&2\n\
+         printf '{\"schema\":\"iteragpu-lab/companion-result/1\",\"exit_code\":3,\
+         \"message\":\"CUDA out of memory\",\"during\":\"cold_forward\"}' > \"$IGL_RESULT_FILE\"\n\
          exit 3\n",
     );
     let out = dir.path().join("s");

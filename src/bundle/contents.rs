@@ -5,9 +5,9 @@
 //! are refused, never followed or opened, each file and the whole are capped, and notebooks must
 //! carry no outputs.
 
+use super::notebook::unstripped_cells;
 use super::tree::{self, Kind};
 use super::{unsafe_path, BundleError, MANIFEST, MAX_CONTENT_BYTES, MAX_FILES, MAX_FILE_BYTES};
-use crate::notebook::unstripped_cells;
 use std::path::Path;
 
 /// What a release ships, relative to the project root: a file, or with a final `/` a folder and

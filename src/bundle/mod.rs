@@ -9,7 +9,8 @@
 //! - [`verify`](mod@verify): a zip or an extracted folder against its manifest, accepting only what
 //!   [`build`] writes, with bounded reading; nothing is written;
 //! - [`extract`](mod@extract): a verified zip into a new folder, atomically;
-//! - [`tree`]: reading a folder without trusting it.
+//! - [`tree`]: reading a folder without trusting it;
+//! - [`notebook`]: whether a notebook is stripped of its outputs, as it must be to ship.
 //!
 //! Builds are deterministic: the same tree gives the same bytes.
 
@@ -19,6 +20,7 @@ pub mod archive;
 pub mod contents;
 pub mod extract;
 pub mod manifest;
+pub mod notebook;
 pub mod tree;
 pub mod verify;
 

@@ -4,7 +4,7 @@
 use super::{values, Context, Outcome};
 use crate::budget::Budget;
 use crate::catalog::Catalog;
-use crate::quote::quote;
+use crate::quote::Order;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -57,7 +57,13 @@ pub fn run(args: &Args) -> Outcome {
     let (Some(gpu), Some(days), Some(lots)) = (&args.gpu, args.days, args.lots) else {
         unreachable!("clap requires --gpu, --days and --lots without --list");
     };
-    let q = quote(&catalog, gpu, days, lots, args.accepted_results).context(format!(
+    let order = Order {
+        gpu,
+        days,
+        lots,
+        accepted_results: args.accepted_results,
+    };
+    let q = catalog.quote(&order).context(format!(
         "cannot price --gpu {gpu} --days {days} --lots {lots}"
     ))?;
     super::print(&q, args.json)?;

@@ -4,7 +4,8 @@
 //! it does `measure`; with `--expandable-segments` it also sets
 //! `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the companion's environment.
 
-use super::mesure_memoire::{hand_over_to_engine_with, Mode};
+use super::handover::hand_over;
+use super::Mode;
 use super::{say, Context, Failure, Outcome};
 use crate::device::CudaDevice;
 use crate::files;
@@ -37,10 +38,13 @@ pub fn run(a: &LessonArgs, mode: Mode) -> Outcome {
     let set = alloc_conf_for(a.expandable_segments, current.as_deref())?;
     files::check_new_file(&a.output)?;
     let gpu = match mode {
-        Mode::Engine(gpu) => gpu,
+        Mode::Companion(gpu) => gpu,
         Mode::Front => {
-            let env: Vec<(&str, &str)> = set.map(|v| (ALLOC_CONF, v)).into_iter().collect();
-            return hand_over_to_engine_with(&env);
+            let env: Vec<(&str, &std::ffi::OsStr)> = set
+                .map(|v| (ALLOC_CONF, std::ffi::OsStr::new(v)))
+                .into_iter()
+                .collect();
+            return hand_over(&env);
         }
     };
     if set.is_some() {

@@ -5,18 +5,17 @@
 //! So when libtorch cannot be loaded this program still says so clearly (exit code 2 for
 //! `measure`, a report saying so for `environment`) instead of dying in the system's loader.
 
-use super::{say, signals, values, Context, Outcome};
+use super::shape::ShapeArgs;
+pub use super::Mode;
+use super::{say, values, Context, Outcome};
 use crate::allocator::{ComputeCapability, WorkspaceSettings, Workspaces};
-use crate::companion::{Companion, Ended};
 use crate::device::CudaDevice;
 use crate::environment::EnvironmentReport;
-use crate::estimate::estimate;
+use crate::estimate::WeightQuestion;
 use crate::files;
 use crate::gpu::Gpu;
 use crate::measure::predict;
-use crate::measure::{Dtype, MeasureConfig, MeasureError, Measurement};
-use crate::status::Status;
-use crate::sweep::Dimension;
+use crate::measure::{MeasureConfig, Measurement};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -91,102 +90,6 @@ pub struct EnvironmentArgs {
     pub json: bool,
 }
 
-/// The synthetic network and the passes of a measurement (shared by `measure`, `predict` and
-/// `sweep`). Batch, context and width are required, except the one a sweep varies.
-#[derive(Debug, clap::Args)]
-pub struct ShapeArgs {
-    /// Input batch size.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub batch: Option<u64>,
-    /// Positions per sample in the input [batch, context, width] (no attention, no KV cache).
-    #[arg(long, value_parser = values::positive_u64)]
-    pub context: Option<u64>,
-    /// Input and output features.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub width: Option<u64>,
-    /// Hidden features [default: 4 × width].
-    #[arg(long, value_parser = values::positive_u64)]
-    pub hidden: Option<u64>,
-    /// Element type of weights and inputs: float32, float16 or bfloat16.
-    #[arg(long, value_parser = values::dtype)]
-    pub dtype: Dtype,
-    /// Warm-up passes, measured together in one row (0 to 10000).
-    #[arg(long, value_parser = values::warmup)]
-    pub warmup: u32,
-    /// Warm passes measured one row each (1 to 10000).
-    #[arg(long, value_parser = values::repeats)]
-    pub repeats: u32,
-}
-
-impl ShapeArgs {
-    /// The validated configuration on `device`; an invalid value is reported with its flag.
-    pub fn config(&self, device: CudaDevice) -> Result<MeasureConfig, super::Failure> {
-        self.build(None, device)
-    }
-
-    /// The configuration of a sweep over `dimension` starting at `from`: the varied dimension's
-    /// own flag is refused (except `--hidden`, which the width follows when absent).
-    pub fn config_varying(
-        &self,
-        dimension: Dimension,
-        from: u64,
-        device: CudaDevice,
-    ) -> Result<MeasureConfig, super::Failure> {
-        self.build(Some((dimension, from)), device)
-    }
-
-    fn build(
-        &self,
-        varying: Option<(Dimension, u64)>,
-        device: CudaDevice,
-    ) -> Result<MeasureConfig, super::Failure> {
-        let pick = |dimension: Dimension, given: Option<u64>| -> Result<u64, super::Failure> {
-            match (varying, given) {
-                (Some((d, _)), Some(_)) if d == dimension => Err(FlagError(format!(
-                    "--{dimension} is the dimension --vary sweeps: remove --{dimension}"
-                ))
-                .into()),
-                (Some((d, from)), None) if d == dimension => Ok(from),
-                (_, Some(v)) => Ok(v),
-                (_, None) => Err(FlagError(format!("--{dimension} is required")).into()),
-            }
-        };
-        let mut config = MeasureConfig {
-            device,
-            batch: pick(Dimension::Batch, self.batch)?,
-            context: pick(Dimension::Context, self.context)?,
-            width: pick(Dimension::Width, self.width)?,
-            hidden: self.hidden,
-            dtype: self.dtype,
-            warmup: self.warmup,
-            repeats: self.repeats,
-        };
-        if let Some((Dimension::Hidden, from)) = varying {
-            if self.hidden.is_some() {
-                return Err(FlagError(
-                    "--hidden is the dimension --vary sweeps: remove --hidden".into(),
-                )
-                .into());
-            }
-            config.hidden = Some(from);
-        }
-        config
-            .validated()
-            .context("invalid --batch, --context, --width, --hidden, --warmup or --repeats")
-    }
-}
-
-/// A flag missing or given where it must not be.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct FlagError(pub String);
-
-impl crate::status::Classify for FlagError {
-    fn status(&self) -> crate::status::Status {
-        crate::status::Status::Usage
-    }
-}
-
 #[derive(Debug, clap::Args)]
 #[command(allow_negative_numbers = true)]
 pub struct MeasureArgs {
@@ -222,18 +125,6 @@ pub struct PredictArgs {
     pub json: bool,
 }
 
-/// Where `environment` and `measure` run.
-#[derive(Clone, Copy)]
-pub enum Mode<'a> {
-    /// This program does not link libtorch: it hands GPU work to `mesure_memoire_torch`.
-    Front,
-    /// This program links libtorch: the GPU work runs here, through this backend.
-    Engine(&'a dyn Gpu),
-}
-
-/// The companion program's file name.
-pub const ENGINE: &str = crate::companion::PROGRAM;
-
 pub fn main(mode: Mode) -> ExitCode {
     main_from(mode, std::env::args_os())
 }
@@ -246,14 +137,19 @@ pub fn main_from(mode: Mode, args: impl IntoIterator<Item = std::ffi::OsString>)
 pub fn run(args: &Args, mode: Mode) -> Outcome {
     match &args.command {
         Command::Estimate(a) => {
-            let e = estimate(a.parameters, a.bits, a.reserve_gib)
-                .context("invalid --parameters, --bits or --reserve-gib")?;
+            let e = WeightQuestion {
+                parameters: a.parameters,
+                bits: a.bits,
+                reserve_gib: a.reserve_gib,
+            }
+            .estimate()
+            .context("invalid --parameters, --bits or --reserve-gib")?;
             super::print(&e, a.json)?;
         }
         Command::Environment(a) => {
             let report = match mode {
-                Mode::Engine(gpu) => gpu.environment(Some(a.device)),
-                Mode::Front => match run_engine() {
+                Mode::Companion(gpu) => gpu.environment(Some(a.device)),
+                Mode::Front => match super::handover::run_companion(&[]) {
                     Ok(code) => return Ok(code),
                     Err(why) => EnvironmentReport::companion_unreachable(
                         a.device,
@@ -272,8 +168,8 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
                 files::check_new_file(plot)?;
             }
             match mode {
-                Mode::Engine(gpu) => run_measure(gpu, a, &config)?,
-                Mode::Front => return hand_over_to_engine(),
+                Mode::Companion(gpu) => run_measure(gpu, a, &config)?,
+                Mode::Front => return super::handover::hand_over(&[]),
             }
         }
         Command::Lesson(a) => return super::lesson::run(a, mode),
@@ -353,66 +249,4 @@ fn run_measure(
 /// The workspace settings of this process's environment (only the variables the model names).
 fn workspace_settings() -> Result<WorkspaceSettings, crate::allocator::workspace::WorkspaceError> {
     WorkspaceSettings::from_lookup(|name| std::env::var(name).ok())
-}
-
-/// Hands this command line over to the companion (see [`run_engine`]); a companion that is
-/// missing or cannot be loaded is exit 2.
-pub(super) fn hand_over_to_engine() -> Outcome {
-    hand_over_to_engine_with(&[])
-}
-
-/// [`hand_over_to_engine`] with the variables `env` set in the companion's environment.
-pub(super) fn hand_over_to_engine_with(env: &[(&str, &str)]) -> Outcome {
-    run_engine_with(env).map_err(|why| {
-        if why.companion_found {
-            MeasureError::LibtorchNotLoadable(why.message)
-        } else {
-            MeasureError::NoCompanion {
-                companion: ENGINE.into(),
-            }
-        }
-        .into()
-    })
-}
-
-/// Why the companion could not do the work.
-struct EngineRefusal {
-    /// The companion exists (then the loader or a signal stopped it).
-    companion_found: bool,
-    message: String,
-}
-
-/// Runs this same command line in the companion, passing its exit code through; Ctrl-C or
-/// SIGTERM stops the companion (exit 130, no file). `Err` says why libtorch could not be used:
-/// the companion is missing or the loader refused it.
-fn run_engine() -> Result<ExitCode, EngineRefusal> {
-    run_engine_with(&[])
-}
-
-/// [`run_engine`] with the variables `env` set in the companion's environment.
-fn run_engine_with(env: &[(&str, &str)]) -> Result<ExitCode, EngineRefusal> {
-    let companion = Companion::locate().map_err(|_| EngineRefusal {
-        companion_found: false,
-        message: format!("the GPU companion {ENGINE} is not installed beside this program"),
-    })?;
-    let refused = |message: String| EngineRefusal {
-        companion_found: true,
-        message,
-    };
-    signals::stop_companions_on_interrupt();
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    // The file name alone in messages: a report never carries a path of this machine.
-    match companion.run_with_env(&args, false, env) {
-        Err(e) => Err(refused(format!("cannot start {ENGINE}: {e}"))),
-        Ok(Ended::Interrupted) => Ok(Status::Interrupted.into()),
-        Ok(Ended::Exited { status, .. }) => match status.code() {
-            // The system loader could not load a library (it printed which one above).
-            Some(crate::companion::LOADER_FAILED) => Err(refused(format!(
-                "the system loader could not start {ENGINE} (message above); make libtorch \
-                 reachable, e.g. LD_LIBRARY_PATH=<site-packages>/torch/lib:<site-packages>/nvidia/cu13/lib"
-            ))),
-            Some(code) => Ok(ExitCode::from(u8::try_from(code).unwrap_or(1))),
-            None => Err(refused(format!("{ENGINE} was killed by a signal"))),
-        },
-    }
 }

@@ -10,11 +10,13 @@
 
 pub mod budget;
 pub mod calcul_forfaits;
+pub mod handover;
 pub mod lesson;
 pub mod mesure_memoire;
 pub mod paquet_lab;
 pub mod progress;
 pub mod resultats_bruts;
+pub mod shape;
 pub mod signals;
 pub mod sweep;
 pub mod transformer;
@@ -24,6 +26,17 @@ use crate::status::{Classify, Status};
 use std::fmt::Display;
 use std::io::Write;
 use std::process::ExitCode;
+
+/// Where `environment`, `measure`, `lesson` and `transformer` run.
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
+    /// This program does not link libtorch: it hands GPU work to its companion
+    /// `mesure_memoire_torch`.
+    Front,
+    /// This program is the companion, which links libtorch: the GPU work runs here, through this
+    /// backend.
+    Companion(&'a dyn crate::gpu::Gpu),
+}
 
 /// A command that failed: the exit status its error chose, and the error with its context.
 #[derive(Debug)]
@@ -102,7 +115,20 @@ pub fn run_main_from<P: clap::Parser>(
     run: impl FnOnce(P) -> Outcome,
 ) -> ExitCode {
     match parse_from::<P>(args) {
-        Ok(args) => run(args).unwrap_or_else(|f| report(program, &f)),
+        Ok(args) => {
+            let outcome = run(args);
+            // A parent that asked for it (the companion's hand-over) is told how this ended.
+            let result = match &outcome {
+                Ok(_) => crate::companion::CompanionResult::new(Status::Ok, None, None),
+                Err(f) => crate::companion::CompanionResult::new(
+                    f.status,
+                    Some(message(&f.error)),
+                    crate::companion::CompanionResult::place_of(&f.error),
+                ),
+            };
+            result.write_if_asked();
+            outcome.unwrap_or_else(|f| report(program, &f))
+        }
         Err(code) => code,
     }
 }

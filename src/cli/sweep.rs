@@ -1,14 +1,15 @@
 //! `mesure_memoire sweep`: one dimension varied over a range, each point in a fresh GPU process,
 //! optionally the limit found (predicted, then verified), on one GPU or several in parallel.
 
-use super::mesure_memoire::ShapeArgs;
+use super::shape::ShapeArgs;
 use super::{progress, say, signals, values, Context, Failure, Outcome};
 use crate::companion::{Companion, CompanionRunner};
 use crate::device::CudaDevice;
-use crate::sweep::{self, Dimension, PointOutcome, PointRunner, Spacing, Sweep, SweepError};
+use crate::sweep::{
+    self, Dimension, PointOutcome, PointRunner, PointStatus, Spacing, StopRule, Sweep,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::time::Instant;
 
 #[derive(Debug, clap::Args)]
@@ -119,10 +120,8 @@ fn log2_span(from: u64, to: u64) -> u64 {
     u64::from(64 - (to - from).leading_zeros())
 }
 
-/// Runs the planned points, one fresh process each, over `devices` in parallel; stops after two
-/// out-of-memory points in a row (in value order) unless --keep-going. Each worker records its
-/// point and decides whether to go on under one lock, so that a stop is seen before the next
-/// point starts.
+/// Runs the planned points, one fresh process each, over `devices` in parallel, with a progress
+/// bar; stops after two out-of-memory points in a row (in value order) unless --keep-going.
 fn run_points(
     sweep: &mut Sweep,
     companion: &Companion,
@@ -130,96 +129,31 @@ fn run_points(
     planned: &[u64],
     a: &SweepArgs,
 ) -> Result<(), Failure> {
-    let todo: Vec<u64> = planned
-        .iter()
-        .copied()
-        .filter(|v| sweep.row(*v).is_none())
-        .collect();
+    let done = planned.iter().filter(|v| sweep.row(**v).is_some()).count();
     let bar = progress::bar(planned.len() as u64, a.quiet);
-    bar.set_position((planned.len() - todo.len()) as u64);
-    let folder = sweep.folder.clone();
-    let points: Vec<(u64, crate::measure::MeasureConfig, PathBuf)> = todo
+    bar.set_position(done as u64);
+    let runners = devices
         .iter()
-        .map(|v| {
-            let (config, file) = sweep.point(*v);
-            (*v, config, folder.join(file))
+        .map(|d| {
+            Box::new(CompanionRunner::new(companion.clone(), *d)) as Box<dyn PointRunner + Send>
         })
         .collect();
-    struct Shared<'s> {
-        sweep: &'s mut Sweep,
-        next: usize,
-        stop: bool,
-        ooms: usize,
-        failure: Option<SweepError>,
-    }
-    let shared = Mutex::new(Shared {
-        sweep,
-        next: 0,
-        stop: false,
-        ooms: 0,
-        failure: None,
-    });
-    std::thread::scope(|scope| {
-        for device in devices {
-            let (shared, points, bar) = (&shared, &points, &bar);
-            let mut runner = CompanionRunner::new(companion.clone(), *device);
-            scope.spawn(move || loop {
-                let started = Instant::now();
-                let ((value, config, output), written) = {
-                    let mut s = shared.lock().expect("no worker panics");
-                    if s.stop || crate::companion::interrupted() {
-                        break;
-                    }
-                    let Some(point) = points.get(s.next) else {
-                        break;
-                    };
-                    s.next += 1;
-                    (point, s.sweep.written_earlier(point.0))
-                };
-                let outcome = written.unwrap_or_else(|| runner.run(config, output));
-                let mut s = shared.lock().expect("no worker panics");
-                match s
-                    .sweep
-                    .record(*value, outcome, started.elapsed().as_secs_f64())
-                {
-                    Ok(Some(row)) => {
-                        s.ooms += usize::from(row.status == "oom");
-                        bar.inc(1);
-                        bar.set_message(progress(a.vary, *value, s.ooms));
-                        if !a.keep_going && two_ooms_in_a_row(s.sweep) {
-                            s.stop = true;
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        s.stop = true;
-                        s.failure.get_or_insert(e);
-                    }
-                }
-            });
-        }
+    let stop = if a.keep_going {
+        StopRule::Never
+    } else {
+        StopRule::TwoOutOfMemoryInARow
+    };
+    let result = sweep::run(sweep, planned, runners, stop, &|s: &Sweep, row| {
+        let ooms = s
+            .rows
+            .iter()
+            .filter(|r| r.status == PointStatus::Oom)
+            .count();
+        bar.inc(1);
+        bar.set_message(progress(a.vary, row.value, ooms));
     });
     bar.finish_and_clear();
-    let shared = shared.into_inner().expect("no worker panics");
-    if let Some(e) = shared.failure {
-        return Err(e.into());
-    }
-    if crate::companion::interrupted() {
-        return Err(SweepError::Interrupted {
-            done: shared.sweep.rows.len(),
-            folder: shared.sweep.folder.clone(),
-        }
-        .into());
-    }
-    Ok(())
-}
-
-/// Whether the recorded rows, in value order, hold two out-of-memory points in a row.
-fn two_ooms_in_a_row(sweep: &Sweep) -> bool {
-    sweep
-        .rows
-        .windows(2)
-        .any(|w| w[0].status == "oom" && w[1].status == "oom")
+    Ok(result?)
 }
 
 /// The progress bar's message: the current value and the out-of-memory count.

@@ -2,7 +2,8 @@
 //! the GPU (`budget::bench`). As for `measure`, the flags and the output path are checked in both
 //! processes before any GPU work, and the work itself runs in the companion that links libtorch.
 
-use super::mesure_memoire::{hand_over_to_engine, Mode};
+use super::handover::hand_over;
+use super::Mode;
 use super::{say, values, Context, Failure, Outcome};
 use crate::budget::{BenchMode, BenchRun, LinearTarget};
 use crate::device::CudaDevice;
@@ -104,8 +105,8 @@ pub fn run(a: &TransformerArgs, mode: Mode) -> Outcome {
     let bench_run = a.bench_run()?;
     files::check_new_file(&a.output)?;
     let gpu = match mode {
-        Mode::Front => return hand_over_to_engine(),
-        Mode::Engine(gpu) => gpu,
+        Mode::Front => return hand_over(&[]),
+        Mode::Companion(gpu) => gpu,
     };
     let bench = gpu.transformer().ok_or_else(|| MeasureError::Torch {
         phase: None,

@@ -18,7 +18,7 @@ pub use row::{header_line, measurement_identity, neutralise, Cell, GridRow, CELL
 use crate::catalog::{Catalog, CatalogError};
 use crate::files::{self, WriteError};
 use crate::measure::{report::LoadError, Measurement};
-use crate::quote::{quote, QuoteError};
+use crate::quote::{Order, QuoteError};
 use crate::status::{Classify, Status};
 use row::{build_row, check_row, user_text, RowInputs};
 use std::fmt;
@@ -243,13 +243,12 @@ pub fn append(grid: &Path, request: &AppendRequest) -> Result<GridRow, GridError
     }
     let measurement = Measurement::load(&request.measurement)?;
     let catalog = Catalog::load(request.catalog.as_deref())?;
-    let q = quote(
-        &catalog,
-        &request.gpu,
-        request.days,
-        request.lots,
-        Some(request.accepted_results),
-    )?;
+    let q = catalog.quote(&Order {
+        gpu: &request.gpu,
+        days: request.days,
+        lots: request.lots,
+        accepted_results: Some(request.accepted_results),
+    })?;
     let row = build_row(
         &RowInputs {
             measurement_file: &measurement_file,

@@ -13,7 +13,7 @@ pub mod view;
 
 pub use record::{AllocatorSettings, LessonPrediction, LessonRecord, StepRecord, LESSON_SCHEMA};
 pub use script::{LessonScript, Resolved, Step};
-pub use view::{Lessons, ShownLesson};
+pub use view::{LessonView, Lessons};
 
 use crate::allocator::workspace::{
     ComputeCapability, WorkspaceError, WorkspaceSettings, Workspaces, KNOWN_ARCHITECTURES,

@@ -203,6 +203,22 @@ impl LessonRecord {
         Self::from_bytes(&bytes, &path.display().to_string())
     }
 
+    /// Reads a lesson recorded on another machine for a notebook to show: a missing file is said
+    /// to be missing, not recorded yet.
+    pub fn load_recording(path: &Path) -> Result<LessonRecord, String> {
+        use crate::files::ReadError;
+        Self::load(path).map_err(|e| match e {
+            LessonFileError::Read(ReadError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                "it is missing, not recorded yet (scripts/gpu/lesson-proof.py records it on a GPU \
+                 machine)"
+                    .to_string()
+            }
+            e => e.to_string(),
+        })
+    }
+
     /// Parses lesson bytes read from `file`.
     pub fn from_bytes(bytes: &[u8], file: &str) -> Result<LessonRecord, LessonFileError> {
         let invalid = |message: String| LessonFileError::Invalid {

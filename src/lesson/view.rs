@@ -1,41 +1,34 @@
-//! How the notebook shows the lesson: each step's figures (measured just now in a fresh process of
-//! the GPU companion, or recorded on another machine and labelled so, with its environment) with
-//! the allocator model's prediction under them, the allocator's map after a step, a summary like
-//! `torch.cuda.memory_summary`, the chart of all steps, and the run with expandable segments beside
-//! the default one. Every method returns HTML and never fails: a missing lesson says why, in the
-//! words of [`crate::markup::labels`].
+//! How the notebook shows the lesson: each step's figures (measured just now in a fresh GPU
+//! process, or recorded on another machine and labelled so, with its environment) and the
+//! allocator model's prediction of the same step in one table with their difference, the
+//! allocator's map after a step, a summary like `torch.cuda.memory_summary`, the chart of all
+//! steps, and the run with expandable segments beside the default one. Every method returns HTML
+//! and never fails: a missing lesson says why, in the words of [`crate::markup::labels`].
 
 use super::record::{LessonRecord, StepRecord, ALLOC_CONF};
 use super::script::LessonScript;
 use super::{LessonModel, PREDICTED};
-use crate::allocator::ComputeCapability;
-use crate::allocator::{Pool, SegmentView};
+use crate::allocator::{ComputeCapability, Pool, SegmentView};
 use crate::markup::{labels, table, Html};
-use crate::reading::{DeviceStats, StepReading};
+use crate::reading::{DeviceStats, StepLog, StepReading};
+use crate::shown::Shown;
+use crate::units::Bytes;
 use std::ops::RangeInclusive;
-use std::path::PathBuf;
 
-/// A lesson to show: measured just now, or read from a file recorded on another machine, or
-/// neither (then why).
-#[derive(Debug, Clone)]
-pub struct ShownLesson {
-    /// The lesson, when there is one to show.
-    pub record: Option<LessonRecord>,
-    /// The recorded file, when the lesson was not measured here.
-    pub recorded: Option<PathBuf>,
-    /// Why nothing was measured here, when nothing was.
-    pub not_measured: Option<String>,
-    /// Why there is no lesson to show, when there is none.
-    pub missing: Option<String>,
-    /// Whether this is the run with expandable segments.
-    pub expandable: bool,
-}
-
-/// The lesson with PyTorch's default settings and the one with expandable segments.
+/// The lesson with PyTorch's default settings and the one with expandable segments, each measured
+/// here or recorded elsewhere.
 #[derive(Debug, Clone)]
 pub struct Lessons {
-    pub default: ShownLesson,
-    pub expandable: ShownLesson,
+    pub default: Shown<LessonRecord>,
+    pub expandable: Shown<LessonRecord>,
+}
+
+/// How one of the two lessons is shown: its figures, the model's beside them, its maps.
+#[derive(Debug, Clone, Copy)]
+pub struct LessonView<'a> {
+    pub shown: &'a Shown<LessonRecord>,
+    /// Whether this is the run with expandable segments.
+    pub expandable: bool,
 }
 
 /// The architecture the notebook's prediction assumes when there is no record: the H200's.
@@ -60,52 +53,14 @@ fn indices(range: &RangeInclusive<usize>, len: usize) -> Option<(usize, usize)> 
     (first < end).then_some((first, end))
 }
 
-impl ShownLesson {
-    /// A lesson measured just now on this machine.
-    pub fn measured(record: LessonRecord, expandable: bool) -> ShownLesson {
-        ShownLesson {
-            record: Some(record),
-            recorded: None,
-            not_measured: None,
-            missing: None,
-            expandable,
-        }
-    }
+/// A byte count with its digits grouped and MiB beside it.
+fn bytes(v: u64) -> String {
+    format!("{} ({})", crate::units::grouped(v), Bytes(v).mib_text())
+}
 
-    /// The lesson recorded in `file` on another machine, shown because nothing was measured here
-    /// (`why`); when the file cannot be read, nothing is shown and both reasons are said.
-    pub fn recorded(file: PathBuf, why: String, expandable: bool) -> ShownLesson {
-        use super::record::LessonFileError;
-        use crate::files::ReadError;
-        let (record, missing) = match LessonRecord::load(&file) {
-            Ok(r) => (Some(r), None),
-            Err(LessonFileError::Read(ReadError::Io { source, .. }))
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                (
-                    None,
-                    Some(format!(
-                        "The lesson recorded elsewhere ({}) cannot be shown: it is missing, not \
-                         recorded yet (scripts/gpu/lesson-proof.py records it on a GPU machine).",
-                        file.display()
-                    )),
-                )
-            }
-            Err(e) => (
-                None,
-                Some(format!(
-                    "The lesson recorded elsewhere ({}) cannot be shown: {e}.",
-                    file.display()
-                )),
-            ),
-        };
-        ShownLesson {
-            record,
-            recorded: Some(file),
-            not_measured: Some(why),
-            missing,
-            expandable,
-        }
+impl LessonView<'_> {
+    fn record(&self) -> Option<&LessonRecord> {
+        self.shown.value.as_ref()
     }
 
     /// The line that says where the figures come from (it heads every table).
@@ -115,10 +70,9 @@ impl ShownLesson {
         } else {
             "default allocator settings".into()
         };
-        match (&self.record, &self.recorded) {
+        match (self.record(), self.shown.recorded_file()) {
             (Some(r), None) => format!(
-                "MEASURED just now on this machine ({}, {settings}), in a fresh process of the \
-                 GPU companion",
+                "MEASURED just now on this machine ({}, {settings}), in a fresh GPU process",
                 r.gpu_name()
             ),
             (Some(r), Some(file)) => format!(
@@ -136,14 +90,14 @@ impl ShownLesson {
     /// Why nothing is shown (no GPU here and no readable recording), as the notes every cell
     /// repeats; `None` when there is a lesson.
     fn absent(&self) -> Option<Html> {
-        if self.record.is_some() {
+        if self.record().is_some() {
             return None;
         }
         let mut h = Html(String::new());
-        if let Some(why) = &self.not_measured {
+        if let Some(why) = self.shown.not_measured() {
             h = h.then(bold_note(labels::NO_GPU, why));
         }
-        Some(h.then(note(self.missing.as_deref().unwrap_or("No lesson."))))
+        Some(h.then(note(self.shown.missing.as_deref().unwrap_or("No lesson."))))
     }
 
     /// Where the figures come from, why nothing was measured here (when nothing was), the
@@ -152,9 +106,9 @@ impl ShownLesson {
         if let Some(h) = self.absent() {
             return h;
         }
-        let r = self.record.as_ref().expect("a record");
+        let r = self.record().expect("a record");
         let mut h = bold_note(&self.source(), "");
-        if let Some(why) = &self.not_measured {
+        if let Some(why) = self.shown.not_measured() {
             h = h.then(bold_note(labels::NO_GPU, why));
         }
         let s = &r.allocator_settings;
@@ -179,7 +133,7 @@ impl ShownLesson {
     /// change from the step before, and the model's prediction of the same steps under them (or
     /// why there is none).
     pub fn steps(&self, range: RangeInclusive<usize>) -> Html {
-        let Some(r) = &self.record else {
+        let Some(r) = self.record() else {
             let h = self.absent().unwrap_or(Html(String::new()));
             return h.then(self.prediction_without_record(|m| {
                 match indices(&range, m.log.steps.len()) {
@@ -197,10 +151,9 @@ impl ShownLesson {
                 range.end()
             ));
         };
-        let h = log.rows(first, end);
         match r.model() {
-            Ok(m) => h.then(m.log.rows(first, end.min(m.log.steps.len()))),
-            Err(why) => h.then(note(&why)),
+            Ok(m) => beside_prediction(&log, &m.log, first, end),
+            Err(why) => log.rows(first, end).then(note(&why)),
         }
     }
 
@@ -229,7 +182,7 @@ impl ShownLesson {
 
     /// The record of step `n` (numbered as in the tables), or why there is none.
     fn step(&self, n: usize) -> Result<(&LessonRecord, usize, &StepRecord), Html> {
-        let r = self.record.as_ref().ok_or_else(|| note("No lesson."))?;
+        let r = self.record().ok_or_else(|| note("No lesson."))?;
         match n
             .checked_sub(1)
             .and_then(|i| r.steps.get(i).map(|s| (i, s)))
@@ -349,7 +302,7 @@ impl ShownLesson {
     /// `allocated`, `reserved` and the GPU memory in use over every step, with how many steps the
     /// model predicted exactly.
     pub fn chart(&self) -> Html {
-        let Some(r) = &self.record else {
+        let Some(r) = self.record() else {
             let h = self.absent().unwrap_or(Html(String::new()));
             return h.then(self.prediction_without_record(|m| m.log.chart()));
         };
@@ -510,47 +463,65 @@ fn summary_table(caption: &str, r: &StepReading, s: &DeviceStats, map: &[Segment
 }
 
 impl Lessons {
+    /// The lesson with PyTorch's default settings.
+    pub fn default_view(&self) -> LessonView<'_> {
+        LessonView {
+            shown: &self.default,
+            expandable: false,
+        }
+    }
+
+    /// The lesson with expandable segments.
+    pub fn expandable_view(&self) -> LessonView<'_> {
+        LessonView {
+            shown: &self.expandable,
+            expandable: true,
+        }
+    }
+
     /// Where both lessons come from; the default one's environment.
     pub fn header(&self) -> Html {
-        let expandable = match &self.expandable.record {
-            Some(_) => bold_note(&self.expandable.source(), ""),
-            None => self.expandable.absent().unwrap_or(Html(String::new())),
+        let e = self.expandable_view();
+        let expandable = match e.record() {
+            Some(_) => bold_note(&e.source(), ""),
+            None => e.absent().unwrap_or(Html(String::new())),
         };
-        self.default
+        self.default_view()
             .header()
             .then(note("And the same lesson with expandable segments:"))
             .then(expandable)
     }
 
-    /// Steps `range` of the default lesson (see [`ShownLesson::steps`]).
+    /// Steps `range` of the default lesson (see [`LessonView::steps`]).
     pub fn steps(&self, range: RangeInclusive<usize>) -> Html {
-        self.default.steps(range)
+        self.default_view().steps(range)
     }
 
-    /// The default lesson's map after step `n` (see [`ShownLesson::map`]).
+    /// The default lesson's map after step `n` (see [`LessonView::map`]).
     pub fn map(&self, n: usize) -> Html {
-        self.default.map(n)
+        self.default_view().map(n)
     }
 
-    /// The default lesson's summary after step `n` (see [`ShownLesson::summary`]).
+    /// The default lesson's summary after step `n` (see [`LessonView::summary`]).
     pub fn summary(&self, n: usize) -> Html {
-        self.default.summary(n)
+        self.default_view().summary(n)
     }
 
-    /// The default lesson's chart (see [`ShownLesson::chart`]).
+    /// The default lesson's chart (see [`LessonView::chart`]).
     pub fn chart(&self) -> Html {
-        self.default.chart()
+        self.default_view().chart()
     }
 
     /// The two runs side by side: after every step, the counters of each (allocated, reserved,
     /// segments counted and in the map, inactive split bytes, retries), then both maps after step
-    /// `n`. No prediction for the run with expandable segments: the model does not cover them.
+    /// `n`, and how far the model's prediction of each run is from it.
     pub fn compare(&self, n: usize) -> Html {
-        let (Some(d), Some(e)) = (&self.default.record, &self.expandable.record) else {
+        let (dv, ev) = (self.default_view(), self.expandable_view());
+        let (Some(d), Some(e)) = (dv.record(), ev.record()) else {
             let mut h = Html(String::new());
-            for shown in [&self.default, &self.expandable] {
-                if let Some(absent) = shown.absent() {
-                    h = h.then(note(&shown.source())).then(absent);
+            for view in [dv, ev] {
+                if let Some(absent) = view.absent() {
+                    h = h.then(note(&view.source())).then(absent);
                 }
             }
             return h;
@@ -584,8 +555,8 @@ impl Lessons {
         let h = table(
             &format!(
                 "After each step — default: {} | expandable: {}",
-                self.default.source(),
-                self.expandable.source()
+                dv.source(),
+                ev.source()
             ),
             &[
                 "step",
@@ -604,24 +575,31 @@ impl Lessons {
             ],
             &rows,
         );
-        let maps = [(d, &self.default), (e, &self.expandable)].map(|(r, shown)| {
+        let maps = [(d, dv), (e, ev)].map(|(r, view)| {
             match n.checked_sub(1).and_then(|i| r.steps.get(i)) {
                 Some(s) => map_html(
                     &format!("After step {n}: {}", s.reading.step),
-                    &shown.source(),
+                    &view.source(),
                     &s.map,
                     Some(&s.stats),
                 ),
-                None => note(&format!("{}: there is no step {n}.", shown.source())),
+                None => note(&format!("{}: there is no step {n}.", view.source())),
             }
         });
         let [dm, em] = maps;
+        let verdicts =
+            [(d, "default settings"), (e, "expandable segments")].map(|(r, what)| {
+                match r.exact_steps() {
+                    Some((equal, of)) => format!(
+                    "The allocator model's prediction with {what} equals {equal} of {of} steps."
+                ),
+                    None => r.why_not_predicted().unwrap_or_default(),
+                }
+            });
         h.then(note(EXPANDABLE_COUNTS))
             .then(dm)
             .then(em)
-            .then(note(&e.why_not_predicted().unwrap_or_else(|| {
-                "(the expandable run reported default settings)".into()
-            })))
+            .then(note(&verdicts.join(" ")))
     }
 
     pub fn evcxr_display(&self) {
@@ -629,8 +607,77 @@ impl Lessons {
     }
 }
 
-impl ShownLesson {
+impl LessonView<'_> {
     pub fn evcxr_display(&self) {
         self.header().evcxr_display()
     }
+}
+
+/// Steps `first..end` measured (or recorded) and predicted in one table: for each step the
+/// measured figures, the predicted ones under them, and measured − predicted (0 where the model
+/// is exact); bytes with digits grouped and MiB beside them.
+fn beside_prediction(measured: &StepLog, predicted: &StepLog, first: usize, end: usize) -> Html {
+    let figures = |s: &StepReading| {
+        [
+            s.requested,
+            s.allocated,
+            s.reserved,
+            s.peak_allocated,
+            s.peak_reserved,
+        ]
+    };
+    let mut rows = Vec::new();
+    for i in first..end.min(measured.steps.len()) {
+        let m = &measured.steps[i];
+        let prev = i.checked_sub(1).map(|j| &measured.steps[j]);
+        let delta = |now: u64, before: Option<u64>| {
+            before.map_or(String::new(), |b| {
+                format!("{:+}", i128::from(now) - i128::from(b))
+            })
+        };
+        let mut row = vec![format!("{}. {}", i + 1, m.step), "measured".into()];
+        row.extend(figures(m).map(bytes));
+        row.push(m.segments.to_string());
+        row.push(delta(m.allocated, prev.map(|p| p.allocated)));
+        row.push(delta(m.reserved, prev.map(|p| p.reserved)));
+        row.push(m.runtime_used.map_or("—".into(), bytes));
+        rows.push(row);
+        if let Some(p) = predicted.steps.get(i) {
+            let mut row = vec![String::new(), "predicted".into()];
+            row.extend(figures(p).map(bytes));
+            row.push(p.segments.to_string());
+            row.extend([String::new(), String::new(), "—".into()]);
+            rows.push(row);
+            let mut row = vec![String::new(), "measured − predicted".into()];
+            let (fm, fp) = (figures(m), figures(p));
+            row.extend((0..5).map(|k| format!("{:+}", i128::from(fm[k]) - i128::from(fp[k]))));
+            row.push(format!(
+                "{:+}",
+                i128::from(m.segments) - i128::from(p.segments)
+            ));
+            row.extend([String::new(), String::new(), String::new()]);
+            rows.push(row);
+        }
+    }
+    table(
+        &format!(
+            "{} | {}",
+            measured.source.as_deref().unwrap_or("measured"),
+            predicted.source.as_deref().unwrap_or("predicted")
+        ),
+        &[
+            "step",
+            "",
+            "requested",
+            "allocated",
+            "reserved",
+            "peak allocated",
+            "peak reserved",
+            "segments",
+            "Δ allocated",
+            "Δ reserved",
+            "GPU used (runtime)",
+        ],
+        &rows,
+    )
 }

@@ -7,12 +7,14 @@ mod config;
 pub mod predict;
 mod protocol;
 pub mod report;
+mod table;
 
 pub use crate::dtype::Dtype;
 pub use config::{ConfigError, MeasureConfig, SyntheticModel, MAX_PASSES};
 pub use predict::{predict, PhasePrediction, PredictError, Prediction};
 pub use protocol::{run_protocol, Backend, PhaseBlocks, PhaseRecord, RowPrediction};
-pub use report::{phase_cells, Measurement, PHASE_COLUMNS, SCHEMA};
+pub use report::{Measurement, SCHEMA};
+pub use table::{phase_cells, PHASE_COLUMNS};
 
 use crate::reading::Phase;
 use crate::status::{Classify, Status};
@@ -28,6 +30,9 @@ pub enum MeasureError {
     LibtorchNotLoadable(String),
     #[error("no usable GPU: {0} — nothing was measured, no file written, no CPU fallback")]
     NoGpu(String),
+    /// The GPU process found no usable GPU or libtorch (its exit 2), said in its own words.
+    #[error("{0}")]
+    Unavailable(String),
     #[error(
         "device cuda:{index} does not exist: {count} CUDA device(s) visible — nothing was \
          measured, no file written"
@@ -111,6 +116,7 @@ impl Classify for MeasureError {
             MeasureError::NoCompanion { .. }
             | MeasureError::LibtorchNotLoadable(_)
             | MeasureError::NoGpu(_)
+            | MeasureError::Unavailable(_)
             | MeasureError::DeviceMissing { .. } => Status::Unavailable,
             MeasureError::OutOfMemory { .. } => Status::OutOfMemory,
             MeasureError::Torch { .. } => Status::Failure,

@@ -13,8 +13,8 @@
 //!   `addmm` requires), the cuBLASLt workspace; `gelu`; free `hidden`; `output`; free `gelu`.
 //!   The output is alive at the end reading and freed right after it.
 
-use super::report::PHASE_WIDTHS;
-use super::{MeasureConfig, PHASE_COLUMNS};
+use super::table::{PHASE_COLUMNS, PHASE_WIDTHS};
+use super::MeasureConfig;
 use crate::allocator::workspace::WorkspaceError;
 use crate::allocator::{
     AddressOrder, AllocatorConfig, ComputeCapability, LiveBlock, Replay, SegmentView, Workspaces,

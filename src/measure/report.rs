@@ -1,6 +1,7 @@
 //! The measurement result file: environment, configuration, synthetic model and phase rows, with a
 //! schema tag; written once, atomically, never over an existing file.
 
+use super::table::{phase_cells, PHASE_COLUMNS, PHASE_WIDTHS};
 use super::{ConfigError, MeasureConfig, PhaseRecord, RowPrediction, SyntheticModel};
 use crate::environment::EnvironmentReport;
 use crate::units::Bytes;
@@ -206,11 +207,6 @@ impl Measurement {
         )
     }
 
-    /// The per-phase chart.
-    pub fn chart(&self) -> crate::markup::Svg {
-        crate::plot::phase_chart(self)
-    }
-
     /// The largest `peak_reserved_bytes` over all phases.
     pub fn max_peak_reserved(&self) -> Bytes {
         Bytes(
@@ -220,148 +216,6 @@ impl Measurement {
                 .max()
                 .unwrap_or(0),
         )
-    }
-}
-
-/// A measurement to show, and where it comes from: made just now, or read from a file recorded
-/// on another machine (then said so, in the words of [`crate::markup::labels`]).
-#[derive(Debug, Clone)]
-pub struct Shown {
-    pub measurement: Measurement,
-    /// The recorded file, when the measurement was not made here.
-    pub recorded_file: Option<std::path::PathBuf>,
-}
-
-impl Shown {
-    /// The measurement `result` holds, else the one recorded in `recorded`.
-    pub fn or_recorded(
-        result: &Result<Measurement, super::MeasureError>,
-        recorded: &Path,
-    ) -> Result<Shown, LoadError> {
-        Ok(match result {
-            Ok(m) => Shown {
-                measurement: m.clone(),
-                recorded_file: None,
-            },
-            Err(_) => Shown {
-                measurement: Measurement::load(recorded)?,
-                recorded_file: Some(recorded.to_path_buf()),
-            },
-        })
-    }
-
-    /// One line saying what is shown and where it was measured.
-    pub fn origin(&self) -> String {
-        let m = &self.measurement;
-        let whence = match &self.recorded_file {
-            None => "measured just now on this machine".to_string(),
-            Some(file) => format!(
-                "{} ({}), not measured on this machine",
-                crate::markup::labels::RECORDED_ELSEWHERE,
-                file.display()
-            ),
-        };
-        format!(
-            "{} on {}, {}: {whence}",
-            m.configuration.device,
-            m.gpu_name(),
-            m.measured_at
-        )
-    }
-
-    /// The per-phase chart under its origin line.
-    pub fn chart(&self) -> crate::markup::Html {
-        self.measurement.chart().with_caption(&self.origin())
-    }
-
-    /// The allocator's map when `allocated` peaked during the cold pass, every block named: the
-    /// measured map when the measurement recorded one (`--blocks`), else the model's, said so.
-    pub fn cold_pass_map(&self) -> crate::markup::Html {
-        use super::Phase;
-        let m = &self.measurement;
-        let cold = m.phases.iter().find(|p| p.phase == Phase::ColdForward);
-        let (segments, whence) = match cold.and_then(|p| p.blocks.as_ref()) {
-            Some(b) => (b.at_peak.clone(), "the allocator's own map, measured".to_string()),
-            None => match self.measurement.model_prediction(&Default::default()) {
-                Ok(p) => (
-                    p.phases
-                        .iter()
-                        .find(|r| r.phase == Phase::ColdForward)
-                        .map(|r| r.segments_at_end.clone())
-                        .unwrap_or_default(),
-                    "PREDICTED by the allocator model (this file holds no map): the end of the pass"
-                        .to_string(),
-                ),
-                Err(_) => (Vec::new(), "no map recorded and no prediction possible".to_string()),
-            },
-        };
-        crate::plot::segment_map(&format!("cold_forward: {whence}"), &segments)
-            .with_caption(&self.origin())
-    }
-
-    /// Each phase row measured, predicted and their difference, as a table.
-    pub fn prediction_table(&self) -> crate::markup::Html {
-        let (m, note) = if self
-            .measurement
-            .phases
-            .iter()
-            .all(|p| p.prediction.is_some())
-        {
-            (
-                std::borrow::Cow::Borrowed(&self.measurement),
-                "Predictions as recorded with the measurement.",
-            )
-        } else {
-            let mut m = self.measurement.clone();
-            m.attach_prediction(Ok(Default::default()));
-            (
-                std::borrow::Cow::Owned(m),
-                "Predicted now, with PyTorch's default workspace settings.",
-            )
-        };
-        let mut rows = Vec::new();
-        for p in &m.phases {
-            let Some(pred) = &p.prediction else { continue };
-            let label = match p.repetition {
-                Some(r) => format!("{} {r}", p.phase.name()),
-                None => p.phase.name().to_string(),
-            };
-            let measured = ("measured", p.figures.named().map(|(_, v)| v.to_string()));
-            for (what, values) in std::iter::once(measured).chain(pred.cells()) {
-                let mut row = vec![label.clone(), what.to_string()];
-                row.extend(values);
-                rows.push(row);
-            }
-        }
-        let verdict = match &m.model {
-            Some(c) if c.not_predicted.is_none() => format!(
-                "{} of {} rows exact to the byte ({}). {note}",
-                c.exact_rows, c.rows, c.model
-            ),
-            Some(c) => format!(
-                "No prediction: {}",
-                c.not_predicted.as_deref().unwrap_or("")
-            ),
-            None => "No prediction.".into(),
-        };
-        crate::markup::table(
-            &format!("Measured and predicted, bytes ({})", self.origin()),
-            &[&["phase", ""], &PHASE_COLUMNS[2..8]].concat(),
-            &rows,
-        )
-        .then(crate::markup::Html::note(&verdict))
-    }
-
-    /// A file holding this measurement, for the results grid: the recorded file itself, or a new
-    /// file written in `folder`.
-    pub fn file_in(&self, folder: &Path) -> Result<std::path::PathBuf, crate::files::WriteError> {
-        if let Some(file) = &self.recorded_file {
-            return Ok(file.clone());
-        }
-        let m = &self.measurement;
-        let path = folder.join(format!("mesures-{}.json", m.measured_at.replace(':', "")));
-        crate::files::write_new_json(&path, m)?;
-        Ok(path)
     }
 }
 
@@ -415,38 +269,6 @@ impl fmt::Display for Measurement {
             "Bytes are the caching allocator's own counters; see `notes` in the JSON for their scope."
         )
     }
-}
-
-/// Column titles of a phase table (text and HTML).
-pub const PHASE_COLUMNS: [&str; 10] = [
-    "phase",
-    "rep",
-    "alloc base",
-    "alloc end",
-    "alloc peak",
-    "resv base",
-    "resv end",
-    "resv peak",
-    "host ms",
-    "gpu ms",
-];
-/// The phase table's minimum column widths in text.
-pub const PHASE_WIDTHS: [usize; 10] = [13, 4, 14, 14, 14, 14, 14, 14, 10, 10];
-
-/// One phase row as table cells, in the order of [`PHASE_COLUMNS`].
-pub fn phase_cells(p: &PhaseRecord) -> [String; 10] {
-    [
-        p.phase.name().to_string(),
-        p.repetition.map_or("-".into(), |r| r.to_string()),
-        p.figures.allocated_baseline_bytes.to_string(),
-        p.figures.allocated_end_bytes.to_string(),
-        p.figures.peak_allocated_bytes.to_string(),
-        p.figures.reserved_baseline_bytes.to_string(),
-        p.figures.reserved_end_bytes.to_string(),
-        p.figures.peak_reserved_bytes.to_string(),
-        format!("{:.3}", p.host_wall_time_ms),
-        format!("{:.3}", p.gpu_event_time_ms),
-    ]
 }
 
 #[cfg(test)]

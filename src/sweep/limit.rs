@@ -105,9 +105,9 @@ pub fn find_limit(
             if !before {
                 *points += 1;
             }
-            Ok(match row.status.as_str() {
-                "ok" => Some(true),
-                "oom" => Some(false),
+            Ok(match row.status {
+                super::PointStatus::Ok => Some(true),
+                super::PointStatus::Oom => Some(false),
                 _ => None,
             })
         };

@@ -4,19 +4,26 @@
 //! prediction, and the largest value that fits found by prediction first, then verified on both
 //! sides by measurement (bisection when the prediction is wrong).
 //!
-//! The points run through a [`PointRunner`]: the command line's runs the GPU companion program;
-//! tests use a simulated one.
+//! - [`plan`](mod@plan): the values a sweep measures;
+//! - [`folder`]: the sweep's files, its rows and its summary ([`Sweep`]);
+//! - [`run`](mod@run): the points measured on one GPU or several until the stop rule says enough;
+//! - [`limit`]: the largest value that fits, predicted then verified.
+//!
+//! The points run through a [`PointRunner`]: the command line's and the notebooks' run the GPU
+//! companion program; tests use a simulated one.
 
-mod limit;
-mod plan;
-mod record;
+pub mod folder;
+pub mod limit;
+pub mod plan;
+pub mod run;
 
-pub use limit::{find_limit, Capacity, LimitSearch};
-pub use plan::{values, Dimension, PlanError, Spacing, MAX_POINTS};
-pub use record::{
+pub use folder::{
     csv_header, libraries_outside_allocator, Sweep, SweepError, SweepRow, SweepSummary, CSV_FILE,
     SUMMARY_FILE,
 };
+pub use limit::{find_limit, Capacity, LimitSearch};
+pub use plan::{values, Dimension, PlanError, Spacing, MAX_POINTS};
+pub use run::{run, StopRule};
 
 use crate::measure::{MeasureConfig, Measurement};
 use std::path::Path;
@@ -35,6 +42,39 @@ pub enum PointOutcome {
     Failed(String),
     /// The sweep was interrupted while this point ran: no row is written for it.
     Interrupted,
+    /// No usable GPU or libtorch for the point's process (its exit 2): the sweep stops, and no
+    /// row is written for it.
+    Unavailable(String),
+}
+
+/// How a measured point ended, as its row says it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::Display,
+    strum::IntoStaticStr,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum PointStatus {
+    /// Measured.
+    Ok,
+    /// CUDA ran out of memory.
+    Oom,
+    /// Any other failure.
+    Error,
+}
+
+impl PointStatus {
+    /// The status as the row writes it (`ok`, `oom`, `error`).
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// Runs one point in a fresh process and writes its measurement to `output`.
@@ -173,7 +213,7 @@ mod tests {
         for v in values(1, 64, Spacing::Geometric).unwrap() {
             sweep.measure(&mut gpu, v).unwrap().unwrap();
         }
-        let statuses: Vec<_> = sweep.rows.iter().map(|r| r.status.as_str()).collect();
+        let statuses: Vec<_> = sweep.rows.iter().map(|r| r.status.name()).collect();
         assert_eq!(statuses, ["ok", "ok", "ok", "ok", "ok", "oom", "oom"]);
         assert_eq!(sweep.rows[5].oom_phase, "cold_forward");
         // Measured figures come with the model's beside them, and here they agree.
@@ -229,7 +269,7 @@ mod tests {
         let oom: Vec<u64> = sweep
             .rows
             .iter()
-            .filter(|r| r.status == "oom")
+            .filter(|r| r.status == PointStatus::Oom)
             .map(|r| r.value)
             .collect();
         assert!(oom.contains(&(expected + 1)));
@@ -283,7 +323,7 @@ mod tests {
         let mut resumed = open(&folder, 8, true).unwrap();
         let mut again = Simulated::new(20 << 30);
         let row = resumed.measure(&mut again, 2).unwrap().unwrap();
-        assert_eq!((row.status.as_str(), row.batch), ("ok", 2));
+        assert_eq!((row.status.name(), row.batch), ("ok", 2));
         assert!(again.runs.is_empty(), "not measured again");
         assert!(resumed.written_earlier(4).is_none());
         assert_eq!(Sweep::load(&folder).unwrap().rows.len(), 2);

@@ -11,7 +11,7 @@ fn main() -> std::process::ExitCode {
         return Status::Interrupted.into();
     }
     match iteragpu_lab::companion::command_line() {
-        Ok(Some(args)) => main_from(Mode::Engine(&iteragpu_torch::TorchGpu), args),
+        Ok(Some(args)) => main_from(Mode::Companion(&iteragpu_torch::TorchGpu), args),
         // A spare let go: it was not needed.
         Ok(None) => Status::Ok.into(),
         Err(e) => {

@@ -2,7 +2,7 @@
 //! cleanly in pandas), the measurements beside it, and `sweep.json`, the summary with the
 //! environment once. An existing folder with results is continued only on request (`resume`).
 
-use super::{Dimension, PointOutcome, PointRunner};
+use super::{Dimension, PointOutcome, PointRunner, PointStatus};
 use crate::allocator::{ComputeCapability, Workspaces};
 use crate::environment::EnvironmentReport;
 use crate::files::{self, WriteError};
@@ -25,7 +25,7 @@ pub struct SweepRow {
     pub dimension: Dimension,
     pub value: u64,
     /// `ok`, `oom` or `error`.
-    pub status: String,
+    pub status: PointStatus,
     /// The phase that ran out of memory (status `oom`), when known.
     pub oom_phase: String,
     /// The failure's message (status `oom` or `error`).
@@ -103,6 +103,9 @@ pub enum SweepError {
     Interrupted { done: usize, folder: PathBuf },
     #[error(transparent)]
     Plan(#[from] super::PlanError),
+    /// A point's process found no usable GPU or libtorch: nothing measured, no row written.
+    #[error("{0} — nothing was measured, no row written, no CPU fallback")]
+    Unavailable(String),
 }
 
 impl crate::status::Classify for SweepError {
@@ -115,6 +118,7 @@ impl crate::status::Classify for SweepError {
             SweepError::Write(e) => e.status(),
             SweepError::Interrupted { .. } => Status::Interrupted,
             SweepError::Plan(e) => e.status(),
+            SweepError::Unavailable(_) => Status::Unavailable,
         }
     }
 }
@@ -129,6 +133,8 @@ pub struct Sweep {
     /// The architecture and workspaces the predictions use, once known (from the first point's
     /// environment, or given).
     pub model: Option<(ComputeCapability, Workspaces)>,
+    /// Whether this sweep made its folder.
+    created: bool,
 }
 
 impl Sweep {
@@ -169,6 +175,7 @@ impl Sweep {
             rows: Vec::new(),
             summary,
             model: None,
+            created: false,
         };
         let io = |source| SweepError::Io {
             file: folder.display().to_string(),
@@ -176,6 +183,7 @@ impl Sweep {
         };
         if !folder.exists() {
             std::fs::create_dir(folder).map_err(io)?;
+            sweep.created = true;
             return Ok(sweep);
         }
         let has_results = csv_path.exists() || folder.join(SUMMARY_FILE).exists();
@@ -256,10 +264,10 @@ impl Sweep {
     }
 
     fn recount(&mut self) {
-        let count = |s: &str| self.rows.iter().filter(|r| r.status == s).count();
+        let count = |s: PointStatus| self.rows.iter().filter(|r| r.status == s).count();
         self.summary.points = self.rows.len();
-        self.summary.out_of_memory = count("oom");
-        self.summary.failed = count("error");
+        self.summary.out_of_memory = count(PointStatus::Oom);
+        self.summary.failed = count(PointStatus::Error);
     }
 
     /// The model's peaks for `config`, when the architecture is known.
@@ -312,13 +320,21 @@ impl Sweep {
     }
 
     /// Records how the point `value` ended (see [`Sweep::point`]), and rewrites the files.
-    /// `None`: interrupted, nothing recorded.
+    /// `None`: interrupted, nothing recorded. A point that found no GPU stops the sweep
+    /// ([`SweepError::Unavailable`]), recording nothing; a folder this sweep made, still empty, is
+    /// removed.
     pub fn record(
         &mut self,
         value: u64,
         outcome: PointOutcome,
         seconds: f64,
     ) -> Result<Option<SweepRow>, SweepError> {
+        if let PointOutcome::Unavailable(why) = outcome {
+            if self.created && self.rows.is_empty() {
+                let _ = std::fs::remove_dir(&self.folder);
+            }
+            return Err(SweepError::Unavailable(why));
+        }
         let (config, file) = self.point(value);
         let Some(row) = self.row_of(&config, value, outcome, seconds, file) else {
             return Ok(None);
@@ -347,18 +363,18 @@ impl Sweep {
         row.predicted_peak_reserved_bytes = predicted.map(|p| p.1);
         row.seconds = seconds;
         match outcome {
-            PointOutcome::Interrupted => return None,
+            PointOutcome::Interrupted | PointOutcome::Unavailable(_) => return None,
             PointOutcome::OutOfMemory { phase, message } => {
-                row.status = "oom".into();
+                row.status = PointStatus::Oom;
                 row.oom_phase = phase.unwrap_or_default();
                 row.message = message;
             }
             PointOutcome::Failed(message) => {
-                row.status = "error".into();
+                row.status = PointStatus::Error;
                 row.message = message;
             }
             PointOutcome::Measured(m) => {
-                row.status = "ok".into();
+                row.status = PointStatus::Ok;
                 row.measurement_file = file;
                 if let Some(p) = m
                     .phases
@@ -450,7 +466,7 @@ impl SweepRow {
         SweepRow {
             dimension,
             value,
-            status: String::new(),
+            status: PointStatus::Ok,
             oom_phase: String::new(),
             message: String::new(),
             batch: config.batch,
@@ -536,8 +552,8 @@ impl std::fmt::Display for Sweep {
         )?;
         let cell = |v: Option<u64>| v.map_or("-".to_string(), |b| Bytes(b).grouped());
         for r in &self.rows {
-            let status = match r.status.as_str() {
-                "oom" if !r.oom_phase.is_empty() => format!("oom ({})", r.oom_phase),
+            let status = match r.status {
+                PointStatus::Oom if !r.oom_phase.is_empty() => format!("oom ({})", r.oom_phase),
                 s => s.to_string(),
             };
             writeln!(
@@ -556,12 +572,5 @@ impl std::fmt::Display for Sweep {
             "{} point(s): {} out of memory, {} failed; each in its own process.",
             self.summary.points, self.summary.out_of_memory, self.summary.failed
         )
-    }
-}
-
-impl Sweep {
-    /// The sweep's chart (see [`crate::plot::sweep_chart`]).
-    pub fn chart(&self) -> crate::markup::Svg {
-        crate::plot::sweep_chart(self)
     }
 }

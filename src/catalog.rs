@@ -206,18 +206,11 @@ impl CatalogRow {
 impl fmt::Display for Catalog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "Catalog: {}", self.source)?;
-        let line = |f: &mut fmt::Formatter<'_>, c: &[&str]| {
-            writeln!(
-                f,
-                "{:<14} {:<36} {:>8} {:>12} {:>5} {:>14} {:<10}",
-                c[0], c[1], c[2], c[3], c[4], c[5], c[6]
-            )
-        };
-        line(f, &CATALOG_COLUMNS)?;
-        for r in &self.rows {
-            let cells = r.cells();
-            line(f, &cells.each_ref().map(String::as_str))?;
-        }
+        let rows = self.rows.iter().map(|r| r.cells().to_vec()).collect();
+        let table = crate::markup::Table::new(&CATALOG_COLUMNS, rows)
+            .with_min_widths(&[14, 36, 8, 12, 5, 14, 10])
+            .with_left(&[0, 1, 6]);
+        write!(f, "{table}")?;
         write!(
             f,
             "Lot prices include all the lot's GPUs; durations 3, 7 or 30 days only."
@@ -377,63 +370,91 @@ fn read_record(line: &str) -> Result<Vec<String>, (&'static str, String)> {
     Ok(values)
 }
 
-/// Splits one line into values: plain (no quote inside) or enclosed in double quotes, with `""`
-/// standing for one quote. `Err((index, message))` names the value that is malformed.
+/// Splits one line into values with the csv crate, after checking the rules it is lenient about:
+/// a value is plain (no quote inside) or enclosed in double quotes, with `""` standing for one
+/// quote, nothing after its closing quote, and closed on its own line. `Err((index, message))`
+/// names the value that is malformed.
 fn split_values(line: &str) -> Result<Vec<String>, (usize, String)> {
-    let mut values = Vec::new();
-    let mut rest = line;
-    loop {
-        let index = values.len();
-        let after = if let Some(quoted) = rest.strip_prefix('"') {
-            let mut value = String::new();
+    strict_quotes(line)?;
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(line.as_bytes());
+    let record = match reader.records().next() {
+        Some(Ok(record)) => record,
+        Some(Err(e)) => return Err((0, e.to_string())),
+        None => csv::StringRecord::from(vec![""]),
+    };
+    Ok(record.iter().map(str::to_string).collect())
+}
+
+/// The quoting rules of a catalog line (see [`split_values`]), value by value.
+fn strict_quotes(line: &str) -> Result<(), (usize, String)> {
+    for (index, mut rest) in (0..).zip(QuotedSplit(Some(line))) {
+        if let Some(quoted) = rest.strip_prefix('"') {
+            // A closing quote, not doubled, ends the value.
             let mut chars = quoted.char_indices().peekable();
-            let after =
-                loop {
-                    match chars.next() {
-                        None => return Err((
+            let after = loop {
+                match chars.next() {
+                    None => {
+                        return Err((
                             index,
-                            "a quote opens on this line and is not closed on it (a value cannot \
-                             span lines)"
+                            "a quote opens on this line and is not closed on it (a value \
+                             cannot span lines)"
                                 .into(),
-                        )),
-                        Some((_, '"')) if chars.peek().is_some_and(|(_, c)| *c == '"') => {
-                            chars.next();
-                            value.push('"');
-                        }
-                        Some((i, '"')) => break &quoted[i + 1..],
-                        Some((_, c)) => value.push(c),
+                        ))
                     }
-                };
-            values.push(value);
-            after
-        } else {
-            let end = rest.find(',').unwrap_or(rest.len());
-            let value = &rest[..end];
-            if value.contains('"') {
-                return Err((
-                    index,
-                    format!(
-                        "`{}` has a quote inside; quote a whole value: \"...\"",
-                        printable(value)
-                    ),
-                ));
-            }
-            values.push(value.to_string());
-            &rest[end..]
-        };
-        match after.strip_prefix(',') {
-            Some(next) => rest = next,
-            None if after.is_empty() => return Ok(values),
-            None => {
+                    Some((_, '"')) if chars.peek().is_some_and(|(_, c)| *c == '"') => {
+                        chars.next();
+                    }
+                    Some((i, '"')) => break &quoted[i + 1..],
+                    Some(_) => {}
+                }
+            };
+            if !after.is_empty() {
                 return Err((
                     index,
                     format!(
                         "`{}` follows a closing quote; a quoted value ends at the quote",
-                        printable(after.split(',').next().unwrap_or(after))
+                        printable(after)
                     ),
-                ))
+                ));
+            }
+            rest = "";
+        }
+        if rest.contains('"') {
+            return Err((
+                index,
+                format!(
+                    "`{}` has a quote inside; quote a whole value: \"...\"",
+                    printable(rest)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The raw values of a line, split at the commas outside quotes.
+struct QuotedSplit<'a>(Option<&'a str>);
+
+impl<'a> Iterator for QuotedSplit<'a> {
+    type Item = &'a str;
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.0?;
+        let mut quoted = false;
+        for (i, c) in rest.char_indices() {
+            match c {
+                '"' => quoted = !quoted,
+                ',' if !quoted => {
+                    self.0 = Some(&rest[i + 1..]);
+                    return Some(&rest[..i]);
+                }
+                _ => {}
             }
         }
+        self.0 = None;
+        Some(rest)
     }
 }
 

@@ -9,10 +9,11 @@
 //! created with `O_EXCL`), so that [`remove_leftovers`] can recognise the ones a killed writer left
 //! and never touches a file of the user's.
 //!
-//! Input files (catalog, measurement, grid) are read by [`read_capped`]: only regular files, and
-//! at most the size limit of their [`Input`] kind, so that `/dev/zero`, a named pipe or a huge
-//! file given as an input is refused at once with a clear error instead of exhausting memory or
-//! waiting forever.
+//! Input files (catalog, measurement, grid, budget, presets...) are read by [`read_capped`]: only
+//! regular files, and at most the size limit of their [`Input`] kind, so that `/dev/zero`, a named
+//! pipe or a huge file given as an input is refused at once with a clear error naming the file's
+//! role instead of exhausting memory or waiting forever. A JSON file tagged with its schema is read
+//! and checked by [`load_tagged`], once for every kind.
 
 use crate::status::{Classify, Status};
 use std::fmt;
@@ -20,7 +21,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// The kinds of input file the programs read whole, each with its size limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::VariantArray)]
 pub enum Input {
     /// A package catalog (`data/tarifs-forfaits.csv` is about 3 KiB): at most 16 MiB.
     Catalog,
@@ -29,18 +30,45 @@ pub enum Input {
     Measurement,
     /// The results grid (about 1 KiB a row): at most 256 MiB.
     Grid,
+    /// A budget written by `mesure_memoire budget --output` (a few KiB): at most 64 MiB.
+    Budget,
+    /// Model presets with the columns of `data/modeles.csv` (a few KiB): at most 16 MiB.
+    Presets,
+    /// A transformer bench report written by `mesure_memoire transformer` (tens of KiB): at most
+    /// 64 MiB.
+    BenchReport,
+    /// A lesson record written by `mesure_memoire lesson` (about 100 KiB): at most 64 MiB.
+    Lesson,
+    /// A sweep's `sweep.csv` or `sweep.json` (about 1 KiB a point): at most 64 MiB.
+    Sweep,
+    /// The result file a GPU process writes at its exit (a few hundred bytes): at most 1 MiB.
+    CompanionResult,
 }
 
 impl Input {
     /// Every kind, in the order of the README's "Limits on input sizes".
-    pub const ALL: [Input; 3] = [Input::Catalog, Input::Measurement, Input::Grid];
+    pub const ALL: &'static [Input] = <Input as strum::VariantArray>::VARIANTS;
 
     /// The largest file of this kind that is read, in bytes.
     pub const fn limit(self) -> u64 {
         match self {
-            Input::Catalog => 16 << 20,
-            Input::Measurement => 64 << 20,
+            Input::Catalog | Input::Presets => 16 << 20,
+            Input::Measurement
+            | Input::Budget
+            | Input::BenchReport
+            | Input::Lesson
+            | Input::Sweep => 64 << 20,
             Input::Grid => 256 << 20,
+            Input::CompanionResult => 1 << 20,
+        }
+    }
+
+    /// What a file of this kind is called when it is refused as not being one.
+    pub const fn document(self) -> &'static str {
+        match self {
+            Input::Measurement => "measurement file",
+            Input::Grid => "results grid",
+            kind => kind.name(),
         }
     }
 
@@ -50,6 +78,12 @@ impl Input {
             Input::Catalog => "catalog",
             Input::Measurement => "measurement",
             Input::Grid => "grid",
+            Input::Budget => "budget file",
+            Input::Presets => "model presets",
+            Input::BenchReport => "transformer bench report",
+            Input::Lesson => "lesson record",
+            Input::Sweep => "sweep file",
+            Input::CompanionResult => "GPU process result",
         }
     }
 }
@@ -102,6 +136,74 @@ impl Classify for ReadError {
 /// named pipe, a device such as `/dev/zero`, a folder) or larger than [`Input::limit`].
 pub fn read_capped(path: &Path, kind: Input) -> Result<Vec<u8>, ReadError> {
     read_limited(path, kind, kind.limit())
+}
+
+/// A JSON document tagged with its schema, read by [`load_tagged`].
+pub trait Tagged: serde::de::DeserializeOwned {
+    /// The schema tag its files carry (`iteragpu-lab/measurement/v1`).
+    const SCHEMA: &'static str;
+    /// What such a file is, in messages, and its size limit.
+    const KIND: Input;
+    /// The tag this document carries.
+    fn schema(&self) -> &str;
+}
+
+/// Why a tagged JSON file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonError {
+    /// The file could not be read, is not a regular file, or is larger than its kind may be.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{file} is not a {what}: {message}")]
+    Invalid {
+        file: String,
+        what: &'static str,
+        message: String,
+    },
+}
+
+impl JsonError {
+    /// `file` refused as a `kind`, with why.
+    pub fn invalid(file: &str, kind: Input, message: impl Into<String>) -> JsonError {
+        JsonError::Invalid {
+            file: file.to_string(),
+            what: kind.document(),
+            message: message.into(),
+        }
+    }
+}
+
+impl Classify for JsonError {
+    fn status(&self) -> Status {
+        match self {
+            JsonError::Read(e) => e.status(),
+            JsonError::Invalid { .. } => Status::DataError,
+        }
+    }
+}
+
+/// Reads the tagged JSON file at `path` (within its kind's limit) and checks its tag.
+pub fn load_tagged<T: Tagged>(path: &Path) -> Result<T, JsonError> {
+    let bytes = read_capped(path, T::KIND)?;
+    parse_tagged(&bytes, &path.display().to_string())
+}
+
+/// Parses tagged JSON bytes read from `file` and checks the tag.
+pub fn parse_tagged<T: Tagged>(bytes: &[u8], file: &str) -> Result<T, JsonError> {
+    let value: T = serde_json::from_slice(bytes)
+        .map_err(|e| JsonError::invalid(file, T::KIND, e.to_string()))?;
+    if value.schema() != T::SCHEMA {
+        return Err(JsonError::invalid(
+            file,
+            T::KIND,
+            format!(
+                "schema `{}`, expected `{}`",
+                crate::text::printable(value.schema()),
+                T::SCHEMA
+            ),
+        ));
+    }
+    Ok(value)
 }
 
 /// Why [`read_regular`] refused a file.
@@ -488,7 +590,7 @@ mod tests {
     #[test]
     fn a_huge_input_is_refused_without_being_read() {
         let dir = tempfile::tempdir().unwrap();
-        for kind in Input::ALL {
+        for &kind in Input::ALL {
             let p = dir.path().join(kind.name());
             // A sparse file: no disk space used, and refused from its size alone.
             std::fs::File::create(&p)

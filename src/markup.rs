@@ -66,15 +66,19 @@ impl Svg {
     }
 }
 
-/// A table: a header and rows of cells, computed once, shown as aligned text (`Display`: the
-/// first column left-aligned, the others right-aligned, each as wide as its widest cell or its
-/// minimum width) or as a captioned HTML table ([`Table::html`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A table: a header and rows of cells, computed once, shown as aligned text (`Display`: text
+/// columns left-aligned, the others right-aligned, each as wide as its widest cell or its minimum
+/// width) or as a captioned HTML table ([`Table::html`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
     pub header: Vec<String>,
     pub rows: Vec<Vec<String>>,
     /// Minimum widths of the first columns in text (a layout readers already know).
     pub min_widths: Vec<usize>,
+    /// Spaces between two columns in text.
+    pub gap: usize,
+    /// The columns aligned left in text (the first, by default).
+    pub left: Vec<usize>,
 }
 
 impl Table {
@@ -83,12 +87,26 @@ impl Table {
             header: header.iter().map(|h| h.to_string()).collect(),
             rows,
             min_widths: Vec::new(),
+            gap: 1,
+            left: vec![0],
         }
     }
 
     /// The same table with minimum column widths in text.
     pub fn with_min_widths(mut self, widths: &[usize]) -> Table {
         self.min_widths = widths.to_vec();
+        self
+    }
+
+    /// The same table with `gap` spaces between columns in text.
+    pub fn with_gap(mut self, gap: usize) -> Table {
+        self.gap = gap;
+        self
+    }
+
+    /// The same table with these columns aligned left in text.
+    pub fn with_left(mut self, columns: &[usize]) -> Table {
+        self.left = columns.to_vec();
         self
     }
 
@@ -116,13 +134,17 @@ impl fmt::Display for Table {
                 widths[i] = widths[i].max(c.chars().count());
             }
         }
+        let gap = " ".repeat(self.gap);
         for row in std::iter::once(&self.header).chain(&self.rows) {
             let mut line = String::new();
             for (i, c) in row.iter().enumerate() {
-                if i == 0 {
-                    line += &format!("{c:<w$}", w = widths[0]);
+                if i > 0 {
+                    line += &gap;
+                }
+                if self.left.contains(&i) {
+                    line += &format!("{c:<w$}", w = widths[i]);
                 } else {
-                    line += &format!(" {c:>w$}", w = widths[i]);
+                    line += &format!("{c:>w$}", w = widths[i]);
                 }
             }
             writeln!(f, "{}", line.trim_end())?;

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 /// Exit statuses of the programs; the README's table lists them (a test keeps the two equal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::VariantArray)]
 pub enum Status {
     /// Success.
     Ok = 0,
@@ -28,16 +28,7 @@ pub enum Status {
 
 impl Status {
     /// Every status, in the order of the README's table.
-    pub const ALL: [Status; 8] = [
-        Status::Ok,
-        Status::Failure,
-        Status::Unavailable,
-        Status::OutOfMemory,
-        Status::OutputExists,
-        Status::Usage,
-        Status::DataError,
-        Status::Interrupted,
-    ];
+    pub const ALL: &'static [Status] = <Status as strum::VariantArray>::VARIANTS;
 
     /// The numeric exit code.
     pub fn code(self) -> u8 {

@@ -14,9 +14,13 @@ use predicates::prelude::*;
 use predicates::str::contains;
 use std::path::{Path, PathBuf};
 
-/// The three ways to hand a program an input file: as a catalog, a measurement and a grid.
-fn read_as(kind: Input, path: &Path, scratch: &Path) -> assert_cmd::Command {
-    let path = path.display().to_string();
+/// The ways to hand a program an input file of each kind, where a program reads that kind from a
+/// path given on its command line (`None`: only the library reads it, `files::tests` covers it).
+/// The command reading `path` as `kind`, and the path its messages name.
+fn read_as(kind: Input, path: &Path, scratch: &Path) -> Option<(assert_cmd::Command, String)> {
+    let mut shown = path.display().to_string();
+    let given = shown.clone();
+    let path = given.as_str();
     let mut cmd = match kind {
         Input::Catalog => {
             let mut c = cf();
@@ -34,9 +38,40 @@ fn read_as(kind: Input, path: &Path, scratch: &Path) -> assert_cmd::Command {
             c.args(["check", "--grid", &path]);
             c
         }
+        Input::Budget => {
+            let mut c = cf();
+            c.args(["--fit", path]);
+            c
+        }
+        Input::Presets => {
+            let mut c = mm();
+            c.args(["budget", "--list-models", "--models", path]);
+            c
+        }
+        Input::BenchReport => {
+            let mut c = mm();
+            c.args(["budget", "--against", path]);
+            c
+        }
+        Input::Sweep => {
+            // A sweep is read from its folder: its summary is the file.
+            let folder = scratch.join(format!("sweep-of-{}", path.replace('/', "_")));
+            std::fs::create_dir_all(&folder).unwrap();
+            let summary = folder.join("sweep.json");
+            let _ = std::fs::remove_file(&summary);
+            std::os::unix::fs::symlink(path, &summary).unwrap();
+            shown = summary.display().to_string();
+            let mut c = mm();
+            c.args(["plot", "--sweep"])
+                .arg(&folder)
+                .arg("--output")
+                .arg(scratch.join("sweep.svg"));
+            c
+        }
+        Input::Lesson | Input::CompanionResult => return None,
     };
     cmd.timeout(PATIENCE);
-    cmd
+    Some((cmd, shown))
 }
 
 fn stderr_of(cmd: &mut assert_cmd::Command, code: i32) -> Vec<u8> {
@@ -46,13 +81,13 @@ fn stderr_of(cmd: &mut assert_cmd::Command, code: i32) -> Vec<u8> {
 #[test]
 fn dev_zero_as_any_input_is_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    for kind in Input::ALL {
-        read_as(kind, Path::new("/dev/zero"), dir.path())
-            .assert()
-            .code(DATA_ERROR)
-            .stderr(contains(format!(
-                "cannot read {kind} /dev/zero: it is a device, not a regular file"
-            )));
+    for &kind in Input::ALL {
+        let Some((mut cmd, shown)) = read_as(kind, Path::new("/dev/zero"), dir.path()) else {
+            continue;
+        };
+        cmd.assert().code(DATA_ERROR).stderr(contains(format!(
+            "cannot read {kind} {shown}: it is a device, not a regular file"
+        )));
     }
     let grid = blank_grid(dir.path());
     rb().args(append_args(&grid, Path::new("/dev/zero")))
@@ -67,33 +102,36 @@ fn named_pipes_as_inputs_do_not_hang() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("pipe");
     mkfifo(&fifo);
-    for kind in Input::ALL {
-        read_as(kind, &fifo, dir.path())
-            .assert()
+    for &kind in Input::ALL {
+        let Some((mut cmd, shown)) = read_as(kind, &fifo, dir.path()) else {
+            continue;
+        };
+        cmd.assert()
             .code(DATA_ERROR)
             .stderr(contains("it is a named pipe, not a regular file"))
-            .stderr(contains(fifo.display().to_string()));
+            .stderr(contains(shown));
     }
 }
 
 #[test]
 fn oversized_inputs_are_refused_naming_the_limit() {
     let dir = tempfile::tempdir().unwrap();
-    for (kind, mib) in [
-        (Input::Catalog, 16),
-        (Input::Measurement, 64),
-        (Input::Grid, 256),
-    ] {
-        let big = dir.path().join(format!("big-{kind}"));
+    for &kind in Input::ALL {
+        let mib = kind.limit() >> 20;
+        let big = dir
+            .path()
+            .join(format!("big-{}", kind.name().replace(' ', "-")));
         // Sparse: refused from its size, never read.
         std::fs::File::create(&big)
             .unwrap()
             .set_len((mib << 20) + 1)
             .unwrap();
-        read_as(kind, &big, dir.path())
-            .assert()
+        let Some((mut cmd, shown)) = read_as(kind, &big, dir.path()) else {
+            continue;
+        };
+        cmd.assert()
             .code(DATA_ERROR)
-            .stderr(contains(big.display().to_string()))
+            .stderr(contains(shown))
             .stderr(contains(format!(
                 "larger than {mib} MiB ({} bytes), the limit for a {kind}",
                 mib << 20
@@ -208,9 +246,9 @@ fn an_os_error_is_printed_once() {
     let mut append = rb();
     append.args(append_args(&grid, &absent));
     for mut cmd in [
-        read_as(Input::Catalog, &absent, dir.path()),
-        read_as(Input::Measurement, &absent, dir.path()),
-        read_as(Input::Grid, &absent, dir.path()),
+        read_as(Input::Catalog, &absent, dir.path()).unwrap().0,
+        read_as(Input::Measurement, &absent, dir.path()).unwrap().0,
+        read_as(Input::Grid, &absent, dir.path()).unwrap().0,
         append,
     ] {
         let err = String::from_utf8(stderr_of(&mut cmd, FAILURE)).unwrap();
@@ -262,6 +300,8 @@ fn lax_catalog_numbers_are_refused_with_line_and_column() {
     ] {
         let path = catalog_with(dir.path(), line, column, value);
         read_as(Input::Catalog, &path, dir.path())
+            .unwrap()
+            .0
             .assert()
             .code(DATA_ERROR)
             .stderr(contains(format!(
@@ -285,6 +325,8 @@ fn an_unclosed_quote_is_reported_on_its_line() {
     .unwrap();
     for p in [&path, &crlf] {
         read_as(Input::Catalog, p, dir.path())
+            .unwrap()
+            .0
             .assert()
             .code(DATA_ERROR)
             .stderr(contains(format!(
@@ -304,7 +346,10 @@ fn terminal_escapes_in_a_catalog_never_reach_the_terminal() {
         (7, "illustrative\u{1b}]0;pwned\u{7}"),
     ] {
         let path = catalog_with(dir.path(), 2, column, value);
-        let err = stderr_of(&mut read_as(Input::Catalog, &path, dir.path()), DATA_ERROR);
+        let err = stderr_of(
+            &mut read_as(Input::Catalog, &path, dir.path()).unwrap().0,
+            DATA_ERROR,
+        );
         let err = String::from_utf8(err).unwrap();
         assert!(err.contains("contains the control character"), "{err}");
         assert!(
@@ -327,7 +372,7 @@ fn terminal_escapes_in_a_measurement_are_escaped_in_messages() {
     let path = dir.path().join("m.json");
     std::fs::write(&path, hostile).unwrap();
     let err = stderr_of(
-        &mut read_as(Input::Measurement, &path, dir.path()),
+        &mut read_as(Input::Measurement, &path, dir.path()).unwrap().0,
         DATA_ERROR,
     );
     let err = String::from_utf8(err).unwrap();

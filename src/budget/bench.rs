@@ -43,8 +43,25 @@ pub mod stage {
 }
 
 /// What the bench runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(
+    serialize_all = "snake_case",
+    parse_err_fn = unknown_mode,
+    parse_err_ty = String
+)]
 pub enum BenchMode {
     /// Prefill then decode with a preallocated KV cache, no autograd.
     Inference,
@@ -55,14 +72,10 @@ pub enum BenchMode {
 }
 
 impl BenchMode {
-    pub const ALL: [BenchMode; 3] = [BenchMode::Inference, BenchMode::Full, BenchMode::Lora];
+    pub const ALL: &'static [BenchMode] = <BenchMode as strum::VariantArray>::VARIANTS;
 
     pub fn name(self) -> &'static str {
-        match self {
-            BenchMode::Inference => "inference",
-            BenchMode::Full => "full",
-            BenchMode::Lora => "lora",
-        }
+        self.into()
     }
 
     /// Whether the mode trains (runs forward, backward and optimizer steps).
@@ -96,20 +109,8 @@ impl BenchMode {
     }
 }
 
-impl fmt::Display for BenchMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for BenchMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<BenchMode, String> {
-        BenchMode::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown mode `{s}`; expected inference, full or lora"))
-    }
+fn unknown_mode(s: &str) -> String {
+    format!("unknown mode `{s}`; expected inference, full or lora")
 }
 
 /// One bench run. Build it field by field and call [`BenchRun::validated`].
@@ -426,20 +427,15 @@ impl BenchReport {
 
     /// The stage named `name`.
     /// Reads a report written by `mesure_memoire transformer`, checking its schema and its run.
-    pub fn load(path: &std::path::Path) -> Result<BenchReport, super::terms::FileError> {
-        const WHAT: &str = "transformer bench report";
-        let r: BenchReport = super::terms::read_json(path, WHAT)?;
-        let invalid = |message: String| super::terms::FileError::Invalid {
-            file: path.display().to_string(),
-            what: WHAT,
-            message,
+    pub fn load(path: &std::path::Path) -> Result<BenchReport, crate::files::JsonError> {
+        let r: BenchReport = crate::files::load_tagged(path)?;
+        let invalid = |message: String| {
+            crate::files::JsonError::invalid(
+                &path.display().to_string(),
+                crate::files::Input::BenchReport,
+                message,
+            )
         };
-        if r.schema != SCHEMA {
-            return Err(invalid(format!(
-                "schema `{}`, expected `{SCHEMA}`",
-                r.schema
-            )));
-        }
         r.run
             .clone()
             .validated()
@@ -462,14 +458,6 @@ const COLUMNS: [&str; 6] = [
     "host ms",
 ];
 
-fn stage_line(f: &mut fmt::Formatter<'_>, cells: [&str; 6]) -> fmt::Result {
-    write!(f, "{:<16}", cells[0])?;
-    for cell in &cells[1..5] {
-        write!(f, " {cell:>19}")?;
-    }
-    writeln!(f, " {:>10}", cells[5])
-}
-
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let gpu = self.environment.gpu_name();
@@ -480,19 +468,27 @@ impl fmt::Display for BenchReport {
             self.run.summary(),
             self.parameters
         )?;
-        stage_line(f, COLUMNS)?;
-        for s in &self.stages {
-            let [before, after, peak, reserved] = [
-                s.allocated_before,
-                s.allocated_after,
-                s.peak_allocated,
-                s.peak_reserved,
-            ]
-            .map(|b| Bytes(b).grouped());
-            let ms = format!("{:.1}", s.host_ms);
-            stage_line(f, [&s.stage, &before, &after, &peak, &reserved, &ms])?;
-        }
-        Ok(())
+        let rows = self
+            .stages
+            .iter()
+            .map(|s| {
+                let mut row = vec![s.stage.clone()];
+                row.extend(
+                    [
+                        s.allocated_before,
+                        s.allocated_after,
+                        s.peak_allocated,
+                        s.peak_reserved,
+                    ]
+                    .map(|b| Bytes(b).grouped()),
+                );
+                row.push(format!("{:.1}", s.host_ms));
+                row
+            })
+            .collect();
+        let table =
+            crate::markup::Table::new(&COLUMNS, rows).with_min_widths(&[16, 19, 19, 19, 19, 10]);
+        write!(f, "{table}")
     }
 }
 
@@ -511,6 +507,14 @@ impl crate::status::Classify for BenchFailure {
             BenchFailure::Refused(e) => e.status(),
             BenchFailure::Gpu(e) => e.status(),
         }
+    }
+}
+
+impl crate::files::Tagged for BenchReport {
+    const SCHEMA: &'static str = SCHEMA;
+    const KIND: crate::files::Input = crate::files::Input::BenchReport;
+    fn schema(&self) -> &str {
+        &self.schema
     }
 }
 
@@ -739,7 +743,7 @@ mod tests {
     #[test]
     fn modes_parse_and_list_their_stages() {
         for m in BenchMode::ALL {
-            assert_eq!(m.name().parse::<BenchMode>(), Ok(m));
+            assert_eq!(m.name().parse::<BenchMode>(), Ok(*m));
             assert_eq!(m.stages()[0], stage::WEIGHTS);
         }
         assert!("qlora".parse::<BenchMode>().unwrap_err().contains("qlora"));

@@ -102,7 +102,7 @@ impl Presets {
 
     /// The presets of `path` (same columns as the shipped file).
     pub fn load_file(path: &Path) -> Result<Presets, PresetError> {
-        let bytes = crate::files::read_capped(path, crate::files::Input::Catalog)?;
+        let bytes = crate::files::read_capped(path, crate::files::Input::Presets)?;
         Self::parse(&bytes, &path.display().to_string())
     }
 

@@ -4,7 +4,7 @@
 use super::fit::{FitPlan, FitRow};
 use super::terms::{Budget, Split, Term};
 use super::workload::{Mode, WeightFormat};
-use crate::markup::{table, Html};
+use crate::markup::{table, Html, Table};
 use crate::units::{grouped, Bytes, ROUNDING_RULE};
 use std::fmt;
 
@@ -154,29 +154,9 @@ fn split_name(s: Split) -> &'static str {
     }
 }
 
-/// Writes `rows` under `header` as aligned text columns (first column left, others right).
+/// `rows` under `header` as aligned text columns (first column left, others right).
 fn text_table(f: &mut fmt::Formatter<'_>, header: &[&str], rows: &[Vec<String>]) -> fmt::Result {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let line = |f: &mut fmt::Formatter<'_>, cells: Vec<&str>| -> fmt::Result {
-        for (i, c) in cells.iter().enumerate() {
-            if i == 0 {
-                write!(f, "{c:<w$}", w = widths[0])?;
-            } else {
-                write!(f, "  {c:>w$}", w = widths[i])?;
-            }
-        }
-        writeln!(f)
-    };
-    line(f, header.to_vec())?;
-    for r in rows {
-        line(f, r.iter().map(String::as_str).collect())?;
-    }
-    Ok(())
+    write!(f, "{}", Table::new(header, rows.to_vec()).with_gap(2))
 }
 
 impl fmt::Display for Budget {

@@ -7,6 +7,7 @@ use super::constants::GpuConstants;
 use super::shape::{LinearTarget, WeightTensor};
 use super::workload::{Mode, Optimizer, WeightFormat, Workload};
 use crate::allocator::Workspaces;
+use crate::files::JsonError;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
 
@@ -560,73 +561,26 @@ fn push_activations(b: &mut Builder, a: &Activations) {
     }
 }
 
-/// Why a budget file, or a bench report, cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    #[error(transparent)]
-    Read(#[from] crate::files::ReadError),
-    #[error("{file} is not a {what}: {message}")]
-    Invalid {
-        file: String,
-        what: &'static str,
-        message: String,
-    },
-}
-
-impl crate::status::Classify for FileError {
-    fn status(&self) -> crate::status::Status {
-        match self {
-            FileError::Read(e) => e.status(),
-            FileError::Invalid { .. } => crate::status::Status::DataError,
-        }
+impl crate::files::Tagged for Budget {
+    const SCHEMA: &'static str = SCHEMA;
+    const KIND: crate::files::Input = crate::files::Input::Budget;
+    fn schema(&self) -> &str {
+        &self.schema
     }
 }
 
-/// Reads a JSON file of at most a measurement's size limit and parses it; `what` names the kind
-/// of file in errors.
-pub fn read_json<T: serde::de::DeserializeOwned>(
-    path: &std::path::Path,
-    what: &'static str,
-) -> Result<T, FileError> {
-    let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
-    parse_json(&bytes, &path.display().to_string(), what)
-}
-
-/// Parses JSON bytes read from `file`.
-pub fn parse_json<T: serde::de::DeserializeOwned>(
-    bytes: &[u8],
-    file: &str,
-    what: &'static str,
-) -> Result<T, FileError> {
-    serde_json::from_slice(bytes).map_err(|e| FileError::Invalid {
-        file: file.into(),
-        what,
-        message: e.to_string(),
-    })
-}
-
 impl Budget {
-    /// Reads a budget written by `mesure_memoire budget --output` (a measurement-sized file).
-    pub fn load(path: &std::path::Path) -> Result<Budget, FileError> {
-        let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
+    /// Reads a budget written by `mesure_memoire budget --output`.
+    pub fn load(path: &std::path::Path) -> Result<Budget, JsonError> {
+        let bytes = crate::files::read_capped(path, crate::files::Input::Budget)?;
         Self::from_bytes(&bytes, &path.display().to_string())
     }
 
     /// Parses budget bytes and checks what the planner relies on.
-    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Budget, FileError> {
-        const WHAT: &str = "budget file";
-        let invalid = |message: String| FileError::Invalid {
-            file: file.into(),
-            what: WHAT,
-            message,
-        };
-        let b: Budget = parse_json(bytes, file, WHAT)?;
-        if b.schema != SCHEMA {
-            return Err(invalid(format!(
-                "schema `{}`, expected `{SCHEMA}`",
-                b.schema
-            )));
-        }
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Budget, JsonError> {
+        let invalid =
+            |message: String| JsonError::invalid(file, crate::files::Input::Budget, message);
+        let b: Budget = crate::files::parse_tagged(bytes, file)?;
         b.workload
             .clone()
             .validated()

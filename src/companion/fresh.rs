@@ -7,7 +7,8 @@ use super::process::Companion;
 use super::{PROGRAM, RESULT_VARIABLE};
 use crate::device::CudaDevice;
 use crate::environment::EnvironmentReport;
-use crate::lesson::record::{alloc_conf_for, AllocConfConflict, LessonFileError, ALLOC_CONF};
+use crate::files::JsonError;
+use crate::lesson::record::{alloc_conf_for, AllocConfConflict, ALLOC_CONF};
 use crate::lesson::LessonRecord;
 use crate::measure::{MeasureConfig, MeasureError, Measurement};
 use crate::reading::Phase;
@@ -31,7 +32,7 @@ pub enum LessonError {
     #[error(transparent)]
     Conflict(#[from] AllocConfConflict),
     #[error(transparent)]
-    File(#[from] LessonFileError),
+    File(#[from] JsonError),
 }
 
 impl Classify for LessonError {

@@ -123,10 +123,15 @@ impl Ending {
 
 /// The result file, when it holds one (a companion killed before its exit wrote none).
 fn read_result(path: &Path) -> Option<CompanionResult> {
-    let bytes = crate::files::read_capped(path, crate::files::Input::Measurement).ok()?;
-    serde_json::from_slice::<CompanionResult>(&bytes)
-        .ok()
-        .filter(|r| r.schema == RESULT_SCHEMA)
+    crate::files::load_tagged(path).ok()
+}
+
+impl crate::files::Tagged for CompanionResult {
+    const SCHEMA: &'static str = RESULT_SCHEMA;
+    const KIND: crate::files::Input = crate::files::Input::CompanionResult;
+    fn schema(&self) -> &str {
+        &self.schema
+    }
 }
 
 /// The last non-empty line of `text`, without the program's prefix (`NAME: error: `).

@@ -16,8 +16,9 @@ pub use report::{check_bytes, GridReport, Problem};
 pub use row::{header_line, measurement_identity, neutralise, Cell, GridRow, CELLS, COLUMNS};
 
 use crate::catalog::{Catalog, CatalogError};
+use crate::files::JsonError;
 use crate::files::{self, WriteError};
-use crate::measure::{report::LoadError, Measurement};
+use crate::measure::Measurement;
 use crate::quote::{Order, QuoteError};
 use crate::status::{Classify, Status};
 use row::{build_row, check_row, user_text, RowInputs};
@@ -49,7 +50,7 @@ pub enum GridError {
     Read(#[from] files::ReadError),
     /// The measurement file is not a measurement.
     #[error(transparent)]
-    Measurement(#[from] LoadError),
+    Measurement(#[from] JsonError),
     /// The package could not be quoted.
     #[error(transparent)]
     Quote(#[from] QuoteError),

@@ -10,6 +10,7 @@ use super::LessonModel;
 use crate::allocator::ComputeCapability;
 use crate::allocator::{size::LARGE_BUFFER, SegmentView};
 use crate::environment::EnvironmentReport;
+use crate::files::JsonError;
 use crate::reading::{DeviceStats, StepReading};
 use crate::status::{Classify, Status};
 use serde::{Deserialize, Serialize};
@@ -111,21 +112,11 @@ pub struct LessonRecord {
     pub not_predicted: Option<String>,
 }
 
-/// Why a lesson file was not read.
-#[derive(Debug, thiserror::Error)]
-pub enum LessonFileError {
-    #[error(transparent)]
-    Read(#[from] crate::files::ReadError),
-    #[error("{file} is not a lesson record: {message}")]
-    Invalid { file: String, message: String },
-}
-
-impl Classify for LessonFileError {
-    fn status(&self) -> Status {
-        match self {
-            LessonFileError::Read(e) => e.status(),
-            LessonFileError::Invalid { .. } => Status::DataError,
-        }
+impl crate::files::Tagged for LessonRecord {
+    const SCHEMA: &'static str = LESSON_SCHEMA;
+    const KIND: crate::files::Input = crate::files::Input::Lesson;
+    fn schema(&self) -> &str {
+        &self.schema
     }
 }
 
@@ -198,8 +189,8 @@ impl LessonRecord {
 
     /// Reads a lesson file written by `mesure_memoire lesson` (a regular file within a
     /// measurement's size limit) and checks its schema tag.
-    pub fn load(path: &Path) -> Result<LessonRecord, LessonFileError> {
-        let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
+    pub fn load(path: &Path) -> Result<LessonRecord, JsonError> {
+        let bytes = crate::files::read_capped(path, crate::files::Input::Lesson)?;
         Self::from_bytes(&bytes, &path.display().to_string())
     }
 
@@ -208,7 +199,7 @@ impl LessonRecord {
     pub fn load_recording(path: &Path) -> Result<LessonRecord, String> {
         use crate::files::ReadError;
         Self::load(path).map_err(|e| match e {
-            LessonFileError::Read(ReadError::Io { source, .. })
+            JsonError::Read(ReadError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
                 "it is missing, not recorded yet (scripts/gpu/lesson-proof.py records it on a GPU \
@@ -220,18 +211,10 @@ impl LessonRecord {
     }
 
     /// Parses lesson bytes read from `file`.
-    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<LessonRecord, LessonFileError> {
-        let invalid = |message: String| LessonFileError::Invalid {
-            file: file.to_string(),
-            message,
-        };
-        let r: LessonRecord = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
-        if r.schema != LESSON_SCHEMA {
-            return Err(invalid(format!(
-                "schema `{}`, expected `{LESSON_SCHEMA}`",
-                r.schema
-            )));
-        }
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<LessonRecord, JsonError> {
+        let invalid =
+            |message: String| JsonError::invalid(file, crate::files::Input::Lesson, message);
+        let r: LessonRecord = crate::files::parse_tagged(bytes, file)?;
         if r.steps.first().is_none_or(|s| s.step.is_some()) {
             return Err(invalid("it does not start with the starting point".into()));
         }
@@ -340,31 +323,48 @@ impl std::fmt::Display for LessonRecord {
             self.gpu_name(),
             self.configuration_shown()
         )?;
-        writeln!(
-            f,
-            "  {:<60} {:>14} {:>14} {:>14} {:>14} {:>8} {:>7}  model",
-            "step", "allocated", "reserved", "peak alloc.", "peak reserved", "segments", "retries"
-        )?;
         let predicted = self.prediction.as_ref().map(|p| &p.steps);
-        for (i, s) in self.steps.iter().enumerate() {
-            let r = &s.reading;
-            let model = match predicted.and_then(|p| p.get(i)) {
-                Some(p) if same_figures(r, &p.reading) && s.stats == p.stats => "equal",
-                Some(_) => "DIFFERS",
-                None => "-",
-            };
-            writeln!(
-                f,
-                "  {:<60} {:>14} {:>14} {:>14} {:>14} {:>8} {:>7}  {model}",
-                format!("{}. {}", i + 1, r.step),
-                r.allocated,
-                r.reserved,
-                r.peak_allocated,
-                r.peak_reserved,
-                s.stats.segments,
-                s.stats.alloc_retries
-            )?;
-        }
+        let rows = self
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let r = &s.reading;
+                let model = match predicted.and_then(|p| p.get(i)) {
+                    Some(p) if same_figures(r, &p.reading) && s.stats == p.stats => "equal",
+                    Some(_) => "DIFFERS",
+                    None => "-",
+                };
+                let mut row = vec![format!("  {}. {}", i + 1, r.step)];
+                row.extend(
+                    [
+                        r.allocated,
+                        r.reserved,
+                        r.peak_allocated,
+                        r.peak_reserved,
+                        s.stats.segments,
+                        s.stats.alloc_retries,
+                    ]
+                    .map(|v| v.to_string()),
+                );
+                row.push(model.to_string());
+                row
+            })
+            .collect();
+        let header = [
+            "  step",
+            "allocated",
+            "reserved",
+            "peak alloc.",
+            "peak reserved",
+            "segments",
+            "retries",
+            "model",
+        ];
+        let table = crate::markup::Table::new(&header, rows)
+            .with_min_widths(&[62, 14, 14, 14, 14, 8, 7, 5])
+            .with_left(&[0, 7]);
+        write!(f, "{table}")?;
         if let Some(why) = &self.not_predicted {
             writeln!(f, "  {why}")?;
         }

@@ -60,21 +60,11 @@ pub struct ModelComparison {
     pub rows: usize,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The file could not be read, is not a regular file, or is larger than a measurement may be.
-    #[error(transparent)]
-    Read(#[from] crate::files::ReadError),
-    #[error("{file} is not a measurement file: {message}")]
-    Invalid { file: String, message: String },
-}
-
-impl crate::status::Classify for LoadError {
-    fn status(&self) -> crate::status::Status {
-        match self {
-            LoadError::Read(e) => crate::status::Classify::status(e),
-            LoadError::Invalid { .. } => crate::status::Status::DataError,
-        }
+impl crate::files::Tagged for Measurement {
+    const SCHEMA: &'static str = SCHEMA;
+    const KIND: crate::files::Input = crate::files::Input::Measurement;
+    fn schema(&self) -> &str {
+        &self.schema
     }
 }
 
@@ -170,25 +160,13 @@ impl Measurement {
 
     /// Reads a measurement file written by `measure` (a regular file of at most
     /// [`crate::files::Input::Measurement`]'s limit) and checks its schema tag.
-    pub fn load(path: &Path) -> Result<Measurement, LoadError> {
-        let bytes = crate::files::read_capped(path, crate::files::Input::Measurement)?;
-        Self::from_bytes(&bytes, &path.display().to_string())
+    pub fn load(path: &Path) -> Result<Measurement, crate::files::JsonError> {
+        crate::files::load_tagged(path)
     }
 
     /// Parses measurement bytes read from `file` and checks the schema tag.
-    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Measurement, LoadError> {
-        let file = file.to_string();
-        let m: Measurement = serde_json::from_slice(bytes).map_err(|e| LoadError::Invalid {
-            file: file.clone(),
-            message: e.to_string(),
-        })?;
-        if m.schema != SCHEMA {
-            return Err(LoadError::Invalid {
-                file,
-                message: format!("schema `{}`, expected `{SCHEMA}`", m.schema),
-            });
-        }
-        Ok(m)
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Measurement, crate::files::JsonError> {
+        crate::files::parse_tagged(bytes, file)
     }
 
     /// The measured GPU's name, as the environment recorded it.

@@ -83,6 +83,14 @@ pub struct SweepSummary {
 /// Identifies the summary layout.
 pub const SCHEMA: &str = "iteragpu-lab/sweep/v1";
 
+impl files::Tagged for SweepSummary {
+    const SCHEMA: &'static str = SCHEMA;
+    const KIND: files::Input = files::Input::Sweep;
+    fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     #[error(
@@ -99,6 +107,10 @@ pub enum SweepError {
     },
     #[error(transparent)]
     Write(#[from] WriteError),
+    #[error(transparent)]
+    Read(#[from] files::ReadError),
+    #[error(transparent)]
+    Json(#[from] files::JsonError),
     #[error("interrupted: {done} point(s) kept in {folder}; continue with --resume")]
     Interrupted { done: usize, folder: PathBuf },
     #[error(transparent)]
@@ -116,6 +128,8 @@ impl crate::status::Classify for SweepError {
             SweepError::Invalid { .. } => Status::DataError,
             SweepError::Io { .. } => Status::Failure,
             SweepError::Write(e) => e.status(),
+            SweepError::Read(e) => e.status(),
+            SweepError::Json(e) => e.status(),
             SweepError::Interrupted { .. } => Status::Interrupted,
             SweepError::Plan(e) => e.status(),
             SweepError::Unavailable(_) => Status::Unavailable,
@@ -193,7 +207,7 @@ impl Sweep {
         if !resume {
             return Err(SweepError::Exists(folder.to_path_buf()));
         }
-        let bytes = read_capped(&csv_path)?;
+        let bytes = files::read_capped(&csv_path, files::Input::Sweep)?;
         let mut reader = csv::Reader::from_reader(bytes.as_slice());
         for row in reader.deserialize::<SweepRow>() {
             let row = row.map_err(|e| SweepError::Invalid {
@@ -224,20 +238,7 @@ impl Sweep {
 
     /// Reads a finished or interrupted sweep from its folder (for charts and reports).
     pub fn load(folder: &Path) -> Result<Sweep, SweepError> {
-        let file = folder.join(SUMMARY_FILE);
-        let invalid = |message: String| SweepError::Invalid {
-            file: file.display().to_string(),
-            message,
-        };
-        let bytes = read_capped(&file)?;
-        let summary: SweepSummary =
-            serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-        if summary.schema != SCHEMA {
-            return Err(invalid(format!(
-                "schema `{}`, expected `{SCHEMA}`",
-                summary.schema
-            )));
-        }
+        let summary: SweepSummary = files::load_tagged(&folder.join(SUMMARY_FILE))?;
         let mut sweep = Sweep::open(
             folder,
             summary.dimension,
@@ -442,24 +443,6 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     }
 }
 
-/// The largest `sweep.csv` or `sweep.json` read back.
-const CSV_LIMIT: u64 = 64 << 20;
-
-fn read_capped(path: &Path) -> Result<Vec<u8>, SweepError> {
-    let invalid = |message: String| SweepError::Invalid {
-        file: path.display().to_string(),
-        message,
-    };
-    files::read_regular(path, CSV_LIMIT).map_err(|refused| match refused {
-        files::Refused::Io(source) => SweepError::Io {
-            file: path.display().to_string(),
-            source,
-        },
-        files::Refused::NotRegular(what) => invalid(format!("it is {what}, not a regular file")),
-        files::Refused::TooLarge => invalid(format!("larger than {CSV_LIMIT} bytes")),
-    })
-}
-
 impl SweepRow {
     /// The row of `value` for `config`, with no outcome, figure or time yet.
     pub fn blank(dimension: Dimension, value: u64, config: &MeasureConfig) -> SweepRow {
@@ -540,33 +523,39 @@ impl std::fmt::Display for Sweep {
             c.warmup,
             c.repeats
         )?;
-        writeln!(
-            f,
-            "{:>12} {:<6} {:>18} {:>18} {:>18} {:>8}",
+        let cell = |v: Option<u64>| v.map_or("-".to_string(), |b| Bytes(b).grouped());
+        let rows = self
+            .rows
+            .iter()
+            .map(|r| {
+                let status = match r.status {
+                    PointStatus::Oom if !r.oom_phase.is_empty() => {
+                        format!("oom ({})", r.oom_phase)
+                    }
+                    s => s.to_string(),
+                };
+                vec![
+                    r.value.to_string(),
+                    status,
+                    cell(r.peak_allocated_bytes),
+                    cell(r.peak_reserved_bytes),
+                    cell(r.predicted_peak_reserved_bytes),
+                    format!("{:.2}", r.seconds),
+                ]
+            })
+            .collect();
+        let header = [
             self.dimension.name(),
             "status",
             "peak allocated",
             "peak reserved",
             "predicted reserved",
-            "seconds"
-        )?;
-        let cell = |v: Option<u64>| v.map_or("-".to_string(), |b| Bytes(b).grouped());
-        for r in &self.rows {
-            let status = match r.status {
-                PointStatus::Oom if !r.oom_phase.is_empty() => format!("oom ({})", r.oom_phase),
-                s => s.to_string(),
-            };
-            writeln!(
-                f,
-                "{:>12} {:<6} {:>18} {:>18} {:>18} {:>8.2}",
-                r.value,
-                status,
-                cell(r.peak_allocated_bytes),
-                cell(r.peak_reserved_bytes),
-                cell(r.predicted_peak_reserved_bytes),
-                r.seconds
-            )?;
-        }
+            "seconds",
+        ];
+        let table = crate::markup::Table::new(&header, rows)
+            .with_min_widths(&[12, 6, 18, 18, 18, 8])
+            .with_left(&[1]);
+        write!(f, "{table}")?;
         write!(
             f,
             "{} point(s): {} out of memory, {} failed; each in its own process.",

@@ -2,11 +2,27 @@
 
 use crate::measure::MeasureConfig;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 /// The dimension a sweep varies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(
+    serialize_all = "lowercase",
+    parse_err_fn = unknown_dimension,
+    parse_err_ty = String
+)]
 pub enum Dimension {
     Batch,
     Context,
@@ -14,21 +30,15 @@ pub enum Dimension {
     Hidden,
 }
 
+fn unknown_dimension(s: &str) -> String {
+    format!("unknown dimension `{s}`; expected batch, context, width or hidden")
+}
+
 impl Dimension {
-    pub const ALL: [Dimension; 4] = [
-        Dimension::Batch,
-        Dimension::Context,
-        Dimension::Width,
-        Dimension::Hidden,
-    ];
+    pub const ALL: &'static [Dimension] = <Dimension as strum::VariantArray>::VARIANTS;
 
     pub fn name(self) -> &'static str {
-        match self {
-            Dimension::Batch => "batch",
-            Dimension::Context => "context",
-            Dimension::Width => "width",
-            Dimension::Hidden => "hidden",
-        }
+        self.into()
     }
 
     /// This dimension's value in `config`.
@@ -57,24 +67,6 @@ impl Dimension {
             Dimension::Hidden => c.hidden = Some(value),
         }
         c
-    }
-}
-
-impl fmt::Display for Dimension {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Dimension {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Dimension, String> {
-        Dimension::ALL
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| {
-                format!("unknown dimension `{s}`; expected batch, context, width or hidden")
-            })
     }
 }
 

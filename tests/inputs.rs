@@ -24,18 +24,18 @@ fn read_as(kind: Input, path: &Path, scratch: &Path) -> Option<(assert_cmd::Comm
     let mut cmd = match kind {
         Input::Catalog => {
             let mut c = cf();
-            c.args(["--list", "--catalog", &path]);
+            c.args(["--list", "--catalog", path]);
             c
         }
         Input::Measurement => {
             let mut c = mm();
-            c.args(["plot", "--measurement", &path, "--output"])
+            c.args(["plot", "--measurement", path, "--output"])
                 .arg(scratch.join("phases.svg"));
             c
         }
         Input::Grid => {
             let mut c = rb();
-            c.args(["check", "--grid", &path]);
+            c.args(["check", "--grid", path]);
             c
         }
         Input::Budget => {

@@ -2,7 +2,7 @@
 //! `expandable_segments:True`: the size rules ([`size`]), the statistics it reports ([`stats`]),
 //! the block structure that caches, splits and merges ([`caching`]), where new segments are
 //! placed ([`address`]), the map it shows ([`view`]), the real map read back from libtorch into
-//! the same views ([`snapshot`]), the cuBLAS/cuBLASLt workspaces ([`workspace`]), and one
+//! the same views ([`snapshot`]), a trace recorded on a GPU replayed through it ([`trace`]), the cuBLAS/cuBLASLt workspaces ([`workspace`]), and one
 //! [`replay`] of named tensors through it that gives the figures, the maps and the names of the
 //! live blocks. It needs no GPU and no libtorch. `docs/allocator-model.md` lists each rule, its
 //! place in PyTorch's source and the run that proved it.
@@ -13,6 +13,7 @@ pub mod replay;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
+pub mod trace;
 pub mod view;
 pub mod workspace;
 

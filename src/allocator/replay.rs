@@ -86,6 +86,12 @@ impl Replay {
         self.allocator.set_capacity(bytes);
     }
 
+    /// Places the next new segment at `address` (see
+    /// [`CachingAllocator::set_next_segment_address`]).
+    pub fn set_next_segment_address(&mut self, address: u64) {
+        self.allocator.set_next_segment_address(address);
+    }
+
     /// The label of `name`, interned once.
     pub fn label(&mut self, name: &str) -> Label {
         self.allocator.label(name)

@@ -1,0 +1,231 @@
+//! A causal language model as transformers 5.17 builds it from its `config.json`: the sizes,
+//! attention kind (full, sliding-window, interleaved local/global, latent), mixture of experts,
+//! norms and biases of each supported `model_type` ([`config`]), and its parameter tensors in
+//! the order `named_parameters()` yields them ([`tensors`]).
+
+pub mod config;
+pub mod tensors;
+
+pub use config::{ConfigError, MAX_LAYERS};
+pub use tensors::{Parameter, TensorRole};
+
+use serde::{Deserialize, Serialize};
+
+/// The model types read from a `config.json`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum ModelType {
+    Llama,
+    Mistral,
+    Mixtral,
+    Qwen2,
+    Qwen2Moe,
+    Qwen3,
+    Qwen3Moe,
+    Gemma2,
+    #[strum(serialize = "gemma3_text")]
+    #[serde(rename = "gemma3_text")]
+    Gemma3Text,
+    Phi3,
+    #[strum(serialize = "deepseek_v2")]
+    #[serde(rename = "deepseek_v2")]
+    DeepseekV2,
+    #[strum(serialize = "deepseek_v3")]
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
+}
+
+impl ModelType {
+    pub const ALL: &'static [ModelType] = <ModelType as strum::VariantArray>::VARIANTS;
+
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
+    /// Gemma's norms (`(1 + weight) · x` in float32), scaled embeddings and sandwich norms.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, ModelType::Gemma2 | ModelType::Gemma3Text)
+    }
+}
+
+/// Per-head norms of the queries and keys (Qwen3 before the heads are transposed, Gemma 3
+/// after).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QkNorm {
+    None,
+    BeforeTranspose,
+    AfterTranspose,
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3): K and V through a compressed latent, which is
+/// what the cache holds in transformers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Latent {
+    /// Rank of the queries' compression (`None`: one `q_proj`).
+    pub q_lora_rank: Option<u64>,
+    pub kv_lora_rank: u64,
+    /// Per head: the part without rotary embedding, the rotary part, the values.
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    pub v_head_dim: u64,
+    /// Biases on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj`.
+    pub bias: bool,
+    /// DeepSeek-V3's interleaved rotary embedding (V2's goes through complex numbers).
+    pub interleaved_rope: bool,
+}
+
+/// How a layer attends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Attention {
+    /// Query, key and value projections (fused into one `qkv_proj` in Phi-3).
+    Standard {
+        q_bias: bool,
+        kv_bias: bool,
+        o_bias: bool,
+        fused_qkv: bool,
+        qk_norm: QkNorm,
+    },
+    Latent(Latent),
+}
+
+/// The router of a mixture of experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Router {
+    /// Softmax of the logits in float32, top-k, renormalised (Mixtral): float32 weights.
+    SoftmaxRenormalised,
+    /// Softmax in float32, top-k, cast back to the model's type (Qwen MoE).
+    SoftmaxTopK { renormalise: bool },
+    /// A float32 linear, softmax, top-k (DeepSeek-V2).
+    DeepseekV2,
+    /// A float32 linear, sigmoid, grouped top-k (DeepSeek-V3).
+    DeepseekV3 { groups: u64, top_groups: u64 },
+}
+
+/// Shared experts every token goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedExperts {
+    pub intermediate: u64,
+    /// Qwen2-MoE multiplies the shared output by `sigmoid(shared_expert_gate(x))`.
+    pub gated: bool,
+}
+
+/// A mixture of experts (fused 3-D expert weights, as transformers 5 holds them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moe {
+    pub experts: u64,
+    pub top_k: u64,
+    /// The inner width of each expert.
+    pub intermediate: u64,
+    pub shared: Option<SharedExperts>,
+    pub router: Router,
+}
+
+/// A layer's feed-forward part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mlp {
+    /// A gated MLP of this inner width.
+    Dense { intermediate: u64 },
+    /// The model's mixture of experts.
+    Experts,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layer {
+    /// The sliding window of a local layer (`None`: global attention).
+    pub window: Option<u64>,
+    pub mlp: Mlp,
+}
+
+/// How quantized weights are stored in a checkpoint's `quantization_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "method")]
+pub enum Quantization {
+    /// bitsandbytes 4-bit (`nf4` or `fp4`), with or without double quantization.
+    Bnb4 { double_quant: bool },
+    /// bitsandbytes 8-bit (LLM.int8()).
+    Bnb8,
+    /// GPTQ or AWQ: `bits` per weight in groups of `group_size` input rows.
+    Packed { bits: u64, group_size: u64 },
+}
+
+/// A model as transformers builds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    pub model_type: ModelType,
+    pub vocab: u64,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    /// Per-head width of the queries and keys (the rotary part, for latent attention).
+    pub head_dim: u64,
+    /// The dense MLP's inner width.
+    pub intermediate: u64,
+    pub tied_embeddings: bool,
+    pub attention: Attention,
+    /// Biases on the MLP's projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Phi-3's fused `gate_up_proj`.
+    pub fused_gate_up: bool,
+    /// Width of the rotary part of a head (Phi-3's `partial_rotary_factor`).
+    pub rotary_dim: u64,
+    pub layers: Vec<Layer>,
+    pub moe: Option<Moe>,
+    /// Gemma 2's final logit soft-capping (three more logits-sized tensors).
+    pub final_softcap: bool,
+    /// The dtype the config names (`dtype` or `torch_dtype`).
+    pub dtype: Option<crate::dtype::Dtype>,
+    pub quantization: Option<Quantization>,
+}
+
+impl Model {
+    /// Queries' width (heads × per-head query width).
+    pub fn q_dim(&self) -> u64 {
+        match self.attention {
+            Attention::Latent(l) => self.heads * (l.qk_nope_head_dim + l.qk_rope_head_dim),
+            Attention::Standard { .. } => self.heads * self.head_dim,
+        }
+    }
+
+    /// Keys' (and values') width of a standard attention layer.
+    pub fn kv_dim(&self) -> u64 {
+        self.kv_heads * self.head_dim
+    }
+
+    /// What transformers builds but cannot run: key/value heads that do not divide the query
+    /// heads (transformers counts the parameters of such a model, its attention then fails).
+    pub fn check_runnable(&self) -> Result<(), ConfigError> {
+        if matches!(self.attention, Attention::Standard { .. })
+            && !self.heads.is_multiple_of(self.kv_heads)
+        {
+            return Err(ConfigError::Grouping {
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether any layer uses a sliding window.
+    pub fn has_sliding_layers(&self) -> bool {
+        self.layers.iter().any(|l| l.window.is_some())
+    }
+}

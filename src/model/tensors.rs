@@ -1,0 +1,269 @@
+//! The parameter tensors of a [`Model`], named and shaped as transformers names them, in the
+//! order `named_parameters()` yields them (a tied LM head counted once, as `parameters()` does).
+
+use super::{Attention, Mlp, Model, ModelType, QkNorm};
+
+/// What a parameter is, for storage formats and adapters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorRole {
+    /// The token embedding (and a tied LM head).
+    Embedding,
+    /// An untied LM head.
+    LmHead,
+    /// A layer's linear projection (quantizable; a LoRA target by its module name).
+    Linear,
+    /// Fused 3-D expert weights `[experts, out, in]`.
+    Experts,
+    /// A router's weight `[experts, hidden]`.
+    Router,
+    /// A norm's weight or a bias.
+    Vector,
+}
+
+/// One parameter tensor.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Parameter {
+    /// `model.layers.3.self_attn.q_proj.weight`.
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub role: TensorRole,
+}
+
+impl Parameter {
+    pub fn elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// The module's short name (`q_proj`, `gate_up_proj`): the name LoRA targets use.
+    pub fn module(&self) -> &str {
+        let mut parts = self.name.rsplit('.');
+        let last = parts.next().unwrap_or("");
+        if last == "weight" || last == "bias" {
+            parts.next().unwrap_or(last)
+        } else {
+            last
+        }
+    }
+
+    pub fn is_bias(&self) -> bool {
+        self.name.ends_with(".bias")
+    }
+}
+
+struct List(Vec<Parameter>);
+
+impl List {
+    fn push(&mut self, name: String, shape: &[u64], role: TensorRole) {
+        self.0.push(Parameter {
+            name,
+            shape: shape.to_vec(),
+            role,
+        });
+    }
+    fn linear(&mut self, prefix: &str, out: u64, inp: u64, bias: bool) {
+        self.push(format!("{prefix}.weight"), &[out, inp], TensorRole::Linear);
+        if bias {
+            self.push(format!("{prefix}.bias"), &[out], TensorRole::Vector);
+        }
+    }
+    fn norm(&mut self, prefix: &str, width: u64) {
+        self.push(format!("{prefix}.weight"), &[width], TensorRole::Vector);
+    }
+}
+
+impl Model {
+    /// Every parameter tensor.
+    pub fn parameters(&self) -> Vec<Parameter> {
+        let (h, v) = (self.hidden, self.vocab);
+        let mut p = List(Vec::new());
+        p.push(
+            "model.embed_tokens.weight".into(),
+            &[v, h],
+            TensorRole::Embedding,
+        );
+        for (i, layer) in self.layers.iter().enumerate() {
+            let l = format!("model.layers.{i}");
+            self.push_attention(&mut p, &l);
+            match layer.mlp {
+                Mlp::Dense { intermediate } => {
+                    self.push_dense(&mut p, &format!("{l}.mlp"), intermediate)
+                }
+                Mlp::Experts => self.push_experts(&mut p, &format!("{l}.mlp")),
+            }
+            p.norm(&format!("{l}.input_layernorm"), h);
+            p.norm(&format!("{l}.post_attention_layernorm"), h);
+            if self.model_type.is_gemma() {
+                p.norm(&format!("{l}.pre_feedforward_layernorm"), h);
+                p.norm(&format!("{l}.post_feedforward_layernorm"), h);
+            }
+        }
+        p.norm("model.norm", h);
+        if !self.tied_embeddings {
+            p.push("lm_head.weight".into(), &[v, h], TensorRole::LmHead);
+        }
+        p.0
+    }
+
+    /// The buffers the model holds on the GPU besides its parameters, all float32: Gemma's
+    /// embedding scale, DeepSeek-V3's routers' score corrections, the rotary frequencies (with
+    /// their originals; Gemma 3 one pair per attention kind present).
+    pub fn buffers(&self) -> Vec<Parameter> {
+        let mut b = List(Vec::new());
+        if self.model_type.is_gemma() {
+            b.push(
+                "model.embed_tokens.embed_scale".into(),
+                &[],
+                TensorRole::Vector,
+            );
+        }
+        if self.model_type == ModelType::DeepseekV3 {
+            let experts = self.moe.map_or(0, |m| m.experts);
+            for (i, l) in self.layers.iter().enumerate() {
+                if l.mlp == Mlp::Experts {
+                    b.push(
+                        format!("model.layers.{i}.mlp.gate.e_score_correction_bias"),
+                        &[experts],
+                        TensorRole::Vector,
+                    );
+                }
+            }
+        }
+        let half = self.rotary_dim.div_ceil(2);
+        let mut kinds: Vec<&str> = Vec::new();
+        if self.model_type == ModelType::Gemma3Text {
+            if self.layers.iter().any(|l| l.window.is_none()) {
+                kinds.push("full_attention_");
+            }
+            if self.has_sliding_layers() {
+                kinds.push("sliding_attention_");
+            }
+        } else {
+            kinds.push("");
+        }
+        for k in kinds {
+            b.push(
+                format!("model.rotary_emb.{k}inv_freq"),
+                &[half],
+                TensorRole::Vector,
+            );
+            b.push(
+                format!("model.rotary_emb.{k}original_inv_freq"),
+                &[half],
+                TensorRole::Vector,
+            );
+        }
+        b.0
+    }
+
+    /// The number of parameters (what `sum(p.numel() for p in model.parameters())` gives).
+    pub fn parameter_count(&self) -> u64 {
+        self.parameters().iter().map(Parameter::elements).sum()
+    }
+
+    fn push_attention(&self, p: &mut List, l: &str) {
+        let (h, d) = (self.hidden, self.head_dim);
+        let a = format!("{l}.self_attn");
+        match self.attention {
+            Attention::Standard {
+                q_bias,
+                kv_bias,
+                o_bias,
+                fused_qkv,
+                qk_norm,
+            } => {
+                let (q, kv) = (self.q_dim(), self.kv_dim());
+                if fused_qkv {
+                    p.linear(&format!("{a}.o_proj"), h, q, o_bias);
+                    p.linear(&format!("{a}.qkv_proj"), q + 2 * kv, h, q_bias);
+                    return;
+                }
+                p.linear(&format!("{a}.q_proj"), q, h, q_bias);
+                p.linear(&format!("{a}.k_proj"), kv, h, kv_bias);
+                p.linear(&format!("{a}.v_proj"), kv, h, kv_bias);
+                p.linear(&format!("{a}.o_proj"), h, q, o_bias);
+                if qk_norm != QkNorm::None {
+                    p.norm(&format!("{a}.q_norm"), d);
+                    p.norm(&format!("{a}.k_norm"), d);
+                }
+            }
+            Attention::Latent(m) => {
+                let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                match m.q_lora_rank {
+                    None => p.linear(&format!("{a}.q_proj"), self.heads * qk, h, false),
+                    Some(r) => {
+                        p.linear(&format!("{a}.q_a_proj"), r, h, m.bias);
+                        p.norm(&format!("{a}.q_a_layernorm"), r);
+                        p.linear(&format!("{a}.q_b_proj"), self.heads * qk, r, false);
+                    }
+                }
+                p.linear(
+                    &format!("{a}.kv_a_proj_with_mqa"),
+                    m.kv_lora_rank + m.qk_rope_head_dim,
+                    h,
+                    m.bias,
+                );
+                p.norm(&format!("{a}.kv_a_layernorm"), m.kv_lora_rank);
+                p.linear(
+                    &format!("{a}.kv_b_proj"),
+                    self.heads * (m.qk_nope_head_dim + m.v_head_dim),
+                    m.kv_lora_rank,
+                    false,
+                );
+                p.linear(&format!("{a}.o_proj"), h, self.heads * m.v_head_dim, m.bias);
+            }
+        }
+    }
+
+    fn push_dense(&self, p: &mut List, m: &str, intermediate: u64) {
+        let h = self.hidden;
+        if self.fused_gate_up {
+            p.linear(&format!("{m}.gate_up_proj"), 2 * intermediate, h, false);
+        } else {
+            p.linear(&format!("{m}.gate_proj"), intermediate, h, self.mlp_bias);
+            p.linear(&format!("{m}.up_proj"), intermediate, h, self.mlp_bias);
+        }
+        p.linear(&format!("{m}.down_proj"), h, intermediate, self.mlp_bias);
+    }
+
+    fn push_experts(&self, p: &mut List, m: &str) {
+        let moe = self.moe.expect("an MoE layer has the model's experts");
+        let (h, e, i) = (self.hidden, moe.experts, moe.intermediate);
+        let router = |p: &mut List| p.push(format!("{m}.gate.weight"), &[e, h], TensorRole::Router);
+        let experts = |p: &mut List| {
+            p.push(
+                format!("{m}.experts.gate_up_proj"),
+                &[e, 2 * i, h],
+                TensorRole::Experts,
+            );
+            p.push(
+                format!("{m}.experts.down_proj"),
+                &[e, h, i],
+                TensorRole::Experts,
+            );
+        };
+        // The router comes first where the layer builds it first.
+        if matches!(self.model_type, ModelType::Mixtral | ModelType::Qwen2Moe) {
+            router(p);
+            experts(p);
+        } else {
+            experts(p);
+            router(p);
+        }
+        if let Some(shared) = moe.shared {
+            let name = if self.model_type == ModelType::Qwen2Moe {
+                "shared_expert"
+            } else {
+                "shared_experts"
+            };
+            let s = format!("{m}.{name}");
+            let bias = self.mlp_bias;
+            p.linear(&format!("{s}.gate_proj"), shared.intermediate, h, bias);
+            p.linear(&format!("{s}.up_proj"), shared.intermediate, h, bias);
+            p.linear(&format!("{s}.down_proj"), h, shared.intermediate, bias);
+            if shared.gated {
+                p.linear(&format!("{m}.shared_expert_gate"), 1, h, false);
+            }
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Autograd as PyTorch's engine runs it, for memory: each recorded operation is a node holding
+//! the tensors it saved; `backward` runs the nodes on one device queue, the ready node with the
+//! highest sequence number first (a parameter's gradient accumulation as soon as it is ready),
+//! frees each node's incoming gradients when it returns and its saved tensors right after, and
+//! adds gradients that meet at one input in place when the first is not shared.
+
+use super::ops::Rule;
+use super::tensor::{Role, Tensor};
+use std::cell::RefCell;
+use std::collections::{BinaryHeap, HashMap};
+use std::rc::Rc;
+
+/// A recorded operation.
+pub struct Node {
+    /// Creation order: later nodes run first.
+    pub seq: u64,
+    pub rule: Rule,
+    /// What the operation saved for backward (released once the node has run).
+    pub saved: Vec<Tensor>,
+    /// Where the gradient of each differentiable input goes (none for inputs that need none).
+    pub next: Vec<Option<Grad>>,
+    /// Shape, strides and element type of each input, for the gradients the node makes.
+    pub inputs: Vec<Meta>,
+}
+
+/// Shape, strides and element type of a tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub shape: Vec<u64>,
+    pub strides: Vec<u64>,
+    pub elem: super::tensor::Elem,
+}
+
+impl Meta {
+    pub fn of(t: &Tensor) -> Meta {
+        Meta {
+            shape: t.shape.clone(),
+            strides: t.strides.clone(),
+            elem: t.elem,
+        }
+    }
+}
+
+pub type NodeRef = Rc<RefCell<Node>>;
+
+/// A trained parameter: its gradient accumulates here.
+pub struct Leaf {
+    pub meta: Meta,
+    pub grad: RefCell<Option<Tensor>>,
+}
+
+/// Where a tensor's gradient goes: the node that made it (and which output it is), or the
+/// parameter it is.
+#[derive(Clone)]
+pub enum Grad {
+    Node(NodeRef, usize),
+    Leaf(Rc<Leaf>),
+}
+
+pub type GradFn = Grad;
+
+impl Grad {
+    fn key(&self) -> usize {
+        match self {
+            Grad::Node(n, _) => Rc::as_ptr(n) as *const () as usize,
+            Grad::Leaf(l) => Rc::as_ptr(l) as *const () as usize,
+        }
+    }
+    fn slot(&self) -> usize {
+        match self {
+            Grad::Node(_, i) => *i,
+            Grad::Leaf(_) => 0,
+        }
+    }
+    fn seq(&self) -> u64 {
+        match self {
+            Grad::Node(n, _) => n.borrow().seq,
+            Grad::Leaf(_) => u64::MAX,
+        }
+    }
+}
+
+/// The graph's state in the emulated process.
+#[derive(Default)]
+pub struct Autograd {
+    /// `torch.no_grad()` is off.
+    pub enabled: bool,
+    next_seq: u64,
+}
+
+impl Autograd {
+    pub fn new() -> Autograd {
+        Autograd {
+            enabled: true,
+            next_seq: 0,
+        }
+    }
+
+    /// Records `rule` over `inputs` if grad mode is on and an input needs a gradient; sets the
+    /// outputs' `grad_fn`.
+    pub fn record(
+        &mut self,
+        rule: Rule,
+        inputs: &[&Tensor],
+        saved: Vec<Tensor>,
+        outputs: &mut [&mut Tensor],
+    ) {
+        if !self.enabled || inputs.iter().all(|t| t.grad_fn.is_none()) {
+            return;
+        }
+        let node = Rc::new(RefCell::new(Node {
+            seq: self.next_seq,
+            rule,
+            saved,
+            next: inputs.iter().map(|t| t.grad_fn.clone()).collect(),
+            inputs: inputs.iter().map(|t| Meta::of(t)).collect(),
+        }));
+        self.next_seq += 1;
+        for (i, out) in outputs.iter_mut().enumerate() {
+            out.grad_fn = Some(Grad::Node(node.clone(), i));
+        }
+    }
+}
+
+struct Ready {
+    seq: u64,
+    key: usize,
+    grad: Grad,
+}
+
+impl PartialEq for Ready {
+    fn eq(&self, o: &Self) -> bool {
+        (self.seq, self.key) == (o.seq, o.key)
+    }
+}
+impl Eq for Ready {}
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ready {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.seq.cmp(&o.seq).then(self.key.cmp(&o.key))
+    }
+}
+
+/// What a node's backward needs besides its gradients: the emulated process.
+pub trait Backward {
+    /// Runs `rule` on the incoming gradients; returns one gradient per input.
+    fn run(&mut self, node: &Node, grads: Vec<Option<Tensor>>) -> Vec<Option<Tensor>>;
+    /// `a + b` (a new tensor), when two gradients meet and neither can take the other in place.
+    fn add(&mut self, a: &Tensor, b: &Tensor) -> Tensor;
+    /// A copy of `grad` laid out as the parameter (a gradient that cannot be stolen).
+    fn clone_as(&mut self, grad: &Tensor, meta: &Meta) -> Tensor;
+}
+
+/// Whether `t` may be added into in place: not a view, its storage held by it alone, dense
+/// (as observed on the GPU, a gradient that arrives through a view is never added into).
+fn unique_dense(t: &Tensor) -> bool {
+    !t.is_view && t.storage_uses() == 1 && t.is_contiguous()
+}
+
+/// Runs backward from `root` with the incoming gradient `grad`.
+pub fn backward(process: &mut dyn Backward, root: &Tensor, grad: Tensor) {
+    let Some(start) = root.grad_fn.clone() else {
+        return;
+    };
+    // Dependencies: how many edges of the reachable graph lead to each node.
+    let mut deps: HashMap<usize, usize> = HashMap::new();
+    let mut seen: HashMap<usize, ()> = HashMap::new();
+    let mut stack = vec![start.clone()];
+    seen.insert(start.key(), ());
+    while let Some(g) = stack.pop() {
+        if let Grad::Node(n, _) = &g {
+            for next in n.borrow().next.iter().flatten() {
+                *deps.entry(next.key()).or_default() += 1;
+                if seen.insert(next.key(), ()).is_none() {
+                    stack.push(next.clone());
+                }
+            }
+        }
+    }
+    let mut buffers: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
+    let mut ready = BinaryHeap::new();
+    let slots = |g: &Grad| match g {
+        Grad::Node(n, _) => n.borrow().rule.outputs(),
+        Grad::Leaf(_) => 1,
+    };
+    let mut first = vec![None; slots(&start)];
+    first[start.slot()] = Some(grad);
+    buffers.insert(start.key(), first);
+    ready.push(Ready {
+        seq: start.seq(),
+        key: start.key(),
+        grad: start,
+    });
+    while let Some(Ready { key, grad: g, .. }) = ready.pop() {
+        let grads = buffers.remove(&key).unwrap_or_default();
+        match g {
+            Grad::Leaf(leaf) => accumulate(process, &leaf, grads),
+            Grad::Node(node, _) => {
+                let outputs = {
+                    let n = node.borrow();
+                    process.run(&n, grads)
+                };
+                let (next, saved) = {
+                    let mut n = node.borrow_mut();
+                    (n.next.clone(), std::mem::take(&mut n.saved))
+                };
+                // The saved tensors go once the node has run.
+                drop(saved);
+                for (out, edge) in outputs.into_iter().zip(next) {
+                    let (Some(out), Some(edge)) = (out, edge) else {
+                        continue;
+                    };
+                    let k = edge.key();
+                    let n_slots = slots(&edge);
+                    let buffer = buffers.entry(k).or_insert_with(|| vec![None; n_slots]);
+                    let slot = &mut buffer[edge.slot()];
+                    *slot = Some(match slot.take() {
+                        None => out,
+                        Some(old) if unique_dense(&old) => {
+                            drop(out);
+                            old
+                        }
+                        Some(old) if unique_dense(&out) => {
+                            drop(old);
+                            out
+                        }
+                        Some(old) => {
+                            let sum = process.add(&old, &out);
+                            drop(old);
+                            drop(out);
+                            sum
+                        }
+                    });
+                    let d = deps.get_mut(&k).expect("a reachable node");
+                    *d -= 1;
+                    if *d == 0 {
+                        ready.push(Ready {
+                            seq: edge.seq(),
+                            key: k,
+                            grad: edge,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `AccumulateGrad`: the first gradient is stolen when nothing else holds it and it has the
+/// parameter's layout (else copied); a later one is added in place.
+fn accumulate(process: &mut dyn Backward, leaf: &Leaf, grads: Vec<Option<Tensor>>) {
+    let Some(Some(new)) = grads.into_iter().next() else {
+        return;
+    };
+    let mut grad = leaf.grad.borrow_mut();
+    match grad.as_ref() {
+        None => {
+            let stealable = new.storage_uses() == 1
+                && new.shape == leaf.meta.shape
+                && new.strides == leaf.meta.strides;
+            *grad = Some(if stealable {
+                new
+            } else {
+                new.tape()
+                    .with_role(Role::Gradients, || process.clone_as(&new, &leaf.meta))
+            });
+        }
+        Some(_) => drop(new),
+    }
+}

@@ -1,0 +1,399 @@
+//! transformers 5.17's decoder-only models as allocations: the embedding, the rotary
+//! embedding computed once per forward, each layer's norms, attention (through the KV cache and
+//! SDPA) and MLP, the final norm, the LM head and the loss, written in the order of the models'
+//! Python code so that every temporary is freed when Python frees it.
+
+use super::cache::Cache;
+use super::ops::Process;
+use super::tensor::{Elem, Tensor};
+use crate::model::{Attention, Mlp, Model, QkNorm};
+use std::collections::HashMap;
+
+/// A LoRA adapter on one linear layer (PEFT: float32 `A [r, in]` and `B [out, r]`).
+pub struct Adapter {
+    pub a: Tensor,
+    pub b: Tensor,
+}
+
+/// The model's tensors on the device.
+pub struct Weights {
+    pub by_name: HashMap<String, Tensor>,
+    /// Adapters by the linear layer's prefix (`model.layers.0.self_attn.q_proj`).
+    pub adapters: HashMap<String, Adapter>,
+}
+
+impl Weights {
+    fn get(&self, name: &str) -> &Tensor {
+        self.by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("the model has no tensor {name}"))
+    }
+    fn opt(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name)
+    }
+}
+
+/// How the forward runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// `generate`'s prefill or one decode step (no autograd).
+    Generate,
+    /// Training: autograd records, the cache is built unless recomputation is on.
+    Train,
+}
+
+/// The emulated model: its description, its tensors on the device and the process.
+pub struct Decoder<'a> {
+    pub model: &'a Model,
+    pub weights: &'a Weights,
+    pub process: &'a mut Process,
+}
+
+/// What a forward returns.
+pub struct Output {
+    pub logits: Tensor,
+    pub loss: Option<Tensor>,
+}
+
+impl Decoder<'_> {
+    fn p(&mut self) -> &mut Process {
+        self.process
+    }
+
+    /// `LlamaRMSNorm.forward` (and its copies in the other models).
+    fn rms_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
+        let input = x.elem;
+        let p = &mut *self.process;
+        let xf = p.to(x, Elem::F32);
+        let sq = p.pow(&xf);
+        let variance = p.mean_last(&sq);
+        drop(sq);
+        let shifted = p.add_scalar(&variance);
+        let r = p.rsqrt(&shifted);
+        drop(shifted);
+        let normed = p.mul(&xf, &r);
+        drop(r);
+        drop(xf);
+        let back = p.to(&normed, input);
+        let out = p.mul(weight, &back);
+        drop(back);
+        drop(normed);
+        drop(variance);
+        out
+    }
+
+    /// `nn.Linear` (with its LoRA adapter if it has one).
+    fn linear(&mut self, prefix: &str, x: &Tensor) -> Tensor {
+        let w = self.weights.get(&format!("{prefix}.weight")).clone();
+        let b = self.weights.opt(&format!("{prefix}.bias")).cloned();
+        let out = self.p().linear(x, &w, b.as_ref());
+        match self.weights.adapters.get(prefix) {
+            None => out,
+            Some(adapter) => {
+                let (a, bm) = (adapter.a.clone(), adapter.b.clone());
+                self.lora(out, x, &a, &bm)
+            }
+        }
+    }
+
+    /// PEFT's `Linear.forward` after the base layer: `x` cast to the adapters' float32,
+    /// `B(A(x)) * scaling` added, the sum cast back to the base's dtype.
+    fn lora(&mut self, result: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let base = result.elem;
+        let xa = p.to(x, a.elem);
+        let down = p.linear(&xa, a, None);
+        let up = p.linear(&down, b, None);
+        drop(down);
+        let scaled = p.scale(&up);
+        drop(up);
+        let sum = p.add(&result, &scaled);
+        drop(scaled);
+        drop(result);
+        drop(xa);
+        let out = p.to(&sum, base);
+        drop(sum);
+        out
+    }
+
+    /// `create_causal_mask` with a 2-D attention mask and no padding: the mask as booleans and
+    /// the check that every position is attended (`fast_all`: a sum through int64), after which
+    /// SDPA runs causal without a mask.
+    fn causal_mask(&mut self, mask: &Tensor) {
+        let p = &mut *self.process;
+        let shape = mask.shape.clone();
+        let padding = p.empty(&shape, Elem::Bool);
+        let sum = p.empty(&[], Elem::I64);
+        let widened = p.empty(&shape, Elem::I64);
+        drop(widened);
+        let equal = p.empty(&[], Elem::Bool);
+        drop(sum);
+        drop(equal);
+        drop(padding);
+    }
+
+    /// The rotary embedding's `cos` and `sin` for `positions` (`[b, t]` int64), in `dtype`
+    /// (computed in float32 with autocast off).
+    fn rotary(&mut self, positions: &Tensor, dtype: Elem) -> (Tensor, Tensor) {
+        let (b, t) = (positions.shape[0], positions.shape[1]);
+        let half = self.model.rotary_dim.div_ceil(2);
+        let p = &mut *self.process;
+        let pos = p.empty(&[b, 1, t], Elem::F32);
+        let freqs = p.product(&[b, half, t], Elem::F32);
+        let emb = p.empty(&[b, t, 2 * half], Elem::F32);
+        let raw = p.empty(&[b, t, 2 * half], Elem::F32);
+        let cos = p.empty(&[b, t, 2 * half], Elem::F32);
+        drop(raw);
+        let raw = p.empty(&[b, t, 2 * half], Elem::F32);
+        let sin = p.empty(&[b, t, 2 * half], Elem::F32);
+        drop(raw);
+        let cos_out = p.to(&cos, dtype);
+        let sin_out = p.to(&sin, dtype);
+        drop(pos);
+        drop(freqs);
+        drop(emb);
+        drop(cos);
+        drop(sin);
+        (cos_out, sin_out)
+    }
+
+    /// `rotate_half(x)`: `cat(-x2, x1)`.
+    fn rotate_half(&mut self, x: &Tensor) -> Tensor {
+        let d = x.size(-1);
+        let p = &mut *self.process;
+        let x1 = p.slice(x, -1, 0, d / 2);
+        let x2 = p.slice(x, -1, d / 2, d);
+        let neg = p.neg(&x2);
+        let out = p.cat(&[&neg, &x1], -1);
+        drop(neg);
+        out
+    }
+
+    /// `(x * cos) + (rotate_half(x) * sin)`.
+    fn apply_rotary(&mut self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+        let a = self.process.mul(x, cos);
+        let r = self.rotate_half(x);
+        let b = self.process.mul(&r, sin);
+        drop(r);
+        let out = self.process.add(&a, &b);
+        drop(a);
+        drop(b);
+        out
+    }
+
+    /// `x.view(b, t, heads, d).transpose(1, 2)`.
+    fn heads(&mut self, x: &Tensor, heads: u64, d: u64) -> Tensor {
+        let (b, t) = (x.shape[0], x.shape[1]);
+        let v = self.p().reshape(x, &[b, t, heads, d]);
+        self.p().transpose(&v, 1, 2)
+    }
+
+    /// `attn.transpose(1, 2).reshape(b, t, -1).contiguous()`.
+    fn merge_heads(&mut self, heads: Tensor, b: u64, t: u64) -> Tensor {
+        let width = heads.size(1) * heads.size(3);
+        let swapped = self.p().transpose(&heads, 1, 2);
+        drop(heads);
+        let flat = self.p().reshape(&swapped, &[b, t, width]);
+        drop(swapped);
+        self.p().contiguous(&flat)
+    }
+
+    /// A standard attention layer: projections, rotary, cache, SDPA, output projection.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &mut self,
+        layer: usize,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: Option<&mut Cache>,
+        qk_norm: QkNorm,
+    ) -> Tensor {
+        let m = self.model;
+        let a = format!("model.layers.{layer}.self_attn");
+        let (d, (b, t)) = (m.head_dim, (x.shape[0], x.shape[1]));
+        let q_proj = self.linear(&format!("{a}.q_proj"), x);
+        let mut q = self.heads(&q_proj, m.heads, d);
+        drop(q_proj);
+        let k_proj = self.linear(&format!("{a}.k_proj"), x);
+        let mut k = self.heads(&k_proj, m.kv_heads, d);
+        drop(k_proj);
+        let v_proj = self.linear(&format!("{a}.v_proj"), x);
+        let v = self.heads(&v_proj, m.kv_heads, d);
+        drop(v_proj);
+        if qk_norm != QkNorm::None {
+            let qn = self.weights.get(&format!("{a}.q_norm.weight")).clone();
+            let kn = self.weights.get(&format!("{a}.k_norm.weight")).clone();
+            q = self.rms_norm(&q, &qn);
+            k = self.rms_norm(&k, &kn);
+        }
+        let cos4 = self.p().unsqueeze(cos, 1);
+        let sin4 = self.p().unsqueeze(sin, 1);
+        let q_embed = self.apply_rotary(&q, &cos4, &sin4);
+        let k_embed = self.apply_rotary(&k, &cos4, &sin4);
+        drop(cos4);
+        drop(sin4);
+        drop(q);
+        drop(k);
+        let (keys, values) = match cache {
+            Some(c) => {
+                let kv = c.update(self.process, layer, &k_embed, &v);
+                drop(k_embed);
+                drop(v);
+                kv
+            }
+            None => (k_embed, v),
+        };
+        let heads = self.process.cudnn_attention(&q_embed, &keys, &values);
+        let attn = self.merge_heads(heads, b, t);
+        let out = self.linear(&format!("{a}.o_proj"), &attn);
+        // The attention's locals go at its return: the queries, keys and values.
+        drop(attn);
+        drop(q_embed);
+        drop(keys);
+        drop(values);
+        out
+    }
+
+    /// `act_fn(gate_proj(x)) * up_proj(x)` through `down_proj`.
+    fn mlp(&mut self, prefix: &str, x: &Tensor) -> Tensor {
+        let gate = self.linear(&format!("{prefix}.gate_proj"), x);
+        let act = if self.model.model_type.is_gemma() {
+            self.process.gelu_tanh(&gate)
+        } else {
+            self.process.silu(&gate)
+        };
+        drop(gate);
+        let up = self.linear(&format!("{prefix}.up_proj"), x);
+        let prod = self.process.mul(&act, &up);
+        drop(act);
+        drop(up);
+        let out = self.linear(&format!("{prefix}.down_proj"), &prod);
+        drop(prod);
+        out
+    }
+
+    /// A decoder layer on `hidden` (which the model's loop holds until the layer returns).
+    fn decoder_layer(
+        &mut self,
+        layer: usize,
+        hidden: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: Option<&mut Cache>,
+    ) -> Tensor {
+        let m = self.model;
+        let l = format!("model.layers.{layer}");
+        let qk_norm = match m.attention {
+            Attention::Standard { qk_norm, .. } => qk_norm,
+            Attention::Latent(_) => QkNorm::None,
+        };
+        let residual = hidden.clone();
+        let w = self
+            .weights
+            .get(&format!("{l}.input_layernorm.weight"))
+            .clone();
+        let normed = self.rms_norm(&residual, &w);
+        let attn = self.attention(layer, &normed, cos, sin, cache, qk_norm);
+        drop(normed);
+        let hidden = self.process.add(&residual, &attn);
+        drop(attn);
+        drop(residual);
+        let residual = hidden;
+        let w = self
+            .weights
+            .get(&format!("{l}.post_attention_layernorm.weight"))
+            .clone();
+        let normed = self.rms_norm(&residual, &w);
+        let out = match m.layers[layer].mlp {
+            Mlp::Dense { .. } => self.mlp(&format!("{l}.mlp"), &normed),
+            Mlp::Experts => unimplemented!("experts"),
+        };
+        drop(normed);
+        let hidden = self.process.add(&residual, &out);
+        drop(out);
+        drop(residual);
+        hidden
+    }
+
+    /// `XForCausalLM.forward`: `ids [b, t]`, `positions [b, t]` (or `None`: `arange(t)` made in
+    /// the model), the cache, the positions whose logits are kept (`None`: all), and with
+    /// `labels` the loss.
+    pub fn forward(
+        &mut self,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+        positions: Option<&Tensor>,
+        mut cache: Option<&mut Cache>,
+        keep_last: bool,
+        labels: Option<&Tensor>,
+    ) -> Output {
+        let m = self.model;
+        let embed = self.weights.get("model.embed_tokens.weight").clone();
+        let dtype = embed.elem;
+        let inputs_embeds = self.process.embedding(&embed, ids);
+        // Without positions, `arange(t) + past_seen_tokens`, unsqueezed.
+        let made_positions = positions.is_none().then(|| {
+            let t = ids.shape[1];
+            let p = &mut *self.process;
+            let range = p.empty(&[t], Elem::I64);
+            let shifted = p.empty(&[t], Elem::I64);
+            drop(range);
+            shifted.restrided(vec![1, t], vec![t, 1])
+        });
+        let positions = positions.or(made_positions.as_ref()).expect("positions");
+        if let Some(mask) = mask {
+            self.causal_mask(mask);
+        }
+        let (cos, sin) = self.rotary(positions, dtype);
+        let mut hidden = inputs_embeds.clone();
+        for layer in 0..m.layers.len() {
+            hidden = self.decoder_layer(layer, &hidden, &cos, &sin, cache.as_deref_mut());
+        }
+        let w = self.weights.get("model.norm.weight").clone();
+        let normed = self.rms_norm(&hidden, &w);
+        drop(hidden);
+        // The model's locals go at its return: positions it made, the embeddings, then the
+        // rotary pair (a tuple: its last item first).
+        drop(made_positions);
+        drop(inputs_embeds);
+        drop(sin);
+        drop(cos);
+        let head = if m.tied_embeddings {
+            "model.embed_tokens"
+        } else {
+            "lm_head"
+        };
+        let last = if keep_last {
+            let t = normed.shape[1];
+            self.process.slice(&normed, 1, t - 1, t)
+        } else {
+            normed.clone()
+        };
+        let logits = self.linear(head, &last);
+        drop(last);
+        let loss = labels.map(|labels| self.loss(&logits, labels));
+        drop(normed);
+        Output { logits, loss }
+    }
+
+    /// transformers' `ForCausalLMLoss`: the logits upcast to float32, the labels padded and
+    /// shifted, `cross_entropy` (log-softmax, then the negative log-likelihood).
+    fn loss(&mut self, logits: &Tensor, labels: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let (b, t, v) = (logits.shape[0], logits.shape[1], logits.shape[2]);
+        let upcast = p.to(logits, Elem::F32);
+        let padded = p.empty(&[b, t + 1], Elem::I64);
+        let shifted = p.empty(&[b, t], Elem::I64);
+        let flat = p.reshape(&upcast, &[b * t, v]);
+        let log_probs = p.log_softmax(&flat);
+        drop(flat);
+        let loss = p.nll_loss(&log_probs, &shifted);
+        drop(log_probs);
+        drop(shifted);
+        drop(upcast);
+        drop(padded);
+        let _ = labels;
+        loss
+    }
+}

@@ -1,0 +1,133 @@
+//! `model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False)` as
+//! transformers 5.17 runs it with its default `DynamicCache`: the positions made from the mask,
+//! the prefill (the last position's logits), then each new token's forward, the float32 copy of
+//! its logits, the greedy choice and the ids, mask and positions grown by one.
+
+use super::cache::Cache;
+use super::decoder::Decoder;
+use super::tensor::{Elem, Tensor};
+
+/// Where `generate` is, for the stages of a run.
+pub trait Stages {
+    /// The first token's logits are being processed: the prefill ends, the decode begins.
+    fn prefill_done(&mut self, decoder: &mut Decoder);
+}
+
+/// Runs `generate` for `new_tokens` tokens after the prompt `ids` (`[b, t]` int64) and its
+/// attention `mask`.
+pub fn generate(
+    d: &mut Decoder,
+    ids: &Tensor,
+    mask: &Tensor,
+    new_tokens: u64,
+    stages: &mut dyn Stages,
+) {
+    let (b, t) = (ids.shape[0], ids.shape[1]);
+    let windows: Vec<Option<u64>> = d.model.layers.iter().map(|l| l.window).collect();
+    let mut cache = Cache::new(&windows);
+    let p = &mut *d.process;
+    // The special tokens as tensors (the padding token), kept to the end.
+    let pad = p.empty(&[1], Elem::I64);
+    let pad2 = p.empty(&[1], Elem::I64);
+    // The right-padding check: `attention_mask[:, -1] == 0`, `any`.
+    let last = p.empty(&[b], Elem::Bool);
+    let any = p.empty(&[], Elem::Bool);
+    drop(last);
+    drop(any);
+    // position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    let cumsum = p.empty(&[b, t], Elem::I64);
+    let shifted = p.empty(&[b, t], Elem::I64);
+    drop(cumsum);
+    let zero = p.empty(&[b, t], Elem::Bool);
+    let mut positions = p.empty(&[b, t], Elem::I64);
+    // The prompt's positions stay referenced (by generate's own arguments) to the end.
+    let prompt_positions = positions.clone();
+    drop(zero);
+    drop(shifted);
+    let mut unfinished = p.empty(&[b], Elem::I64);
+    let mut ids = ids.clone();
+    let mut mask = mask.clone();
+    let mut length = t;
+    let mut next_logits: Option<Tensor> = None;
+    let mut next_tokens: Option<Tensor> = None;
+    // The last step's inputs (`model_inputs`), held until the next step's are made.
+    let mut inputs: Option<(Tensor, Tensor, Tensor)> = None;
+    for step in 0..new_tokens {
+        let out = if step == 0 {
+            // _prefill: its own inputs (the ids cloned), gone when it returns.
+            let input = d.process.clone_contiguous(&ids);
+            let out = d.forward(
+                &input,
+                Some(&mask),
+                Some(&positions),
+                Some(&mut cache),
+                true,
+                None,
+            );
+            drop(input);
+            out
+        } else {
+            // prepare_inputs_for_generation: the last id and position, cloned.
+            let i = d.process.empty(&[b, 1], Elem::I64);
+            let q = d.process.empty(&[b, 1], Elem::I64);
+            drop(inputs.take());
+            let out = d.forward(&i, Some(&mask), Some(&q), Some(&mut cache), true, None);
+            inputs = Some((i, q, mask.clone()));
+            out
+        };
+        let p = &mut *d.process;
+        // _update_model_kwargs_for_generation: arange(1) + positions[..., -1:] + 1 and the cat;
+        // the mask grown by ones; the old positions go at its return.
+        let range = p.empty(&[1], Elem::I64);
+        let plus = p.empty(&[b, 1], Elem::I64);
+        drop(range);
+        let one = p.empty(&[b, 1], Elem::I64);
+        drop(plus);
+        let grown = p.empty(&[b, length + 1], Elem::I64);
+        drop(one);
+        let old_positions = std::mem::replace(&mut positions, grown);
+        let ones = p.empty(&[b, 1], Elem::I64);
+        let grown_mask = p.empty(&[b, length + 1], Elem::I64);
+        drop(ones);
+        mask = grown_mask;
+        drop(old_positions);
+        // next_token_logits = logits[:, -1].to(float32, copy=True)
+        let vocab = out.logits.size(-1);
+        next_logits = Some(p.empty(&[b, vocab], Elem::F32));
+        if step == 0 {
+            stages.prefill_done(d);
+        }
+        let p = &mut *d.process;
+        next_tokens = Some(p.empty(&[b], Elem::I64));
+        ids = p.empty(&[b, length + 1], Elem::I64);
+        length += 1;
+        // unfinished & ~stopping_criteria(ids): max length reached, per sequence.
+        let full = p.empty(&[b], Elem::Bool);
+        let done = p.empty(&[b], Elem::Bool);
+        let is_done = p.empty(&[b], Elem::Bool);
+        drop(done);
+        drop(full);
+        let not = p.empty(&[b], Elem::Bool);
+        drop(is_done);
+        let still = p.empty(&[b], Elem::I64);
+        drop(not);
+        unfinished = still;
+        // StopCheck: `unfinished.max() == 0`.
+        let max = p.empty(&[], Elem::I64);
+        let stop = p.empty(&[], Elem::Bool);
+        drop(max);
+        drop(stop);
+        drop(out);
+    }
+    drop(inputs);
+    drop(next_tokens);
+    drop(prompt_positions);
+    drop(next_logits);
+    drop(positions);
+    drop(mask);
+    drop(ids);
+    drop(unfinished);
+    drop(cache);
+    drop(pad2);
+    drop(pad);
+}

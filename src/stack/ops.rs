@@ -1,0 +1,839 @@
+//! The operations the emulated models run, each with the allocations PyTorch 2.11's CUDA kernels
+//! make (outputs, and the workspaces and temporaries of those that have them) and, under
+//! autograd, what it saves and the gradients its backward makes, in the order the generated
+//! backward functions make them (the last input's gradient first, then the engine's reduction
+//! of a broadcast gradient to its input's shape).
+
+use super::autograd::{self, Autograd, Backward, Meta, Node};
+use super::tensor::{view_strides, Elem, Role, Tape, Tensor};
+
+/// What a recorded node does in backward.
+#[derive(Clone, Debug)]
+pub enum Rule {
+    /// `mm(a, b)` (a linear layer's matrix product): saved a if b needs a gradient, b if a does.
+    Mm,
+    /// `addmm(bias, a, b)`.
+    Addmm,
+    /// A reshape (or an unsqueeze, a slice of a whole dimension): the gradient is reshaped back
+    /// (a copy where its layout allows no view).
+    View,
+    /// `transpose(a, b)`: the gradient transposed back (a view).
+    Transpose { a: usize, b: usize },
+    /// `slice` along a dimension: the gradient is written into zeros of the input's shape.
+    Slice,
+    /// `expand`: the gradient is summed back to the input's shape.
+    Expand,
+    /// Elementwise `a * b`.
+    Mul,
+    /// `a * scalar` or `a / scalar`.
+    Scale,
+    /// `a + b` (or `a - b`): gradients pass through (reduced where broadcast).
+    Add,
+    /// `a + scalar`: passes through.
+    AddScalar,
+    /// `-a`.
+    Neg,
+    /// `a.to(dtype)` from `from`.
+    ToCopy { from: Elem },
+    /// `a.pow(2)` (saves a).
+    Pow,
+    /// `a.mean(-1, keepdim)`.
+    Mean,
+    /// `rsqrt(a)` (saves the result).
+    Rsqrt,
+    /// `cat(tensors, dim)`: the gradient's slices.
+    Cat { dim: usize, sizes: Vec<u64> },
+    /// `silu(a)` (saves a).
+    Silu,
+    /// `gelu(a, approximate="tanh")` (saves a).
+    Gelu,
+    /// `tanh(a)` (saves the result).
+    Tanh,
+    /// `sigmoid(a)` (saves the result).
+    Sigmoid,
+    /// `softmax(a)` (saves the result).
+    Softmax,
+    /// `embedding(weight, ids)` (saves the ids).
+    Embedding { vocab: u64 },
+    /// cuDNN attention (saves q, k, v, the output and its statistics).
+    CudnnAttention,
+    /// `log_softmax` (saves the result).
+    LogSoftmax,
+    /// `nll_loss` (saves the targets and the total weight).
+    NllLoss,
+    /// `clone` / `contiguous`.
+    Clone,
+}
+
+impl Rule {
+    /// Outputs of the node (gradients it receives).
+    pub fn outputs(&self) -> usize {
+        1
+    }
+}
+
+/// What a GPU gives the emulation that no shape does: workspace sizes (PyTorch 2.11's defaults
+/// for the GPU's architecture).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    /// The cuBLAS workspace of a thread's handle, allocated at its first matrix product.
+    pub cublas_workspace: u64,
+    /// cuBLASLt's own workspace, allocated at a thread's first product with a bias.
+    pub cublaslt_workspace: u64,
+}
+
+impl Kernels {
+    /// PyTorch 2.11's defaults on a GPU of compute capability `cc`.
+    pub fn for_gpu(cc: crate::allocator::ComputeCapability) -> Kernels {
+        let w = crate::allocator::Workspaces::for_gpu(cc, &Default::default())
+            .expect("the default settings are valid");
+        Kernels {
+            cublas_workspace: w.cublas_bytes,
+            cublaslt_workspace: w.cublaslt_bytes.unwrap_or(0),
+        }
+    }
+}
+
+/// The emulated process: its tape, autograd's state and what kernels keep between calls.
+pub struct Process {
+    pub tape: Tape,
+    pub autograd: Autograd,
+    pub kernels: Kernels,
+    /// Whether the code runs on autograd's backward thread (its own cuBLAS handle).
+    backward_thread: bool,
+    /// Per thread (forward, backward): the cuBLAS and cuBLASLt workspaces once made.
+    workspaces: [Vec<Tensor>; 2],
+    has_cublas: [bool; 2],
+    has_cublaslt: [bool; 2],
+}
+
+/// Broadcast shape of two shapes.
+fn broadcast(a: &[u64], b: &[u64]) -> Vec<u64> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let x = if i + a.len() >= n {
+                a[i + a.len() - n]
+            } else {
+                1
+            };
+            let y = if i + b.len() >= n {
+                b[i + b.len() - n]
+            } else {
+                1
+            };
+            x.max(y)
+        })
+        .collect()
+}
+
+impl Process {
+    pub fn new(kernels: Kernels) -> Process {
+        Process {
+            tape: Tape::new(),
+            autograd: Autograd::new(),
+            kernels,
+            backward_thread: false,
+            workspaces: [Vec::new(), Vec::new()],
+            has_cublas: [false; 2],
+            has_cublaslt: [false; 2],
+        }
+    }
+
+    /// Runs `f` with the allocations it makes given `role`.
+    pub fn in_role<R>(&mut self, role: Role, f: impl FnOnce(&mut Self) -> R) -> R {
+        let tape = self.tape.clone();
+        let before = tape.0.borrow_mut().role.replace(role);
+        let out = f(self);
+        tape.0.borrow_mut().role = before;
+        out
+    }
+
+    fn thread(&self) -> usize {
+        usize::from(self.backward_thread)
+    }
+
+    /// A new contiguous tensor.
+    pub fn empty(&self, shape: &[u64], elem: Elem) -> Tensor {
+        self.tape.empty(shape, elem)
+    }
+
+    /// A new tensor with the layout of `like` (`empty_like`, and the output of an elementwise
+    /// operation on it: dense, its dimensions in the order of `like`'s strides).
+    pub fn empty_like(&self, like: &Meta) -> Tensor {
+        let mut t = self.tape.empty(&like.shape, like.elem);
+        t.strides = ordered_strides(&like.shape, &like.strides);
+        t
+    }
+
+    /// The output of an elementwise operation of `shape` and `elem` on `inputs`: laid out as
+    /// the first input of the output's shape (TensorIterator keeps the inputs' memory order).
+    fn elementwise(&self, shape: &[u64], elem: Elem, inputs: &[&Tensor]) -> Tensor {
+        match inputs.iter().find(|t| t.shape == shape) {
+            Some(first) => self.empty_like(&Meta {
+                shape: shape.to_vec(),
+                strides: first.strides.clone(),
+                elem,
+            }),
+            None => self.empty(shape, elem),
+        }
+    }
+
+    /// The cuBLAS workspace of this thread's handle, made at its first product (and cuBLASLt's
+    /// at its first product with a bias).
+    fn matmul_workspace(&mut self, bias: bool) {
+        let th = self.thread();
+        if !self.has_cublas[th] {
+            self.has_cublas[th] = true;
+            let w = self.tape.with_role(Role::Workspaces, || {
+                self.tape.empty(&[self.kernels.cublas_workspace], Elem::U8)
+            });
+            self.workspaces[th].push(w);
+        }
+        if bias && !self.has_cublaslt[th] && self.kernels.cublaslt_workspace > 0 {
+            self.has_cublaslt[th] = true;
+            let w = self.tape.with_role(Role::Workspaces, || {
+                self.tape
+                    .empty(&[self.kernels.cublaslt_workspace], Elem::U8)
+            });
+            self.workspaces[th].push(w);
+        }
+    }
+
+    fn record(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>, out: &mut Tensor) {
+        self.autograd.record(rule, inputs, saved, &mut [out]);
+    }
+
+    fn needs_grad(&self, ts: &[&Tensor]) -> bool {
+        self.autograd.enabled && ts.iter().any(|t| t.grad_fn.is_some())
+    }
+
+    // --- Views (no allocation) -------------------------------------------------------------
+
+    /// `view` / `reshape`: a view when the layout allows one, else a copy.
+    pub fn reshape(&mut self, x: &Tensor, shape: &[u64]) -> Tensor {
+        match view_strides(&x.shape, &x.strides, shape) {
+            Some(strides) => {
+                let mut v = x.restrided(shape.to_vec(), strides);
+                self.record(Rule::View, &[x], vec![], &mut v);
+                v
+            }
+            None => {
+                let c = self.contiguous(x);
+                self.reshape(&c, shape)
+            }
+        }
+    }
+
+    pub fn transpose(&mut self, x: &Tensor, a: isize, b: isize) -> Tensor {
+        let (a, b) = (x.axis(a), x.axis(b));
+        let mut shape = x.shape.clone();
+        let mut strides = x.strides.clone();
+        shape.swap(a, b);
+        strides.swap(a, b);
+        let mut v = x.restrided(shape, strides);
+        self.record(Rule::Transpose { a, b }, &[x], vec![], &mut v);
+        v
+    }
+
+    /// `x[..., start:end]` along `dim` (a view).
+    pub fn slice(&mut self, x: &Tensor, dim: isize, start: u64, end: u64) -> Tensor {
+        let d = x.axis(dim);
+        // A slice of the whole dimension is the tensor itself (no node).
+        if start == 0 && end == x.shape[d] {
+            return x.clone();
+        }
+        let mut shape = x.shape.clone();
+        shape[d] = end - start;
+        let mut v = x.restrided(shape, x.strides.clone());
+        self.record(Rule::Slice, &[x], vec![], &mut v);
+        v
+    }
+
+    pub fn unsqueeze(&mut self, x: &Tensor, dim: usize) -> Tensor {
+        let mut shape = x.shape.clone();
+        let mut strides = x.strides.clone();
+        let s = if dim < x.dim() {
+            x.strides[dim] * x.shape[dim]
+        } else {
+            1
+        };
+        shape.insert(dim, 1);
+        strides.insert(dim, s);
+        let mut v = x.restrided(shape, strides);
+        self.record(Rule::View, &[x], vec![], &mut v);
+        v
+    }
+
+    /// `expand` to `shape` (a view with zero strides).
+    pub fn expand(&mut self, x: &Tensor, shape: &[u64]) -> Tensor {
+        let lead = shape.len() - x.dim();
+        let strides = (0..shape.len())
+            .map(|i| {
+                if i < lead || x.shape[i - lead] != shape[i] {
+                    0
+                } else {
+                    x.strides[i - lead]
+                }
+            })
+            .collect();
+        let mut v = x.restrided(shape.to_vec(), strides);
+        self.record(Rule::Expand, &[x], vec![], &mut v);
+        v
+    }
+
+    // --- Copies and casts --------------------------------------------------------------------
+
+    /// `contiguous()`: the same tensor if already contiguous, else a copy.
+    pub fn contiguous(&mut self, x: &Tensor) -> Tensor {
+        if x.is_contiguous() {
+            return x.clone();
+        }
+        self.clone_contiguous(x)
+    }
+
+    /// `clone()` into a contiguous tensor.
+    pub fn clone_contiguous(&mut self, x: &Tensor) -> Tensor {
+        let mut out = self.empty(&x.shape, x.elem);
+        self.record(Rule::Clone, &[x], vec![], &mut out);
+        out
+    }
+
+    /// `x.to(elem)`: the same tensor if already of that type.
+    pub fn to(&mut self, x: &Tensor, elem: Elem) -> Tensor {
+        if x.elem == elem {
+            return x.clone();
+        }
+        let mut out = self.empty_like(&Meta {
+            elem,
+            ..Meta::of(x)
+        });
+        self.record(Rule::ToCopy { from: x.elem }, &[x], vec![], &mut out);
+        out
+    }
+
+    /// `x.to(elem, copy=True)`: always a copy.
+    pub fn to_copy(&mut self, x: &Tensor, elem: Elem) -> Tensor {
+        let mut out = self.empty(&x.shape, elem);
+        self.record(Rule::ToCopy { from: x.elem }, &[x], vec![], &mut out);
+        out
+    }
+
+    // --- Elementwise ---------------------------------------------------------------------------
+
+    fn binary_out(&self, a: &Tensor, b: &Tensor) -> Tensor {
+        self.elementwise(
+            &broadcast(&a.shape, &b.shape),
+            a.elem.promote(b.elem),
+            &[a, b],
+        )
+    }
+
+    pub fn mul(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
+        let mut out = self.binary_out(a, b);
+        let mut saved = Vec::new();
+        if self.needs_grad(&[a, b]) {
+            // self is saved when other needs a gradient, other when self does.
+            if b.grad_fn.is_some() {
+                saved.push(a.clone());
+            }
+            if a.grad_fn.is_some() {
+                saved.push(b.clone());
+            }
+        }
+        self.record(Rule::Mul, &[a, b], saved, &mut out);
+        out
+    }
+
+    /// `a + b` (also `a - b`).
+    pub fn add(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
+        let mut out = self.binary_out(a, b);
+        self.record(Rule::Add, &[a, b], vec![], &mut out);
+        out
+    }
+
+    /// `a + scalar` (also `1.0 + a`, `a - scalar`).
+    pub fn add_scalar(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        self.record(Rule::AddScalar, &[a], vec![], &mut out);
+        out
+    }
+
+    /// `a * scalar` or `a / scalar`.
+    pub fn scale(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        self.record(Rule::Scale, &[a], vec![], &mut out);
+        out
+    }
+
+    pub fn neg(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        self.record(Rule::Neg, &[a], vec![], &mut out);
+        out
+    }
+
+    /// `a.pow(2)`.
+    pub fn pow(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        let saved = self.saved_if(&[a], &[a]);
+        self.record(Rule::Pow, &[a], saved, &mut out);
+        out
+    }
+
+    /// `a.mean(-1, keepdim=True)`.
+    pub fn mean_last(&mut self, a: &Tensor) -> Tensor {
+        let mut shape = a.shape.clone();
+        *shape.last_mut().expect("a dimension") = 1;
+        let mut out = self.empty(&shape, a.elem);
+        self.record(Rule::Mean, &[a], vec![], &mut out);
+        out
+    }
+
+    pub fn rsqrt(&mut self, a: &Tensor) -> Tensor {
+        self.unary_saving_result(a, Rule::Rsqrt)
+    }
+
+    pub fn tanh(&mut self, a: &Tensor) -> Tensor {
+        self.unary_saving_result(a, Rule::Tanh)
+    }
+
+    pub fn sigmoid(&mut self, a: &Tensor) -> Tensor {
+        self.unary_saving_result(a, Rule::Sigmoid)
+    }
+
+    fn unary_saving_result(&mut self, a: &Tensor, rule: Rule) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        if self.needs_grad(&[a]) {
+            let result = out.clone();
+            self.record(rule, &[a], vec![result], &mut out);
+        }
+        out
+    }
+
+    pub fn silu(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        let saved = self.saved_if(&[a], &[a]);
+        self.record(Rule::Silu, &[a], saved, &mut out);
+        out
+    }
+
+    pub fn gelu_tanh(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        let saved = self.saved_if(&[a], &[a]);
+        self.record(Rule::Gelu, &[a], saved, &mut out);
+        out
+    }
+
+    /// `softmax(a, dim=-1, dtype=elem)`.
+    pub fn softmax(&mut self, a: &Tensor, elem: Elem) -> Tensor {
+        let mut out = self.empty(&a.shape, elem);
+        if self.needs_grad(&[a]) {
+            let result = out.clone();
+            self.record(Rule::Softmax, &[a], vec![result], &mut out);
+        }
+        out
+    }
+
+    /// Clones of `ts` to save when any of `inputs` needs a gradient.
+    fn saved_if(&self, inputs: &[&Tensor], ts: &[&Tensor]) -> Vec<Tensor> {
+        if self.needs_grad(inputs) {
+            ts.iter().map(|t| (*t).clone()).collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// `cat(parts, dim)`.
+    pub fn cat(&mut self, parts: &[&Tensor], dim: isize) -> Tensor {
+        let d = parts[0].axis(dim);
+        let mut shape = parts[0].shape.clone();
+        shape[d] = parts.iter().map(|p| p.shape[d]).sum();
+        let elem = parts
+            .iter()
+            .skip(1)
+            .fold(parts[0].elem, |e, p| e.promote(p.elem));
+        let mut out = self.empty(&shape, elem);
+        let sizes = parts.iter().map(|p| p.shape[d]).collect();
+        self.autograd
+            .record(Rule::Cat { dim: d, sizes }, parts, vec![], &mut [&mut out]);
+        out
+    }
+
+    // --- Products ------------------------------------------------------------------------------
+
+    /// `F.linear(x, weight, bias)`: `x @ weight.T (+ bias)`, through `mm` / `addmm` on the
+    /// flattened input.
+    pub fn linear(&mut self, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        let out_features = weight.shape[0];
+        let in_features = *x.shape.last().expect("a dimension");
+        let rows = x.numel() / in_features.max(1);
+        let x2 = self.reshape(x, &[rows, in_features]);
+        let wt = self.transpose(weight, 0, 1);
+        let mut out = self.empty(&[rows, out_features], x.elem.promote(weight.elem));
+        self.matmul_workspace(bias.is_some());
+        let mut saved = Vec::new();
+        if self.needs_grad(&[&x2, &wt]) {
+            if wt.grad_fn.is_some() {
+                saved.push(x2.clone());
+            }
+            if x2.grad_fn.is_some() {
+                saved.push(wt.clone());
+            }
+        }
+        match bias {
+            Some(b) => {
+                let be = self.expand(b, &[rows, out_features]);
+                self.autograd
+                    .record(Rule::Addmm, &[&be, &x2, &wt], saved, &mut [&mut out]);
+            }
+            None => self.record(Rule::Mm, &[&x2, &wt], saved, &mut out),
+        }
+        drop(x2);
+        drop(wt);
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("a dimension") = out_features;
+        self.reshape(&out, &shape)
+    }
+
+    /// The output of a matrix product with no gradient (the rotary frequencies' `bmm`), then
+    /// the thread's cuBLAS workspace at its first product.
+    pub fn product(&mut self, shape: &[u64], elem: Elem) -> Tensor {
+        let out = self.empty(shape, elem);
+        self.matmul_workspace(false);
+        out
+    }
+
+    // --- Layers' kernels -------------------------------------------------------------------------
+
+    /// `F.embedding(ids, weight)`.
+    pub fn embedding(&mut self, weight: &Tensor, ids: &Tensor) -> Tensor {
+        let mut shape = ids.shape.clone();
+        shape.push(weight.shape[1]);
+        let mut out = self.empty(&shape, weight.elem);
+        let saved = self.saved_if(&[weight], &[ids]);
+        self.record(
+            Rule::Embedding {
+                vocab: weight.shape[0],
+            },
+            &[weight],
+            saved,
+            &mut out,
+        );
+        out
+    }
+
+    /// Scaled dot-product attention through cuDNN (`q [b, H, s, d]`, `k`/`v [b, K, s_kv, d]`
+    /// with `enable_gqa`): the output in q's layout; with autograd, the softmax statistics; the
+    /// kernel's random-number state (two 8-byte tensors) and a 256-byte workspace.
+    pub fn cudnn_attention(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+        let grad = self.needs_grad(&[q, k, v]);
+        let seed = self.empty(&[1], Elem::I64);
+        let offset = self.empty(&[1], Elem::I64);
+        let mut out_shape = q.shape.clone();
+        *out_shape.last_mut().expect("head dim") = *v.shape.last().expect("head dim");
+        let mut out = self.empty_like(&Meta {
+            shape: out_shape,
+            strides: q.strides.clone(),
+            elem: q.elem,
+        });
+        let (b, h, s) = (q.shape[0], q.shape[1], q.shape[2]);
+        let stats = grad.then(|| self.empty(&[b, h, s, 1], Elem::F32));
+        // cuDNN's plan workspace (a prefill or training: more than one query).
+        if s > 1 {
+            drop(
+                self.tape
+                    .with_role(Role::Workspaces, || self.empty(&[256], Elem::U8)),
+            );
+        }
+        if let Some(stats) = stats {
+            let saved = vec![
+                k.clone(),
+                q.clone(),
+                v.clone(),
+                stats,
+                out.clone(),
+                offset,
+                seed,
+            ];
+            self.autograd
+                .record(Rule::CudnnAttention, &[q, k, v], saved, &mut [&mut out]);
+        } else {
+            drop(seed);
+            drop(offset);
+        }
+        out
+    }
+
+    /// `log_softmax(x, -1)`.
+    pub fn log_softmax(&mut self, x: &Tensor) -> Tensor {
+        let mut out = self.empty(&x.shape, x.elem);
+        if self.needs_grad(&[x]) {
+            let result = out.clone();
+            self.record(Rule::LogSoftmax, &[x], vec![result], &mut out);
+        }
+        out
+    }
+
+    /// `nll_loss(log_probs, targets, reduction="mean")`: the loss and its total weight.
+    pub fn nll_loss(&mut self, log_probs: &Tensor, targets: &Tensor) -> Tensor {
+        let mut loss = self.empty(&[], log_probs.elem);
+        let total_weight = self.empty(&[], log_probs.elem);
+        let saved = self.saved_if(&[log_probs], &[targets, &total_weight]);
+        drop(total_weight);
+        self.record(Rule::NllLoss, &[log_probs], saved, &mut loss);
+        loss
+    }
+
+    /// Runs backward from `loss` (a scalar): its gradient of ones, held until the end.
+    pub fn backward(&mut self, loss: &Tensor) {
+        let ones = self.empty(&[], loss.elem);
+        self.backward_thread = true;
+        autograd::backward(self, loss, ones.clone());
+        self.backward_thread = false;
+        drop(ones);
+    }
+
+    /// A tensor that is a trained parameter (its gradient accumulates in `leaf`).
+    pub fn parameter(t: &Tensor) -> (Tensor, std::rc::Rc<autograd::Leaf>) {
+        let leaf = std::rc::Rc::new(autograd::Leaf {
+            meta: Meta::of(t),
+            grad: Default::default(),
+        });
+        let mut p = t.clone();
+        p.grad_fn = Some(autograd::Grad::Leaf(leaf.clone()));
+        (p, leaf)
+    }
+
+    /// The engine's reduction of a gradient to its input's shape (a broadcast input).
+    fn sum_to(&mut self, grad: Tensor, meta: &Meta) -> Tensor {
+        if grad.shape == meta.shape {
+            return grad;
+        }
+        let out = self.empty(&meta.shape, grad.elem);
+        drop(grad);
+        out
+    }
+
+    fn grad_like(&mut self, meta: &Meta, elem: Elem) -> Tensor {
+        self.empty_like(&Meta {
+            elem,
+            ..meta.clone()
+        })
+    }
+}
+
+/// Dense strides of `shape` with its dimensions in the order of `strides` (largest stride
+/// outermost; ties keep the logical order), as PyTorch lays out `empty_like` and the output of
+/// an elementwise operation.
+fn ordered_strides(shape: &[u64], strides: &[u64]) -> Vec<u64> {
+    let mut order: Vec<usize> = (0..shape.len()).collect();
+    // Dimensions of size 1 carry no order: they keep their place.
+    order.sort_by(|&i, &j| {
+        if shape[i] == 1 || shape[j] == 1 {
+            i.cmp(&j)
+        } else {
+            strides[j].cmp(&strides[i]).then(i.cmp(&j))
+        }
+    });
+    let mut out = vec![0; shape.len()];
+    let mut expected = 1;
+    for &i in order.iter().rev() {
+        out[i] = expected;
+        expected *= shape[i].max(1);
+    }
+    out
+}
+
+impl Backward for Process {
+    fn run(&mut self, node: &Node, grads: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+        let Some(Some(grad)) = grads.first().cloned().map(Some) else {
+            return vec![None; node.inputs.len()];
+        };
+        let grad = grad.expect("checked");
+        drop(grads);
+        let want = |i: usize| node.next[i].is_some();
+        let is_leaf = |i: usize| matches!(node.next[i], Some(autograd::Grad::Leaf(_)));
+        let inputs = &node.inputs;
+        let mut out: Vec<Option<Tensor>> = vec![None; inputs.len()];
+        match &node.rule {
+            Rule::Mm | Rule::Addmm => {
+                let (a_ix, b_ix) = if matches!(node.rule, Rule::Addmm) {
+                    (1, 2)
+                } else {
+                    (0, 1)
+                };
+                // saved: [a if b needs grad][b if a needs grad]
+                if want(b_ix) {
+                    // The weight's gradient, in the weight's layout.
+                    let meta = &inputs[b_ix];
+                    let role = if is_leaf_through_view(node, b_ix) {
+                        Role::Gradients
+                    } else {
+                        Role::Activations
+                    };
+                    let g = self.in_role(role, |p| p.grad_like(meta, grad.elem));
+                    self.matmul_workspace(false);
+                    out[b_ix] = Some(g);
+                }
+                if want(a_ix) {
+                    let g = self.empty(&inputs[a_ix].shape, grad.elem);
+                    self.matmul_workspace(false);
+                    out[a_ix] = Some(g);
+                }
+                if matches!(node.rule, Rule::Addmm) && want(0) {
+                    out[0] = Some(grad.clone());
+                }
+                let _ = is_leaf;
+            }
+            Rule::View => {
+                let meta = &inputs[0];
+                out[0] = Some(
+                    match view_strides(&grad.shape, &grad.strides, &meta.shape) {
+                        Some(strides) => grad.restrided(meta.shape.clone(), strides),
+                        None => self.empty(&meta.shape, grad.elem),
+                    },
+                );
+            }
+            Rule::Transpose { a, b } => {
+                let mut shape = grad.shape.clone();
+                let mut strides = grad.strides.clone();
+                shape.swap(*a, *b);
+                strides.swap(*a, *b);
+                out[0] = Some(grad.restrided(shape, strides));
+            }
+            Rule::Slice => {
+                out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
+            }
+            Rule::Expand => {
+                out[0] = Some(self.sum_to(grad.clone(), &inputs[0]));
+            }
+            Rule::Mul => {
+                // The last input's gradient first.
+                let mut g = [None, None];
+                for i in [1, 0] {
+                    if want(i) {
+                        let shape = broadcast(&inputs[0].shape, &inputs[1].shape);
+                        g[i] = Some(self.empty(&shape, inputs[i].elem.promote(grad.elem)));
+                    }
+                }
+                for i in [0, 1] {
+                    if let Some(t) = g[i].take() {
+                        let t = if t.elem != inputs[i].elem { t } else { t };
+                        out[i] = Some(self.sum_to(t, &inputs[i]));
+                    }
+                }
+            }
+            Rule::Scale | Rule::Neg => {
+                out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
+            }
+            Rule::Add => {
+                for i in [0, 1] {
+                    if want(i) {
+                        out[i] = Some(self.sum_to(grad.clone(), &inputs[i]));
+                    }
+                }
+            }
+            Rule::AddScalar => out[0] = Some(grad.clone()),
+            Rule::ToCopy { from } => {
+                out[0] = Some(if grad.elem == *from {
+                    grad.clone()
+                } else {
+                    self.grad_like(&inputs[0], *from)
+                });
+            }
+            Rule::Pow => {
+                // grad * (2 * self.pow(1))
+                let a = self.empty(&inputs[0].shape, inputs[0].elem);
+                let b = self.empty(&inputs[0].shape, inputs[0].elem);
+                let c = self.empty(&inputs[0].shape, inputs[0].elem);
+                drop(b);
+                drop(a);
+                out[0] = Some(c);
+            }
+            Rule::Mean => {
+                out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
+            }
+            Rule::Rsqrt => {
+                // -0.5 * grad * result.pow(3)
+                let a = self.empty(&grad.shape, grad.elem);
+                let b = self.empty(&grad.shape, grad.elem);
+                let c = self.empty(&grad.shape, grad.elem);
+                drop(b);
+                drop(a);
+                out[0] = Some(c);
+            }
+            Rule::Tanh
+            | Rule::Sigmoid
+            | Rule::Silu
+            | Rule::Gelu
+            | Rule::Softmax
+            | Rule::LogSoftmax => {
+                out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
+            }
+            Rule::Cat { dim, sizes } => {
+                let mut start = 0;
+                for (i, size) in sizes.iter().enumerate() {
+                    let mut shape = grad.shape.clone();
+                    shape[*dim] = *size;
+                    if want(i) {
+                        out[i] = Some(grad.restrided(shape, grad.strides.clone()));
+                    }
+                    start += size;
+                }
+                let _ = start;
+            }
+            Rule::Embedding { .. } => {
+                out[0] = Some(self.tape.with_role(Role::Gradients, || {
+                    self.empty(&inputs[0].shape, inputs[0].elem)
+                }));
+            }
+            Rule::CudnnAttention => {
+                let dq = self.grad_like(&inputs[0], grad.elem);
+                let dk = self.grad_like(&inputs[1], grad.elem);
+                let dv = self.grad_like(&inputs[2], grad.elem);
+                let q = &inputs[0];
+                let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+                let ws = 8 * b * h * s * d + 4 * b * h * s + 256;
+                drop(
+                    self.tape
+                        .with_role(Role::Workspaces, || self.empty(&[ws], Elem::U8)),
+                );
+                out = vec![Some(dq), Some(dk), Some(dv)];
+            }
+            Rule::NllLoss => {
+                out[0] = Some(self.empty(&inputs[0].shape, inputs[0].elem));
+            }
+            Rule::Clone => out[0] = Some(grad.clone()),
+        }
+        drop(grad);
+        out
+    }
+
+    fn add(&mut self, a: &Tensor, _b: &Tensor) -> Tensor {
+        self.empty(&a.shape, a.elem)
+    }
+
+    fn clone_as(&mut self, grad: &Tensor, meta: &Meta) -> Tensor {
+        let _ = grad;
+        self.empty_like(meta)
+    }
+}
+
+/// Whether input `i` of `node` reaches a parameter through views only (its gradient is the
+/// parameter's).
+fn is_leaf_through_view(node: &Node, i: usize) -> bool {
+    let mut edge = node.next[i].clone();
+    while let Some(e) = edge {
+        match e {
+            autograd::Grad::Leaf(_) => return true,
+            autograd::Grad::Node(n, _) => {
+                let n = n.borrow();
+                if !matches!(n.rule, Rule::View | Rule::Transpose { .. }) {
+                    return false;
+                }
+                edge = n.next[0].clone();
+            }
+        }
+    }
+    false
+}

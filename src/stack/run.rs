@@ -1,0 +1,503 @@
+//! One Hugging Face workload run from start to end, stage by stage, as the GPU proof script
+//! (`scripts/gpu/hf-run.py`) runs it: the model's weights loaded, its adapters, its inputs,
+//! then `generate` (prefill, decode) or training steps (forward, backward, optimizer). The
+//! result is a program: every allocation and free, and where each stage begins and ends.
+
+use super::decoder::{Adapter, Decoder, Weights};
+use super::generate::{self, Stages};
+use super::ops::{Kernels, Process};
+use super::optimizer::{AdamW, OptimizerImpl};
+use super::tensor::{Elem, Event, Role, Tensor};
+use crate::allocator::{AllocatorConfig, OutOfMemory, Replay, TensorId};
+use crate::dtype::Dtype;
+use crate::model::{Model, Parameter, TensorRole};
+use crate::reading::Figures;
+use std::collections::HashMap;
+
+/// How the weights reach the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loading {
+    /// `from_pretrained(..., device_map=...)`: transformers' allocator warm-up (one block of
+    /// the weights' total size, freed), then each tensor in the checkpoint's (sorted) order.
+    Pretrained,
+    /// `from_config` built on the device: each tensor in the order the modules make them.
+    FromConfig,
+}
+
+/// What the run does after loading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work {
+    /// `generate` of `generated` tokens after a prompt of `context`.
+    Generate { generated: u64 },
+    /// `steps` training steps on sequences of `context`.
+    Train {
+        lora: Option<Lora>,
+        optimizer: OptimizerImpl,
+        checkpointing: bool,
+        steps: u64,
+    },
+}
+
+/// PEFT LoRA on the modules named `targets` (`q_proj`, `v_proj`…).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lora {
+    pub rank: u64,
+    pub targets: Vec<String>,
+}
+
+/// One workload.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub model: Model,
+    /// The weights' dtype.
+    pub dtype: Dtype,
+    pub batch: u64,
+    pub context: u64,
+    pub work: Work,
+    pub loading: Loading,
+    pub kernels: Kernels,
+}
+
+/// A stage of the program: its name and the events it spans.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Stage {
+    pub name: String,
+    pub begin: usize,
+    pub end: usize,
+}
+
+/// Every allocation and free of a run, and its stages.
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub events: Vec<Event>,
+    pub stages: Vec<Stage>,
+}
+
+struct Marks {
+    stages: Vec<Stage>,
+    open: Option<(String, usize)>,
+}
+
+impl Marks {
+    fn begin(&mut self, p: &Process, name: &str) {
+        self.open = Some((name.to_string(), p.tape.len()));
+    }
+    fn end(&mut self, p: &Process) {
+        if let Some((name, begin)) = self.open.take() {
+            self.stages.push(Stage {
+                name,
+                begin,
+                end: p.tape.len(),
+            });
+        }
+    }
+}
+
+impl Stages for Marks {
+    fn prefill_done(&mut self, d: &mut Decoder) {
+        self.end(d.process);
+        self.begin(d.process, "decode");
+    }
+}
+
+/// The elements of a parameter's type.
+fn elem(dtype: Dtype) -> Elem {
+    Elem::of(dtype)
+}
+
+/// Loads the weights (and buffers) in the order `loading` gives.
+fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> HashMap<String, Tensor> {
+    let params = model.parameters();
+    let e = elem(dtype);
+    let mut by_name = HashMap::new();
+    p.in_role(Role::Weights, |p| {
+        let mut put = |p: &mut Process, t: &Parameter| {
+            by_name.insert(t.name.clone(), p.empty(&t.shape, e));
+        };
+        match loading {
+            Loading::FromConfig => {
+                let (head, body): (Vec<&Parameter>, Vec<&Parameter>) =
+                    params.iter().partition(|t| t.role == TensorRole::LmHead);
+                for t in body {
+                    put(p, t);
+                }
+                for b in model.buffers() {
+                    let buffer = p.empty(&b.shape, Elem::F32);
+                    by_name.insert(b.name.clone(), buffer);
+                }
+                for t in head {
+                    by_name.insert(t.name.clone(), p.empty(&t.shape, e));
+                }
+            }
+            Loading::Pretrained => {
+                let total: u64 = params.iter().map(|t| t.elements() * e.size()).sum();
+                // `torch.empty(total // 2, dtype=float16)`, less what the cache holds unused.
+                drop(p.empty(&[total / 2], Elem::F16));
+                let mut sorted: Vec<&Parameter> = params.iter().collect();
+                sorted.sort_by(|a, b| a.name.cmp(&b.name));
+                for t in sorted {
+                    put(p, t);
+                }
+                for b in model.buffers() {
+                    let buffer = p.empty(&b.shape, Elem::F32);
+                    by_name.insert(b.name.clone(), buffer);
+                }
+            }
+        }
+    });
+    if model.tied_embeddings {
+        let embed = by_name["model.embed_tokens.weight"].clone();
+        by_name.insert("lm_head.weight".into(), embed);
+    }
+    by_name
+}
+
+/// PEFT's adapters: per targeted module, `A` then `B` made in the base's dtype on the device,
+/// then every adapter cast to float32 (each cast freeing its 16-bit original).
+fn adapters(p: &mut Process, model: &Model, lora: &Lora, dtype: Dtype) -> HashMap<String, Adapter> {
+    let e = elem(dtype);
+    let targets: Vec<Parameter> = model
+        .parameters()
+        .into_iter()
+        .filter(|t| {
+            t.role == TensorRole::Linear
+                && !t.is_bias()
+                && lora.targets.iter().any(|m| m == t.module())
+        })
+        .collect();
+    p.in_role(Role::Adapters, |p| {
+        let first: Vec<(String, Tensor, Tensor)> = targets
+            .iter()
+            .map(|t| {
+                let (out, inp) = (t.shape[0], t.shape[1]);
+                let a = p.empty(&[lora.rank, inp], e);
+                let b = p.empty(&[out, lora.rank], e);
+                (t.name.trim_end_matches(".weight").to_string(), a, b)
+            })
+            .collect();
+        let mut out = HashMap::new();
+        for (name, a, b) in first {
+            let a32 = if e == Elem::F32 { a } else { cast(p, a) };
+            let b32 = if e == Elem::F32 { b } else { cast(p, b) };
+            out.insert(name, Adapter { a: a32, b: b32 });
+        }
+        out
+    })
+}
+
+fn cast(p: &mut Process, t: Tensor) -> Tensor {
+    let c = p.empty(&t.shape, Elem::F32);
+    drop(t);
+    c
+}
+
+/// The program of `run`.
+pub fn program(run: &Run) -> Program {
+    let mut p = Process::new(run.kernels);
+    let mut marks = Marks {
+        stages: Vec::new(),
+        open: None,
+    };
+    // `torch.zeros(1)` started CUDA: one small block, freed.
+    drop(p.empty(&[1], Elem::F32));
+    marks.begin(&p, "weights");
+    let mut by_name = load(&mut p, &run.model, run.dtype, run.loading);
+    marks.end(&p);
+    let (b, t) = (run.batch, run.context);
+    match &run.work {
+        Work::Generate { generated } => {
+            p.autograd.enabled = false;
+            let weights = Weights {
+                by_name,
+                adapters: HashMap::new(),
+            };
+            marks.begin(&p, "inputs");
+            let (ids, mask) = p.in_role(Role::Inputs, |p| {
+                (p.empty(&[b, t], Elem::I64), p.empty(&[b, t], Elem::I64))
+            });
+            marks.end(&p);
+            marks.begin(&p, "prefill");
+            let mut d = Decoder {
+                model: &run.model,
+                weights: &weights,
+                process: &mut p,
+            };
+            generate::generate(&mut d, &ids, &mask, *generated, &mut marks);
+            marks.end(&p);
+            drop(ids);
+            drop(mask);
+        }
+        Work::Train {
+            lora,
+            optimizer,
+            checkpointing,
+            steps,
+        } => {
+            let mut adapters = HashMap::new();
+            if let Some(lora) = lora {
+                marks.begin(&p, "adapters");
+                adapters = self::adapters(&mut p, &run.model, lora, run.dtype);
+                marks.end(&p);
+            }
+            // The trained parameters, in `model.parameters()` order.
+            let mut trained: Vec<Tensor> = Vec::new();
+            let mut leaves = Vec::new();
+            if lora.is_none() {
+                for t in run.model.parameters() {
+                    let (param, leaf) = Process::parameter(&by_name[&t.name]);
+                    by_name.insert(t.name.clone(), param.clone());
+                    if t.role == TensorRole::Embedding && run.model.tied_embeddings {
+                        by_name.insert("lm_head.weight".into(), param.clone());
+                    }
+                    trained.push(param);
+                    leaves.push(leaf);
+                }
+            } else {
+                let mut names: Vec<String> = adapters.keys().cloned().collect();
+                let order: Vec<String> = run
+                    .model
+                    .parameters()
+                    .into_iter()
+                    .map(|t| t.name.trim_end_matches(".weight").to_string())
+                    .collect();
+                names.sort_by_key(|n| order.iter().position(|o| o == n));
+                for name in names {
+                    let ad = adapters.get_mut(&name).expect("an adapter");
+                    let (a, la) = Process::parameter(&ad.a);
+                    let (bb, lb) = Process::parameter(&ad.b);
+                    ad.a = a.clone();
+                    ad.b = bb.clone();
+                    trained.push(a);
+                    trained.push(bb);
+                    leaves.push(la);
+                    leaves.push(lb);
+                }
+            }
+            let weights = Weights { by_name, adapters };
+            let mut adamw = AdamW::new(*optimizer);
+            marks.begin(&p, "inputs");
+            let ids = p.in_role(Role::Inputs, |p| p.empty(&[b, t], Elem::I64));
+            marks.end(&p);
+            let _ = checkpointing;
+            for step in 1..=*steps {
+                marks.begin(&p, &format!("step{step}.forward"));
+                let loss = {
+                    let mut d = Decoder {
+                        model: &run.model,
+                        weights: &weights,
+                        process: &mut p,
+                    };
+                    let mut cache = super::cache::Cache::new(
+                        &run.model
+                            .layers
+                            .iter()
+                            .map(|l| l.window)
+                            .collect::<Vec<_>>(),
+                    );
+                    let out = d.forward(&ids, None, None, Some(&mut cache), false, Some(&ids));
+                    let loss = out.loss.expect("labels give a loss");
+                    drop(out.logits);
+                    drop(cache);
+                    loss
+                };
+                marks.end(&p);
+                marks.begin(&p, &format!("step{step}.backward"));
+                p.backward(&loss);
+                drop(loss);
+                marks.end(&p);
+                marks.begin(&p, &format!("step{step}.optimizer"));
+                adamw.step(&mut p, &trained);
+                // zero_grad(set_to_none=True), in the group's order.
+                for leaf in &leaves {
+                    leaf.grad.borrow_mut().take();
+                }
+                marks.end(&p);
+            }
+            drop(ids);
+            drop(adamw);
+        }
+    }
+    Program {
+        events: p.tape.take(),
+        stages: marks.stages,
+    }
+}
+
+/// What a replay of a program gives: each stage's figures, and the allocation refused when the
+/// device had no room for it.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    pub stages: Vec<(String, Figures)>,
+    pub out_of_memory: Option<(String, OutOfMemory)>,
+}
+
+impl Program {
+    /// Replays the program through the allocator under `config`, on a device with `capacity`
+    /// bytes for the allocator (`None`: unlimited).
+    pub fn replay(&self, config: AllocatorConfig, capacity: Option<u64>) -> Replayed {
+        let mut replay = Replay::new(config);
+        replay.set_capacity(capacity);
+        let label = replay.label("tensor");
+        let mut ids: Vec<Option<TensorId>> = Vec::new();
+        let mut stages = Vec::new();
+        let mut next = self.stages.iter().peekable();
+        let mut open: Option<&Stage> = None;
+        for (i, e) in self.events.iter().enumerate() {
+            if open.is_some_and(|s| s.end == i) {
+                stages.push((
+                    open.take().expect("open").name.clone(),
+                    replay.span_figures(),
+                ));
+            }
+            if open.is_none() && next.peek().is_some_and(|s| s.begin == i) {
+                open = next.next();
+                replay.begin_span();
+            }
+            match *e {
+                Event::Alloc { bytes, .. } => match replay.alloc_labelled(label, bytes) {
+                    Ok(id) => ids.push(id),
+                    Err(oom) => {
+                        let stage = open.map_or("setup".to_string(), |s| s.name.clone());
+                        return Replayed {
+                            stages,
+                            out_of_memory: Some((stage, oom)),
+                        };
+                    }
+                },
+                Event::Free { alloc } => {
+                    if let Some(Some(id)) = ids.get(alloc as usize) {
+                        replay.free(*id);
+                    }
+                }
+            }
+        }
+        if let Some(s) = open {
+            stages.push((s.name.clone(), replay.span_figures()));
+        }
+        Replayed {
+            stages,
+            out_of_memory: None,
+        }
+    }
+}
+
+/// Why a workload specification was refused: the field and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("config: {0}")]
+    Config(#[from] crate::model::ConfigError),
+    #[error("`{field}`: {message}")]
+    Field {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl Run {
+    /// The workload a GPU proof script ran (`scripts/gpu/hf-run.py`'s specification: model_type,
+    /// config, mode, dtype, batch, context, generated, lora, optimizer_impl, checkpointing,
+    /// steps, loading), with the H200's kernels.
+    pub fn from_spec(spec: &serde_json::Value) -> Result<Run, SpecError> {
+        let field = |field: &'static str, message: &str| SpecError::Field {
+            field,
+            message: message.to_string(),
+        };
+        let mut config = spec
+            .get("config")
+            .and_then(|c| c.as_object())
+            .cloned()
+            .ok_or_else(|| field("config", "missing, or not an object"))?;
+        let model_type = spec
+            .get("model_type")
+            .and_then(|m| m.as_str())
+            .ok_or_else(|| field("model_type", "missing, or not a string"))?;
+        config.insert("model_type".into(), model_type.into());
+        let model = crate::model::config::from_value(&serde_json::Value::Object(config))?;
+        model.check_runnable()?;
+        let size = |name: &'static str, default: Option<u64>| -> Result<u64, SpecError> {
+            match spec.get(name) {
+                None => default.ok_or_else(|| field(name, "missing")),
+                Some(v) => v
+                    .as_u64()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| field(name, "not a whole number above 0")),
+            }
+        };
+        let text = |name: &'static str, default: &'static str| -> Result<String, SpecError> {
+            match spec.get(name) {
+                None | Some(serde_json::Value::Null) => Ok(default.to_string()),
+                Some(v) => v
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| field(name, "not a string")),
+            }
+        };
+        let dtype: Dtype = text("dtype", "bfloat16")?
+            .parse()
+            .map_err(|e: String| field("dtype", &e))?;
+        let dtype = if spec.get("autocast").is_some_and(|a| !a.is_null()) {
+            Dtype::Float32
+        } else {
+            dtype
+        };
+        let optimizer: OptimizerImpl = text("optimizer_impl", "foreach")?
+            .parse()
+            .map_err(|_| field("optimizer_impl", "foreach, fused or for-loop"))?;
+        let checkpointing = spec
+            .get("checkpointing")
+            .and_then(|c| c.as_bool())
+            .unwrap_or(false);
+        let lora = |spec: &serde_json::Value| -> Result<Lora, SpecError> {
+            let l = spec.get("lora").ok_or_else(|| field("lora", "missing"))?;
+            let rank = l
+                .get("rank")
+                .and_then(|r| r.as_u64())
+                .filter(|&r| r > 0)
+                .ok_or_else(|| field("lora", "rank: not a whole number above 0"))?;
+            let targets = l
+                .get("targets")
+                .and_then(|t| t.as_array())
+                .and_then(|t| {
+                    t.iter()
+                        .map(|m| m.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| field("lora", "targets: not a list of module names"))?;
+            Ok(Lora { rank, targets })
+        };
+        let steps = size("steps", Some(3))?;
+        let work = match text("mode", "")?.as_str() {
+            "inference" => Work::Generate {
+                generated: size("generated", None)?,
+            },
+            "full" => Work::Train {
+                lora: None,
+                optimizer,
+                checkpointing,
+                steps,
+            },
+            "lora" => Work::Train {
+                lora: Some(lora(spec)?),
+                optimizer,
+                checkpointing,
+                steps,
+            },
+            _ => return Err(field("mode", "inference, full or lora")),
+        };
+        let loading = match text("loading", "from_config")?.as_str() {
+            "from_config" => Loading::FromConfig,
+            "pretrained" => Loading::Pretrained,
+            _ => return Err(field("loading", "from_config or pretrained")),
+        };
+        Ok(Run {
+            model,
+            dtype,
+            batch: size("batch", None)?,
+            context: size("context", None)?,
+            work,
+            loading,
+            kernels: Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0)),
+        })
+    }
+}

@@ -1,0 +1,399 @@
+//! Tensors as the emulation sees them: a shape, strides and an element type over a storage the
+//! tape allocated. A storage is freed on the tape when the last tensor viewing it is dropped, as
+//! Python frees a tensor when its last reference goes; views share their base's storage.
+
+use super::autograd::GradFn;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// An element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elem {
+    F32,
+    F16,
+    Bf16,
+    I64,
+    I32,
+    Bool,
+    U8,
+}
+
+impl Elem {
+    pub fn size(self) -> u64 {
+        match self {
+            Elem::F32 | Elem::I32 => 4,
+            Elem::F16 | Elem::Bf16 => 2,
+            Elem::I64 => 8,
+            Elem::Bool | Elem::U8 => 1,
+        }
+    }
+
+    pub fn of(dtype: crate::dtype::Dtype) -> Elem {
+        match dtype {
+            crate::dtype::Dtype::Float32 => Elem::F32,
+            crate::dtype::Dtype::Float16 => Elem::F16,
+            crate::dtype::Dtype::Bfloat16 => Elem::Bf16,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Elem::F32 | Elem::F16 | Elem::Bf16)
+    }
+
+    /// The type of a binary operation's result (PyTorch's promotion between floating types;
+    /// a float beats an integer).
+    pub fn promote(self, other: Elem) -> Elem {
+        match (self, other) {
+            (a, b) if a == b => a,
+            (Elem::F32, _) | (_, Elem::F32) => Elem::F32,
+            (Elem::F16, Elem::Bf16) | (Elem::Bf16, Elem::F16) => Elem::F32,
+            (a, b) if a.is_float() => {
+                let _ = b;
+                a
+            }
+            (_, b) if b.is_float() => b,
+            (Elem::I64, _) | (_, Elem::I64) => Elem::I64,
+            (a, _) => a,
+        }
+    }
+}
+
+/// What a block holds, for the budget's terms and the notebook's map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// The model's weights and buffers (and, while loading, their staging).
+    Weights,
+    /// Trained adapters (LoRA).
+    Adapters,
+    /// Gradients of trained parameters.
+    Gradients,
+    /// Optimizer states (and master weights).
+    OptimizerStates,
+    /// The KV cache `generate` grows.
+    KvCache,
+    /// Token ids, masks, positions and what `generate` keeps between steps.
+    Inputs,
+    /// Everything a forward or backward pass makes and frees: activations, their gradients and
+    /// temporaries.
+    Activations,
+    /// The optimizer step's temporaries.
+    OptimizerStep,
+    /// cuBLAS/cuBLASLt workspaces and kernels' workspaces.
+    Workspaces,
+}
+
+impl Role {
+    pub const ALL: [Role; 9] = [
+        Role::Weights,
+        Role::Adapters,
+        Role::Gradients,
+        Role::OptimizerStates,
+        Role::KvCache,
+        Role::Inputs,
+        Role::Activations,
+        Role::OptimizerStep,
+        Role::Workspaces,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Weights => "weights",
+            Role::Adapters => "adapters",
+            Role::Gradients => "gradients",
+            Role::OptimizerStates => "optimizer states",
+            Role::KvCache => "KV cache",
+            Role::Inputs => "inputs",
+            Role::Activations => "activations",
+            Role::OptimizerStep => "optimizer step",
+            Role::Workspaces => "workspaces",
+        }
+    }
+}
+
+/// One event of a program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A tensor's storage of `bytes` (as asked of the allocator); allocations are numbered in
+    /// order from 0.
+    Alloc { bytes: u64, role: Role },
+    /// The storage of allocation `alloc` returned to the allocator.
+    Free { alloc: u32 },
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct Log {
+    pub events: Vec<Event>,
+    pub allocations: u32,
+    /// The role given to the next allocations.
+    pub role: Option<Role>,
+}
+
+/// The program being written: every allocation and free in order.
+#[derive(Clone, Default, Debug)]
+pub struct Tape(pub(crate) Rc<RefCell<Log>>);
+
+impl Tape {
+    pub fn new() -> Tape {
+        Tape::default()
+    }
+
+    /// Allocates `bytes` with the current role (a zero-byte tensor allocates nothing).
+    fn alloc(&self, bytes: u64) -> Option<u32> {
+        if bytes == 0 {
+            return None;
+        }
+        let mut log = self.0.borrow_mut();
+        let role = log.role.unwrap_or(Role::Activations);
+        log.events.push(Event::Alloc { bytes, role });
+        let n = log.allocations;
+        log.allocations += 1;
+        Some(n)
+    }
+
+    /// Runs `f` with the allocations it makes given `role`.
+    pub fn with_role<R>(&self, role: Role, f: impl FnOnce() -> R) -> R {
+        let before = self.0.borrow_mut().role.replace(role);
+        let out = f();
+        self.0.borrow_mut().role = before;
+        out
+    }
+
+    pub fn events(&self) -> std::cell::Ref<'_, Vec<Event>> {
+        std::cell::Ref::map(self.0.borrow(), |l| &l.events)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.borrow().events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A new contiguous tensor of `shape` and `elem`.
+    pub fn empty(&self, shape: &[u64], elem: Elem) -> Tensor {
+        let numel: u64 = shape.iter().product();
+        Tensor::over(self.storage(numel * elem.size()), shape, elem)
+    }
+
+    /// A storage of `bytes`, freed when its last view goes.
+    pub fn storage(&self, bytes: u64) -> Rc<Storage> {
+        Rc::new(Storage {
+            tape: self.clone(),
+            alloc: self.alloc(bytes),
+            bytes,
+        })
+    }
+
+    /// Takes the events written so far.
+    pub fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut self.0.borrow_mut().events)
+    }
+}
+
+/// Bytes on the device, freed on the tape when dropped.
+#[derive(Debug)]
+pub struct Storage {
+    tape: Tape,
+    alloc: Option<u32>,
+    pub bytes: u64,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Some(alloc) = self.alloc {
+            self.tape.0.borrow_mut().events.push(Event::Free { alloc });
+        }
+    }
+}
+
+/// A tensor: a view of a storage, and where its gradient flows.
+#[derive(Clone)]
+pub struct Tensor {
+    pub storage: Rc<Storage>,
+    pub shape: Vec<u64>,
+    pub strides: Vec<u64>,
+    pub elem: Elem,
+    /// The node that made it and which of its outputs it is, when autograd recorded it.
+    pub grad_fn: Option<GradFn>,
+    /// A view of another tensor's storage (autograd never adds into a view in place).
+    pub is_view: bool,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?} {:?})", self.shape, self.elem)
+    }
+}
+
+/// Contiguous strides of `shape`.
+pub fn contiguous_strides(shape: &[u64]) -> Vec<u64> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    strides
+}
+
+impl Tensor {
+    /// A contiguous view of all of `storage`.
+    pub fn over(storage: Rc<Storage>, shape: &[u64], elem: Elem) -> Tensor {
+        Tensor {
+            storage,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            elem,
+            grad_fn: None,
+            is_view: false,
+        }
+    }
+
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.numel() * self.elem.size()
+    }
+
+    pub fn dim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// The size of dimension `d` (negative from the end).
+    pub fn size(&self, d: isize) -> u64 {
+        self.shape[self.axis(d)]
+    }
+
+    pub fn axis(&self, d: isize) -> usize {
+        if d < 0 {
+            (self.dim() as isize + d) as usize
+        } else {
+            d as usize
+        }
+    }
+
+    pub fn tape(&self) -> &Tape {
+        &self.storage.tape
+    }
+
+    /// Whether the elements are laid out densely in row-major order (sizes of 1 ignored).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if size == 1 {
+                continue;
+            }
+            if stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    /// Whether this tensor and `other` view the same storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Rc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// The same view with other sizes and strides (no allocation).
+    pub fn restrided(&self, shape: Vec<u64>, strides: Vec<u64>) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            shape,
+            strides,
+            elem: self.elem,
+            grad_fn: None,
+            is_view: true,
+        }
+    }
+
+    /// How many tensors view this storage (Python's `storage.use_count`).
+    pub fn storage_uses(&self) -> usize {
+        Rc::strong_count(&self.storage)
+    }
+}
+
+/// The strides of a view of `old` (sizes, strides) as `new` sizes, if one exists without a copy
+/// (PyTorch's `computeStride`).
+pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -> Option<Vec<u64>> {
+    let numel: u64 = old_shape.iter().product();
+    if numel == 0 || old_shape.is_empty() {
+        return Some(contiguous_strides(new_shape));
+    }
+    let mut new_strides = vec![0; new_shape.len()];
+    let mut view_d = new_shape.len() as isize - 1;
+    let mut chunk_base_stride = *old_strides.last().expect("non-empty");
+    let mut tensor_numel = 1u64;
+    let mut view_numel = 1u64;
+    for tensor_d in (0..old_shape.len()).rev() {
+        tensor_numel *= old_shape[tensor_d];
+        if tensor_d == 0
+            || (old_shape[tensor_d - 1] != 1
+                && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)
+        {
+            while view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d as usize] == 1) {
+                new_strides[view_d as usize] = view_numel * chunk_base_stride;
+                view_numel *= new_shape[view_d as usize];
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if tensor_d > 0 {
+                chunk_base_stride = old_strides[tensor_d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    if view_d != -1 {
+        return None;
+    }
+    Some(new_strides)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_storage_is_freed_when_its_last_view_goes() {
+        let tape = Tape::new();
+        let a = tape.empty(&[2, 3], Elem::F32);
+        let view = a.restrided(vec![3, 2], vec![1, 3]);
+        drop(a);
+        assert_eq!(tape.len(), 1);
+        assert!(!view.is_contiguous());
+        drop(view);
+        assert_eq!(
+            tape.take(),
+            vec![
+                Event::Alloc {
+                    bytes: 24,
+                    role: Role::Activations
+                },
+                Event::Free { alloc: 0 }
+            ]
+        );
+    }
+
+    #[test]
+    fn views_follow_pytorch_compute_stride() {
+        // A transposed [4, 6] cannot be flattened without a copy; splitting a dimension can.
+        assert_eq!(view_strides(&[6, 4], &[1, 6], &[24]), None);
+        assert_eq!(
+            view_strides(&[6, 4], &[4, 1], &[2, 3, 4]),
+            Some(vec![12, 4, 1])
+        );
+        assert_eq!(
+            view_strides(&[2, 5, 3], &[15, 1, 5], &[2, 5, 3, 1]),
+            Some(vec![15, 1, 5, 1])
+        );
+        assert_eq!(
+            view_strides(&[2, 5, 3], &[15, 1, 5], &[10, 3]),
+            Some(vec![1, 5]).filter(|_| false).or(None)
+        );
+    }
+}

@@ -21,6 +21,9 @@ pub struct Node {
     pub next: Vec<Option<Grad>>,
     /// Shape, strides and element type of each input, for the gradients the node makes.
     pub inputs: Vec<Meta>,
+    /// The checkpointed layer whose recomputation gives this node its saved tensors (they were
+    /// not kept in the forward pass).
+    pub frame: Option<usize>,
 }
 
 /// Shape, strides and element type of a tensor.
@@ -80,19 +83,50 @@ impl Grad {
     }
 }
 
+/// What recorded nodes do with the tensors they save.
+#[derive(Default)]
+pub enum Saving {
+    /// Keep them (autograd's default).
+    #[default]
+    Keep,
+    /// Inside a checkpointed layer's forward: keep none; the layer is recomputed in backward.
+    Checkpoint { frame: usize },
+    /// Recomputing a checkpointed layer: collect them, in order, until `needed` are collected
+    /// (PyTorch stops the recomputation there).
+    Capture {
+        needed: usize,
+        captured: Vec<Vec<Tensor>>,
+    },
+}
+
+/// A checkpointed layer: its inputs (held until its backward is over), the nodes waiting for
+/// recomputed tensors, and how many tensors they wait for.
+pub struct Frame {
+    pub layer: usize,
+    pub inputs: Vec<Tensor>,
+    pub nodes: Vec<NodeRef>,
+    pub needed: usize,
+    /// Nodes with saved tensors still to run.
+    pub remaining: usize,
+}
+
 /// The graph's state in the emulated process.
 #[derive(Default)]
 pub struct Autograd {
     /// `torch.no_grad()` is off.
     pub enabled: bool,
     next_seq: u64,
+    pub saving: Saving,
+    pub frames: Vec<Frame>,
+    /// The recomputation has collected what it needed (the tape allocates nothing more).
+    pub stop: bool,
 }
 
 impl Autograd {
     pub fn new() -> Autograd {
         Autograd {
             enabled: true,
-            next_seq: 0,
+            ..Default::default()
         }
     }
 
@@ -108,14 +142,39 @@ impl Autograd {
         if !self.enabled || inputs.iter().all(|t| t.grad_fn.is_none()) {
             return;
         }
+        let has_saved = !saved.is_empty();
+        let (saved, frame) = match &mut self.saving {
+            Saving::Keep => (saved, None),
+            Saving::Checkpoint { frame } => {
+                let f = &mut self.frames[*frame];
+                if has_saved {
+                    f.needed += saved.len();
+                    f.remaining += 1;
+                }
+                (Vec::new(), Some(*frame).filter(|_| has_saved))
+            }
+            Saving::Capture { needed, captured } => {
+                if has_saved {
+                    captured.push(saved);
+                    if captured.iter().map(Vec::len).sum::<usize>() >= *needed {
+                        self.stop = true;
+                    }
+                }
+                (Vec::new(), None)
+            }
+        };
         let node = Rc::new(RefCell::new(Node {
             seq: self.next_seq,
             rule,
             saved,
             next: inputs.iter().map(|t| t.grad_fn.clone()).collect(),
             inputs: inputs.iter().map(|t| Meta::of(t)).collect(),
+            frame,
         }));
         self.next_seq += 1;
+        if let Some(f) = frame {
+            self.frames[f].nodes.push(node.clone());
+        }
         for (i, out) in outputs.iter_mut().enumerate() {
             out.grad_fn = Some(Grad::Node(node.clone(), i));
         }
@@ -148,11 +207,18 @@ impl Ord for Ready {
 /// What a node's backward needs besides its gradients: the emulated process.
 pub trait Backward {
     /// Runs `rule` on the incoming gradients; returns one gradient per input.
-    fn run(&mut self, node: &Node, grads: Vec<Option<Tensor>>) -> Vec<Option<Tensor>>;
+    fn run(&mut self, node: &Node, grads: &[Option<Tensor>]) -> Vec<Option<Tensor>>;
     /// `a + b` (a new tensor), when two gradients meet and neither can take the other in place.
     fn add(&mut self, a: &Tensor, b: &Tensor) -> Tensor;
     /// A copy of `grad` laid out as the parameter (a gradient that cannot be stolen).
     fn clone_as(&mut self, grad: &Tensor, meta: &Meta) -> Tensor;
+    /// The engine's checks of a node's outputs: each gradient reduced to its input's shape (a
+    /// broadcast input) and cast to its type.
+    fn validate(&mut self, node: &Node, outputs: Vec<Option<Tensor>>) -> Vec<Option<Tensor>>;
+    /// Recomputes checkpointed layer `frame`, giving its nodes their saved tensors.
+    fn recompute(&mut self, frame: usize);
+    /// A node of checkpointed layer `frame` has run (its inputs go after the last one).
+    fn frame_node_done(&mut self, frame: usize);
 }
 
 /// Whether `t` may be added into in place: not a view, its storage held by it alone, dense
@@ -200,16 +266,44 @@ pub fn backward(process: &mut dyn Backward, root: &Tensor, grad: Tensor) {
         match g {
             Grad::Leaf(leaf) => accumulate(process, &leaf, grads),
             Grad::Node(node, _) => {
+                let frame = node.borrow().frame;
+                if let Some(f) = frame {
+                    if node.borrow().saved.is_empty() {
+                        process.recompute(f);
+                    }
+                }
                 let outputs = {
                     let n = node.borrow();
-                    process.run(&n, grads)
+                    process.run(&n, &grads)
                 };
                 let (next, saved) = {
                     let mut n = node.borrow_mut();
                     (n.next.clone(), std::mem::take(&mut n.saved))
                 };
-                // The saved tensors go once the node has run.
+                // A recomputed node's tensors, unpacked into the call, go when it returns;
+                // then the engine checks its outputs, frees its incoming gradients and releases
+                // its saved tensors.
+                let saved = if frame.is_some() {
+                    // Unpacked into the backward's locals, they go as C++ destroys them: a
+                    // product's operands in order, the others last first.
+                    let product = matches!(node.borrow().rule, Rule::Mul);
+                    let mut saved = saved;
+                    if !product {
+                        saved.reverse();
+                    }
+                    for t in saved {
+                        drop(t);
+                    }
+                    Vec::new()
+                } else {
+                    saved
+                };
+                let outputs = process.validate(&node.borrow(), outputs);
+                drop(grads);
                 drop(saved);
+                if let Some(f) = frame {
+                    process.frame_node_done(f);
+                }
                 for (out, edge) in outputs.into_iter().zip(next) {
                     let (Some(out), Some(edge)) = (out, edge) else {
                         continue;

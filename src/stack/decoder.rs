@@ -47,6 +47,8 @@ pub struct Decoder<'a> {
     pub model: &'a Model,
     pub weights: &'a Weights,
     pub process: &'a mut Process,
+    /// Gradient checkpointing: each layer recomputed in backward.
+    pub checkpointing: bool,
 }
 
 /// What a forward returns.
@@ -110,9 +112,10 @@ impl Decoder<'_> {
         let sum = p.add(&result, &scaled);
         drop(scaled);
         drop(result);
-        drop(xa);
         let out = p.to(&sum, base);
         drop(sum);
+        // `x`, now its float32 copy, goes at the return.
+        drop(xa);
         out
     }
 
@@ -130,6 +133,29 @@ impl Decoder<'_> {
         drop(sum);
         drop(equal);
         drop(padding);
+    }
+
+    /// `find_packed_sequence_indices(position_ids)` on positions expanded to the batch: the
+    /// first value less one, the difference with it prepended, where it is not 1, its cumulative
+    /// sum, and the check that every row is one sequence.
+    fn packed_sequences(&mut self, b: u64, t: u64) {
+        let p = &mut *self.process;
+        let first = p.empty(&[b, 1], Elem::I64);
+        let prepended = p.empty(&[b, t + 1], Elem::I64);
+        let diff = p.empty(&[b, t], Elem::I64);
+        drop(prepended);
+        let ne = p.empty(&[b, t], Elem::Bool);
+        let sums = p.empty(&[b, t], Elem::I64);
+        let widened = p.empty(&[b, t], Elem::I64);
+        drop(widened);
+        drop(ne);
+        let last = p.empty(&[b], Elem::Bool);
+        let all = p.empty(&[], Elem::Bool);
+        drop(last);
+        drop(all);
+        drop(first);
+        drop(diff);
+        drop(sums);
     }
 
     /// The rotary embedding's `cos` and `sin` for `positions` (`[b, t]` int64), in `dtype`
@@ -273,6 +299,12 @@ impl Decoder<'_> {
         out
     }
 
+    /// Recomputes checkpointed layer `layer` from its arguments (`hidden`, `cos`, `sin`).
+    pub fn recompute(&mut self, layer: usize, inputs: &[Tensor]) {
+        let out = self.decoder_layer(layer, &inputs[0], &inputs[1], &inputs[2], None);
+        drop(out);
+    }
+
     /// A decoder layer on `hidden` (which the model's loop holds until the layer returns).
     fn decoder_layer(
         &mut self,
@@ -342,13 +374,24 @@ impl Decoder<'_> {
             shifted.restrided(vec![1, t], vec![t, 1])
         });
         let positions = positions.or(made_positions.as_ref()).expect("positions");
-        if let Some(mask) = mask {
-            self.causal_mask(mask);
+        match mask {
+            Some(mask) => self.causal_mask(mask),
+            // Training without a cache: a check for packed sequences in the positions.
+            None if cache.is_none() => self.packed_sequences(ids.shape[0], ids.shape[1]),
+            None => {}
         }
         let (cos, sin) = self.rotary(positions, dtype);
         let mut hidden = inputs_embeds.clone();
         for layer in 0..m.layers.len() {
-            hidden = self.decoder_layer(layer, &hidden, &cos, &sin, cache.as_deref_mut());
+            hidden = if self.checkpointing {
+                let inputs = vec![hidden.clone(), cos.clone(), sin.clone()];
+                self.process.begin_checkpoint(layer, inputs);
+                let out = self.decoder_layer(layer, &hidden, &cos, &sin, None);
+                self.process.end_checkpoint();
+                out
+            } else {
+                self.decoder_layer(layer, &hidden, &cos, &sin, cache.as_deref_mut())
+            };
         }
         let w = self.weights.get("model.norm.weight").clone();
         let normed = self.rms_norm(&hidden, &w);

@@ -98,6 +98,8 @@ impl Kernels {
 pub struct Process {
     pub tape: Tape,
     pub autograd: Autograd,
+    /// Reruns a checkpointed layer's forward (`layer`, its inputs) during backward.
+    pub recompute_layer: Option<Box<dyn FnMut(&mut Process, usize, &[Tensor])>>,
     pub kernels: Kernels,
     /// Whether the code runs on autograd's backward thread (its own cuBLAS handle).
     backward_thread: bool,
@@ -132,6 +134,7 @@ impl Process {
         Process {
             tape: Tape::new(),
             autograd: Autograd::new(),
+            recompute_layer: None,
             kernels,
             backward_thread: false,
             workspaces: [Vec::new(), Vec::new()],
@@ -202,6 +205,42 @@ impl Process {
 
     fn record(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>, out: &mut Tensor) {
         self.autograd.record(rule, inputs, saved, &mut [out]);
+        self.stop_if_recomputed();
+    }
+
+    /// Records `rule` before its output exists (an operation that saves its inputs saves them
+    /// before its kernel runs); returns the output's `grad_fn`.
+    fn node_first(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>) -> Option<autograd::Grad> {
+        let mut holder = self.tape.empty(&[0], Elem::U8);
+        self.autograd.record(rule, inputs, saved, &mut [&mut holder]);
+        self.stop_if_recomputed();
+        holder.grad_fn.take()
+    }
+
+    /// A recomputation that has collected what it needed allocates nothing more.
+    fn stop_if_recomputed(&mut self) {
+        if self.autograd.stop {
+            self.tape.0.borrow_mut().stopped = true;
+        }
+    }
+
+    /// Starts a checkpointed layer's forward (`torch.utils.checkpoint`, non-reentrant): its
+    /// nodes keep no tensors; `inputs` (the layer's arguments) are held for the recomputation
+    /// until its backward is over. [`end_checkpoint`](Self::end_checkpoint) ends it.
+    pub fn begin_checkpoint(&mut self, layer: usize, inputs: Vec<Tensor>) {
+        let frame = self.autograd.frames.len();
+        self.autograd.frames.push(autograd::Frame {
+            layer,
+            inputs,
+            nodes: Vec::new(),
+            needed: 0,
+            remaining: 0,
+        });
+        self.autograd.saving = autograd::Saving::Checkpoint { frame };
+    }
+
+    pub fn end_checkpoint(&mut self) {
+        self.autograd.saving = autograd::Saving::Keep;
     }
 
     fn needs_grad(&self, ts: &[&Tensor]) -> bool {
@@ -330,7 +369,6 @@ impl Process {
     }
 
     pub fn mul(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
-        let mut out = self.binary_out(a, b);
         let mut saved = Vec::new();
         if self.needs_grad(&[a, b]) {
             // self is saved when other needs a gradient, other when self does.
@@ -341,7 +379,9 @@ impl Process {
                 saved.push(b.clone());
             }
         }
-        self.record(Rule::Mul, &[a, b], saved, &mut out);
+        let grad_fn = self.node_first(Rule::Mul, &[a, b], saved);
+        let mut out = self.binary_out(a, b);
+        out.grad_fn = grad_fn;
         out
     }
 
@@ -374,10 +414,7 @@ impl Process {
 
     /// `a.pow(2)`.
     pub fn pow(&mut self, a: &Tensor) -> Tensor {
-        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
-        let saved = self.saved_if(&[a], &[a]);
-        self.record(Rule::Pow, &[a], saved, &mut out);
-        out
+        self.unary_saving_input(a, Rule::Pow)
     }
 
     /// `a.mean(-1, keepdim=True)`.
@@ -411,16 +448,19 @@ impl Process {
     }
 
     pub fn silu(&mut self, a: &Tensor) -> Tensor {
-        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
-        let saved = self.saved_if(&[a], &[a]);
-        self.record(Rule::Silu, &[a], saved, &mut out);
-        out
+        self.unary_saving_input(a, Rule::Silu)
     }
 
     pub fn gelu_tanh(&mut self, a: &Tensor) -> Tensor {
-        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        self.unary_saving_input(a, Rule::Gelu)
+    }
+
+    /// An elementwise operation whose backward needs its input.
+    fn unary_saving_input(&mut self, a: &Tensor, rule: Rule) -> Tensor {
         let saved = self.saved_if(&[a], &[a]);
-        self.record(Rule::Gelu, &[a], saved, &mut out);
+        let grad_fn = self.node_first(rule, &[a], saved);
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        out.grad_fn = grad_fn;
         out
     }
 
@@ -456,6 +496,7 @@ impl Process {
         let sizes = parts.iter().map(|p| p.shape[d]).collect();
         self.autograd
             .record(Rule::Cat { dim: d, sizes }, parts, vec![], &mut [&mut out]);
+        self.stop_if_recomputed();
         out
     }
 
@@ -469,8 +510,6 @@ impl Process {
         let rows = x.numel() / in_features.max(1);
         let x2 = self.reshape(x, &[rows, in_features]);
         let wt = self.transpose(weight, 0, 1);
-        let mut out = self.empty(&[rows, out_features], x.elem.promote(weight.elem));
-        self.matmul_workspace(bias.is_some());
         let mut saved = Vec::new();
         if self.needs_grad(&[&x2, &wt]) {
             if wt.grad_fn.is_some() {
@@ -480,14 +519,16 @@ impl Process {
                 saved.push(wt.clone());
             }
         }
-        match bias {
-            Some(b) => {
-                let be = self.expand(b, &[rows, out_features]);
-                self.autograd
-                    .record(Rule::Addmm, &[&be, &x2, &wt], saved, &mut [&mut out]);
-            }
-            None => self.record(Rule::Mm, &[&x2, &wt], saved, &mut out),
-        }
+        // The node (and what it saves) comes before the kernel runs.
+        let be = bias.map(|b| self.expand(b, &[rows, out_features]));
+        let grad_fn = match &be {
+            Some(be) => self.node_first(Rule::Addmm, &[be, &x2, &wt], saved),
+            None => self.node_first(Rule::Mm, &[&x2, &wt], saved),
+        };
+        let mut out = self.empty(&[rows, out_features], x.elem.promote(weight.elem));
+        out.grad_fn = grad_fn;
+        self.matmul_workspace(bias.is_some());
+        drop(be);
         drop(x2);
         drop(wt);
         let mut shape = x.shape.clone();
@@ -557,6 +598,7 @@ impl Process {
             ];
             self.autograd
                 .record(Rule::CudnnAttention, &[q, k, v], saved, &mut [&mut out]);
+            self.stop_if_recomputed();
         } else {
             drop(seed);
             drop(offset);
@@ -645,12 +687,10 @@ fn ordered_strides(shape: &[u64], strides: &[u64]) -> Vec<u64> {
 }
 
 impl Backward for Process {
-    fn run(&mut self, node: &Node, grads: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
-        let Some(Some(grad)) = grads.first().cloned().map(Some) else {
+    fn run(&mut self, node: &Node, grads: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
+        let Some(Some(grad)) = grads.first() else {
             return vec![None; node.inputs.len()];
         };
-        let grad = grad.expect("checked");
-        drop(grads);
         let want = |i: usize| node.next[i].is_some();
         let is_leaf = |i: usize| matches!(node.next[i], Some(autograd::Grad::Leaf(_)));
         let inputs = &node.inputs;
@@ -708,18 +748,12 @@ impl Backward for Process {
                 out[0] = Some(self.sum_to(grad.clone(), &inputs[0]));
             }
             Rule::Mul => {
-                // The last input's gradient first.
-                let mut g = [None, None];
+                // The last input's gradient first: `grad * other`, of the broadcast shape.
+                let shape = broadcast(&inputs[0].shape, &inputs[1].shape);
                 for i in [1, 0] {
                     if want(i) {
-                        let shape = broadcast(&inputs[0].shape, &inputs[1].shape);
-                        g[i] = Some(self.empty(&shape, inputs[i].elem.promote(grad.elem)));
-                    }
-                }
-                for i in [0, 1] {
-                    if let Some(t) = g[i].take() {
-                        let t = if t.elem != inputs[i].elem { t } else { t };
-                        out[i] = Some(self.sum_to(t, &inputs[i]));
+                        let other = inputs[1 - i].elem;
+                        out[i] = Some(self.empty(&shape, grad.elem.promote(other)));
                     }
                 }
             }
@@ -729,7 +763,7 @@ impl Backward for Process {
             Rule::Add => {
                 for i in [0, 1] {
                     if want(i) {
-                        out[i] = Some(self.sum_to(grad.clone(), &inputs[i]));
+                        out[i] = Some(grad.clone());
                     }
                 }
             }
@@ -805,12 +839,72 @@ impl Backward for Process {
             }
             Rule::Clone => out[0] = Some(grad.clone()),
         }
-        drop(grad);
         out
     }
 
     fn add(&mut self, a: &Tensor, _b: &Tensor) -> Tensor {
         self.empty(&a.shape, a.elem)
+    }
+
+    fn validate(&mut self, node: &Node, outputs: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+        outputs
+            .into_iter()
+            .zip(&node.inputs)
+            .map(|(g, meta)| {
+                let g = g?;
+                let g = self.sum_to(g, meta);
+                Some(if g.elem != meta.elem {
+                    let cast = self.empty_like(&Meta {
+                        elem: meta.elem,
+                        ..Meta::of(&g)
+                    });
+                    drop(g);
+                    cast
+                } else {
+                    g
+                })
+            })
+            .collect()
+    }
+
+    fn recompute(&mut self, f: usize) {
+        let (layer, inputs, needed) = {
+            let frame = &self.autograd.frames[f];
+            (frame.layer, frame.inputs.clone(), frame.needed)
+        };
+        let saving = std::mem::replace(
+            &mut self.autograd.saving,
+            autograd::Saving::Capture {
+                needed,
+                captured: Vec::new(),
+            },
+        );
+        // Recomputation runs with grad mode on, on the backward thread.
+        let enabled = std::mem::replace(&mut self.autograd.enabled, true);
+        let mut hook = self.recompute_layer.take().expect("a recomputation for checkpointed layers");
+        hook(self, layer, &inputs);
+        self.recompute_layer = Some(hook);
+        drop(inputs);
+        self.autograd.enabled = enabled;
+        self.autograd.stop = false;
+        self.tape.0.borrow_mut().stopped = false;
+        let captured = match std::mem::replace(&mut self.autograd.saving, saving) {
+            autograd::Saving::Capture { captured, .. } => captured,
+            _ => unreachable!("set above"),
+        };
+        let frame = &mut self.autograd.frames[f];
+        for (node, saved) in frame.nodes.iter().zip(captured) {
+            node.borrow_mut().saved = saved;
+        }
+    }
+
+    fn frame_node_done(&mut self, f: usize) {
+        let frame = &mut self.autograd.frames[f];
+        frame.remaining = frame.remaining.saturating_sub(1);
+        if frame.remaining == 0 {
+            frame.inputs.clear();
+            frame.nodes.clear();
+        }
     }
 
     fn clone_as(&mut self, grad: &Tensor, meta: &Meta) -> Tensor {

@@ -222,6 +222,7 @@ pub fn program(run: &Run) -> Program {
                 model: &run.model,
                 weights: &weights,
                 process: &mut p,
+                checkpointing: false,
             };
             generate::generate(&mut d, &ids, &mask, *generated, &mut marks);
             marks.end(&p);
@@ -274,12 +275,24 @@ pub fn program(run: &Run) -> Program {
                     leaves.push(lb);
                 }
             }
-            let weights = Weights { by_name, adapters };
+            let weights = std::rc::Rc::new(Weights { by_name, adapters });
+            if *checkpointing {
+                let model = std::rc::Rc::new(run.model.clone());
+                let w = weights.clone();
+                p.recompute_layer = Some(Box::new(move |p: &mut Process, layer, inputs: &[Tensor]| {
+                    let mut d = Decoder {
+                        model: &model,
+                        weights: &w,
+                        process: p,
+                        checkpointing: false,
+                    };
+                    d.recompute(layer, inputs);
+                }));
+            }
             let mut adamw = AdamW::new(*optimizer);
             marks.begin(&p, "inputs");
             let ids = p.in_role(Role::Inputs, |p| p.empty(&[b, t], Elem::I64));
             marks.end(&p);
-            let _ = checkpointing;
             for step in 1..=*steps {
                 marks.begin(&p, &format!("step{step}.forward"));
                 let loss = {
@@ -287,15 +300,16 @@ pub fn program(run: &Run) -> Program {
                         model: &run.model,
                         weights: &weights,
                         process: &mut p,
+                        checkpointing: *checkpointing,
                     };
-                    let mut cache = super::cache::Cache::new(
-                        &run.model
-                            .layers
-                            .iter()
-                            .map(|l| l.window)
-                            .collect::<Vec<_>>(),
-                    );
-                    let out = d.forward(&ids, None, None, Some(&mut cache), false, Some(&ids));
+                    // The model builds a DynamicCache in training too, unless checkpointing
+                    // turns `use_cache` off.
+                    let mut cache = (!*checkpointing).then(|| {
+                        super::cache::Cache::new(
+                            &run.model.layers.iter().map(|l| l.window).collect::<Vec<_>>(),
+                        )
+                    });
+                    let out = d.forward(&ids, None, None, cache.as_mut(), false, Some(&ids));
                     let loss = out.loss.expect("labels give a loss");
                     drop(out.logits);
                     drop(cache);

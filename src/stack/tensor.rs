@@ -126,6 +126,8 @@ pub(crate) struct Log {
     pub allocations: u32,
     /// The role given to the next allocations.
     pub role: Option<Role>,
+    /// A recomputation stopped early: what the rest of it makes is never allocated.
+    pub stopped: bool,
 }
 
 /// The program being written: every allocation and free in order.
@@ -139,10 +141,10 @@ impl Tape {
 
     /// Allocates `bytes` with the current role (a zero-byte tensor allocates nothing).
     fn alloc(&self, bytes: u64) -> Option<u32> {
-        if bytes == 0 {
+        let mut log = self.0.borrow_mut();
+        if bytes == 0 || log.stopped {
             return None;
         }
-        let mut log = self.0.borrow_mut();
         let role = log.role.unwrap_or(Role::Activations);
         log.events.push(Event::Alloc { bytes, role });
         let n = log.allocations;

@@ -13,6 +13,10 @@ enum Layer {
     },
     Sliding {
         window: u64,
+        /// Tokens seen (`cumulative_length`).
+        seen: u64,
+        /// The window as a tensor on the device, made at the first update.
+        window_tensor: Option<Tensor>,
         keys: Option<Tensor>,
         values: Option<Tensor>,
     },
@@ -36,6 +40,8 @@ impl Cache {
                     },
                     Some(window) => Layer::Sliding {
                         window: *window,
+                        seen: 0,
+                        window_tensor: None,
                         keys: None,
                         values: None,
                     },
@@ -53,6 +59,19 @@ impl Cache {
         }
     }
 
+    /// Tokens seen by the first layer of the kind (`None`: global, `Some(window)`: sliding),
+    /// as `get_mask_sizes` reads them.
+    pub fn seen(&self, kind: Option<u64>) -> u64 {
+        self.layers
+            .iter()
+            .find_map(|l| match (l, kind) {
+                (Layer::Full { keys, .. }, None) => Some(keys.as_ref().map_or(0, |k| k.size(-2))),
+                (Layer::Sliding { seen, .. }, Some(_)) => Some(*seen),
+                _ => None,
+            })
+            .unwrap_or(0)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty() || self.len(0) == 0
     }
@@ -65,9 +84,15 @@ impl Cache {
         k: &Tensor,
         v: &Tensor,
     ) -> (Tensor, Tensor) {
+        // The first update starts from empty tensors of the keys' type: the values are cast
+        // to it by the concatenation.
+        let key_elem = k.elem;
         let cat = |p: &mut Process, old: &Option<Tensor>, new: &Tensor| match old {
             Some(o) => p.cat(&[o, new], -2),
-            None => p.clone_contiguous(new),
+            None => {
+                let empty = p.empty(&[0], key_elem);
+                p.cat(&[&empty, new], -2)
+            }
         };
         match &mut self.layers[layer] {
             Layer::Full { keys, values } => {
@@ -79,9 +104,15 @@ impl Cache {
             }
             Layer::Sliding {
                 window,
+                seen,
+                window_tensor,
                 keys,
                 values,
             } => {
+                if window_tensor.is_none() {
+                    *window_tensor = Some(p.empty(&[1], super::tensor::Elem::I64));
+                }
+                *seen += k.size(-2);
                 let fk = cat(p, keys, k);
                 let fv = cat(p, values, v);
                 let keep = |p: &mut Process, full: &Tensor| {

@@ -62,6 +62,41 @@ impl Decoder<'_> {
         self.process
     }
 
+    /// The model's RMSNorm.
+    fn norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
+        if self.model.model_type.is_gemma() {
+            self.gemma_norm(x, weight)
+        } else {
+            self.rms_norm(x, weight)
+        }
+    }
+
+    /// `Gemma2RMSNorm.forward`: in float32, `x * rsqrt(mean(x²) + eps) * (1 + weight)`, cast
+    /// back.
+    fn gemma_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let xf = p.to(x, Elem::F32);
+        let sq = p.pow(&xf);
+        let variance = p.mean_last(&sq);
+        drop(sq);
+        let shifted = p.add_scalar(&variance);
+        drop(variance);
+        let r = p.rsqrt(&shifted);
+        drop(shifted);
+        let normed = p.mul(&xf, &r);
+        drop(r);
+        drop(xf);
+        let wf = p.to(weight, Elem::F32);
+        let one_plus = p.add_scalar(&wf);
+        drop(wf);
+        let scaled = p.mul(&normed, &one_plus);
+        drop(one_plus);
+        drop(normed);
+        let out = p.to(&scaled, x.elem);
+        drop(scaled);
+        out
+    }
+
     /// `LlamaRMSNorm.forward` (and its copies in the other models).
     fn rms_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
         let input = x.elem;
@@ -98,6 +133,20 @@ impl Decoder<'_> {
         }
     }
 
+    /// The token embedding (Gemma's scaled by `sqrt(hidden)` cast to the weights' type).
+    fn embed(&mut self, weight: &Tensor, ids: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let e = p.embedding(weight, ids);
+        if !self.model.model_type.is_gemma() {
+            return e;
+        }
+        let scale = p.empty(&[], weight.elem);
+        let out = p.mul(&e, &scale);
+        drop(scale);
+        drop(e);
+        out
+    }
+
     /// PEFT's `Linear.forward` after the base layer: `x` cast to the adapters' float32,
     /// `B(A(x)) * scaling` added, the sum cast back to the base's dtype.
     fn lora(&mut self, result: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
@@ -119,26 +168,10 @@ impl Decoder<'_> {
         out
     }
 
-    /// `create_causal_mask` with a 2-D attention mask and no padding: the mask as booleans and
-    /// the check that every position is attended (`fast_all`: a sum through int64), after which
-    /// SDPA runs causal without a mask.
-    fn causal_mask(&mut self, mask: &Tensor) {
-        let p = &mut *self.process;
-        let shape = mask.shape.clone();
-        let padding = p.empty(&shape, Elem::Bool);
-        let sum = p.empty(&[], Elem::I64);
-        let widened = p.empty(&shape, Elem::I64);
-        drop(widened);
-        let equal = p.empty(&[], Elem::Bool);
-        drop(sum);
-        drop(equal);
-        drop(padding);
-    }
-
     /// `find_packed_sequence_indices(position_ids)` on positions expanded to the batch: the
     /// first value less one, the difference with it prepended, where it is not 1, its cumulative
     /// sum, and the check that every row is one sequence.
-    fn packed_sequences(&mut self, b: u64, t: u64) {
+    pub(super) fn packed_sequences(&mut self, b: u64, t: u64) {
         let p = &mut *self.process;
         let first = p.empty(&[b, 1], Elem::I64);
         let prepended = p.empty(&[b, t + 1], Elem::I64);
@@ -207,11 +240,47 @@ impl Decoder<'_> {
         out
     }
 
-    /// `x.view(b, t, heads, d).transpose(1, 2)`.
-    fn heads(&mut self, x: &Tensor, heads: u64, d: u64) -> Tensor {
+    /// A projection viewed as heads and transposed (`[b, heads, t, d]`), its per-head norm
+    /// (`{prefix}.{norm}`) applied before the transpose (Qwen3) or after it (Gemma 3).
+    fn projected_heads(&mut self, prefix: &str, x: &Tensor, heads: u64, d: u64, qk_norm: QkNorm, norm: &str) -> Tensor {
         let (b, t) = (x.shape[0], x.shape[1]);
-        let v = self.p().reshape(x, &[b, t, heads, d]);
-        self.p().transpose(&v, 1, 2)
+        let proj = self.linear(prefix, x);
+        let viewed = self.p().reshape(&proj, &[b, t, heads, d]);
+        drop(proj);
+        let norm_weight = || {
+            let attn = prefix.rsplit_once('.').map_or(prefix, |(a, _)| a);
+            format!("{attn}.{norm}.weight")
+        };
+        match qk_norm {
+            QkNorm::None => self.p().transpose(&viewed, 1, 2),
+            QkNorm::BeforeTranspose => {
+                let w = self.weights.get(&norm_weight()).clone();
+                let normed = self.norm(&viewed, &w);
+                drop(viewed);
+                self.p().transpose(&normed, 1, 2)
+            }
+            QkNorm::AfterTranspose => {
+                let w = self.weights.get(&norm_weight()).clone();
+                let swapped = self.p().transpose(&viewed, 1, 2);
+                drop(viewed);
+                let normed = self.norm(&swapped, &w);
+                drop(swapped);
+                normed
+            }
+        }
+    }
+
+    /// `repeat_kv`: grouped keys or values expanded to every query head (a copy).
+    fn repeat_kv(&mut self, x: &Tensor) -> Tensor {
+        let groups = self.model.heads / self.model.kv_heads.max(1);
+        if groups <= 1 {
+            return x.clone();
+        }
+        let (b, k, s, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let p = &mut *self.process;
+        let e = p.unsqueeze(x, 2);
+        let wide = p.expand(&e, &[b, k, groups, s, d]);
+        p.reshape(&wide, &[b, k * groups, s, d])
     }
 
     /// `attn.transpose(1, 2).reshape(b, t, -1).contiguous()`.
@@ -232,27 +301,16 @@ impl Decoder<'_> {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
+        mask: Option<&Tensor>,
         cache: Option<&mut Cache>,
         qk_norm: QkNorm,
     ) -> Tensor {
         let m = self.model;
         let a = format!("model.layers.{layer}.self_attn");
         let (d, (b, t)) = (m.head_dim, (x.shape[0], x.shape[1]));
-        let q_proj = self.linear(&format!("{a}.q_proj"), x);
-        let mut q = self.heads(&q_proj, m.heads, d);
-        drop(q_proj);
-        let k_proj = self.linear(&format!("{a}.k_proj"), x);
-        let mut k = self.heads(&k_proj, m.kv_heads, d);
-        drop(k_proj);
-        let v_proj = self.linear(&format!("{a}.v_proj"), x);
-        let v = self.heads(&v_proj, m.kv_heads, d);
-        drop(v_proj);
-        if qk_norm != QkNorm::None {
-            let qn = self.weights.get(&format!("{a}.q_norm.weight")).clone();
-            let kn = self.weights.get(&format!("{a}.k_norm.weight")).clone();
-            q = self.rms_norm(&q, &qn);
-            k = self.rms_norm(&k, &kn);
-        }
+        let q = self.projected_heads(&format!("{a}.q_proj"), x, m.heads, d, qk_norm, "q_norm");
+        let k = self.projected_heads(&format!("{a}.k_proj"), x, m.kv_heads, d, qk_norm, "k_norm");
+        let v = self.projected_heads(&format!("{a}.v_proj"), x, m.kv_heads, d, QkNorm::None, "");
         let cos4 = self.p().unsqueeze(cos, 1);
         let sin4 = self.p().unsqueeze(sin, 1);
         let q_embed = self.apply_rotary(&q, &cos4, &sin4);
@@ -270,7 +328,18 @@ impl Decoder<'_> {
             }
             None => (k_embed, v),
         };
-        let heads = self.process.cudnn_attention(&q_embed, &keys, &values);
+        let heads = match mask {
+            None => self.process.cudnn_attention(&q_embed, &keys, &values, None),
+            // With a mask, SDPA gets no grouped K and V: `repeat_kv` makes them whole.
+            Some(mask) => {
+                let k_all = self.repeat_kv(&keys);
+                let v_all = self.repeat_kv(&values);
+                let out = self.process.cudnn_attention(&q_embed, &k_all, &v_all, Some(mask));
+                drop(k_all);
+                drop(v_all);
+                out
+            }
+        };
         let attn = self.merge_heads(heads, b, t);
         let out = self.linear(&format!("{a}.o_proj"), &attn);
         // The attention's locals go at its return: the queries, keys and values.
@@ -301,7 +370,7 @@ impl Decoder<'_> {
 
     /// Recomputes checkpointed layer `layer` from its arguments (`hidden`, `cos`, `sin`).
     pub fn recompute(&mut self, layer: usize, inputs: &[Tensor]) {
-        let out = self.decoder_layer(layer, &inputs[0], &inputs[1], &inputs[2], None);
+        let out = self.decoder_layer(layer, &inputs[0], &inputs[1], &inputs[2], inputs.get(3), None);
         drop(out);
     }
 
@@ -312,6 +381,7 @@ impl Decoder<'_> {
         hidden: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
+        mask: Option<&Tensor>,
         cache: Option<&mut Cache>,
     ) -> Tensor {
         let m = self.model;
@@ -320,28 +390,40 @@ impl Decoder<'_> {
             Attention::Standard { qk_norm, .. } => qk_norm,
             Attention::Latent(_) => QkNorm::None,
         };
+        let gemma = m.model_type.is_gemma();
+        let weight = |name: &str| self.weights.get(&format!("{l}.{name}.weight")).clone();
+        let input_norm = weight("input_layernorm");
+        let post_attention = weight("post_attention_layernorm");
+        let sandwich = gemma.then(|| {
+            (weight("pre_feedforward_layernorm"), weight("post_feedforward_layernorm"))
+        });
         let residual = hidden.clone();
-        let w = self
-            .weights
-            .get(&format!("{l}.input_layernorm.weight"))
-            .clone();
-        let normed = self.rms_norm(&residual, &w);
-        let attn = self.attention(layer, &normed, cos, sin, cache, qk_norm);
+        let normed = self.norm(&residual, &input_norm);
+        let mut attn = self.attention(layer, &normed, cos, sin, mask, cache, qk_norm);
         drop(normed);
+        if gemma {
+            // Gemma normalises the attention's output before the residual.
+            let n = self.norm(&attn, &post_attention);
+            attn = n;
+        }
         let hidden = self.process.add(&residual, &attn);
         drop(attn);
         drop(residual);
         let residual = hidden;
-        let w = self
-            .weights
-            .get(&format!("{l}.post_attention_layernorm.weight"))
-            .clone();
-        let normed = self.rms_norm(&residual, &w);
-        let out = match m.layers[layer].mlp {
+        let pre_mlp = match &sandwich {
+            Some((pre, _)) => pre.clone(),
+            None => post_attention.clone(),
+        };
+        let normed = self.norm(&residual, &pre_mlp);
+        let mut out = match m.layers[layer].mlp {
             Mlp::Dense { .. } => self.mlp(&format!("{l}.mlp"), &normed),
             Mlp::Experts => unimplemented!("experts"),
         };
         drop(normed);
+        if let Some((_, post)) = &sandwich {
+            let n = self.norm(&out, post);
+            out = n;
+        }
         let hidden = self.process.add(&residual, &out);
         drop(out);
         drop(residual);
@@ -363,7 +445,7 @@ impl Decoder<'_> {
         let m = self.model;
         let embed = self.weights.get("model.embed_tokens.weight").clone();
         let dtype = embed.elem;
-        let inputs_embeds = self.process.embedding(&embed, ids);
+        let inputs_embeds = self.embed(&embed, ids);
         // Without positions, `arange(t) + past_seen_tokens`, unsqueezed.
         let made_positions = positions.is_none().then(|| {
             let t = ids.shape[1];
@@ -374,32 +456,40 @@ impl Decoder<'_> {
             shifted.restrided(vec![1, t], vec![t, 1])
         });
         let positions = positions.or(made_positions.as_ref()).expect("positions");
-        match mask {
-            Some(mask) => self.causal_mask(mask),
-            // Training without a cache: a check for packed sequences in the positions.
-            None if cache.is_none() => self.packed_sequences(ids.shape[0], ids.shape[1]),
-            None => {}
-        }
+        let masks = self.masks(mask, cache.as_deref(), ids.shape[0], ids.shape[1]);
+        // Gemma 3 computes one rotary pair per attention kind it has (global, local).
         let (cos, sin) = self.rotary(positions, dtype);
+        let local = (m.model_type == crate::model::ModelType::Gemma3Text
+            && m.has_sliding_layers()
+            && m.layers.iter().any(|l| l.window.is_none()))
+        .then(|| self.rotary(positions, dtype));
         let mut hidden = inputs_embeds.clone();
         for layer in 0..m.layers.len() {
+            let mask = masks.for_window(m.layers[layer].window).cloned();
+            let (cos, sin) = match (&local, m.layers[layer].window) {
+                (Some((c, s)), Some(_)) => (c, s),
+                _ => (&cos, &sin),
+            };
             hidden = if self.checkpointing {
-                let inputs = vec![hidden.clone(), cos.clone(), sin.clone()];
+                let mut inputs = vec![hidden.clone(), cos.clone(), sin.clone()];
+                inputs.extend(mask.clone());
                 self.process.begin_checkpoint(layer, inputs);
-                let out = self.decoder_layer(layer, &hidden, &cos, &sin, None);
+                let out = self.decoder_layer(layer, &hidden, cos, sin, mask.as_ref(), None);
                 self.process.end_checkpoint();
                 out
             } else {
-                self.decoder_layer(layer, &hidden, &cos, &sin, cache.as_deref_mut())
+                self.decoder_layer(layer, &hidden, cos, sin, mask.as_ref(), cache.as_deref_mut())
             };
         }
         let w = self.weights.get("model.norm.weight").clone();
-        let normed = self.rms_norm(&hidden, &w);
+        let normed = self.norm(&hidden, &w);
         drop(hidden);
         // The model's locals go at its return: positions it made, the embeddings, then the
         // rotary pair (a tuple: its last item first).
         drop(made_positions);
         drop(inputs_embeds);
+        drop(masks);
+        drop(local);
         drop(sin);
         drop(cos);
         let head = if m.tied_embeddings {
@@ -413,8 +503,18 @@ impl Decoder<'_> {
         } else {
             normed.clone()
         };
-        let logits = self.linear(head, &last);
+        let mut logits = self.linear(head, &last);
         drop(last);
+        if m.final_softcap {
+            // logits / cap, tanh, * cap
+            let p = &mut *self.process;
+            let divided = p.scale(&logits);
+            logits = divided;
+            let capped = p.tanh(&logits);
+            logits = capped;
+            let scaled = p.scale(&logits);
+            logits = scaled;
+        }
         let loss = labels.map(|labels| self.loss(&logits, labels));
         drop(normed);
         Output { logits, loss }

@@ -9,6 +9,7 @@ pub mod autograd;
 pub mod cache;
 pub mod decoder;
 pub mod generate;
+pub mod masks;
 pub mod ops;
 pub mod optimizer;
 pub mod run;

@@ -98,6 +98,11 @@ impl Kernels {
 pub struct Process {
     pub tape: Tape,
     pub autograd: Autograd,
+    /// `torch.autocast(dtype)` is on: products and attention run in this type.
+    pub autocast: Option<Elem>,
+    /// Autocast's cache of the low-precision copies of trained float32 weights (cleared when
+    /// the autocast region ends).
+    autocast_cache: Vec<(usize, Tensor)>,
     /// Reruns a checkpointed layer's forward (`layer`, its inputs) during backward.
     pub recompute_layer: Option<Box<dyn FnMut(&mut Process, usize, &[Tensor])>>,
     pub kernels: Kernels,
@@ -135,6 +140,8 @@ impl Process {
             tape: Tape::new(),
             autograd: Autograd::new(),
             recompute_layer: None,
+            autocast: None,
+            autocast_cache: Vec::new(),
             kernels,
             backward_thread: false,
             workspaces: [Vec::new(), Vec::new()],
@@ -150,6 +157,43 @@ impl Process {
         let out = f(self);
         tape.0.borrow_mut().role = before;
         out
+    }
+
+    /// Autocast's cast of `t` to its type for a product: none outside autocast or for a tensor
+    /// already of that type; a trained float32 weight's copy is cached for the region.
+    fn autocast_cast(&mut self, t: &Tensor, weight: bool) -> Tensor {
+        let Some(target) = self.autocast else {
+            return t.clone();
+        };
+        if t.elem == target || !t.elem.is_float() {
+            return t.clone();
+        }
+        let key = std::rc::Rc::as_ptr(&t.storage) as usize;
+        let cacheable = weight && matches!(t.grad_fn, Some(autograd::Grad::Leaf(_)));
+        if cacheable {
+            if let Some((_, c)) = self.autocast_cache.iter().find(|(k, _)| *k == key) {
+                return c.clone();
+            }
+        }
+        let cast = self.to(t, target);
+        if cacheable {
+            self.autocast_cache.push((key, cast.clone()));
+        }
+        cast
+    }
+
+    /// Leaves the autocast region: its cache goes.
+    pub fn end_autocast(&mut self) {
+        self.autocast = None;
+        self.autocast_cache.clear();
+    }
+
+    /// Autocast's float32 operations (`pow`, `rsqrt`) take float32 inputs.
+    fn autocast_f32(&mut self, t: &Tensor) -> Tensor {
+        match self.autocast {
+            Some(_) if t.elem != Elem::F32 => self.to(t, Elem::F32),
+            _ => t.clone(),
+        }
     }
 
     fn thread(&self) -> usize {
@@ -414,7 +458,8 @@ impl Process {
 
     /// `a.pow(2)`.
     pub fn pow(&mut self, a: &Tensor) -> Tensor {
-        self.unary_saving_input(a, Rule::Pow)
+        let a = self.autocast_f32(a);
+        self.unary_saving_input(&a, Rule::Pow)
     }
 
     /// `a.mean(-1, keepdim=True)`.
@@ -427,7 +472,8 @@ impl Process {
     }
 
     pub fn rsqrt(&mut self, a: &Tensor) -> Tensor {
-        self.unary_saving_result(a, Rule::Rsqrt)
+        let a = self.autocast_f32(a);
+        self.unary_saving_result(&a, Rule::Rsqrt)
     }
 
     pub fn tanh(&mut self, a: &Tensor) -> Tensor {
@@ -485,17 +531,23 @@ impl Process {
 
     /// `cat(parts, dim)`.
     pub fn cat(&mut self, parts: &[&Tensor], dim: isize) -> Tensor {
-        let d = parts[0].axis(dim);
-        let mut shape = parts[0].shape.clone();
-        shape[d] = parts.iter().map(|p| p.shape[d]).sum();
+        // Empty 1-D tensors (a cache's first state) take part only in the type promotion.
         let elem = parts
             .iter()
             .skip(1)
             .fold(parts[0].elem, |e, p| e.promote(p.elem));
+        let parts: Vec<&Tensor> = parts
+            .iter()
+            .copied()
+            .filter(|p| !(p.dim() == 1 && p.numel() == 0))
+            .collect();
+        let d = parts[0].axis(dim);
+        let mut shape = parts[0].shape.clone();
+        shape[d] = parts.iter().map(|p| p.shape[d]).sum();
         let mut out = self.empty(&shape, elem);
         let sizes = parts.iter().map(|p| p.shape[d]).collect();
         self.autograd
-            .record(Rule::Cat { dim: d, sizes }, parts, vec![], &mut [&mut out]);
+            .record(Rule::Cat { dim: d, sizes }, &parts, vec![], &mut [&mut out]);
         self.stop_if_recomputed();
         out
     }
@@ -505,6 +557,15 @@ impl Process {
     /// `F.linear(x, weight, bias)`: `x @ weight.T (+ bias)`, through `mm` / `addmm` on the
     /// flattened input.
     pub fn linear(&mut self, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+        if self.autocast.is_some() {
+            let w = self.autocast_cast(weight, true);
+            let b = bias.map(|b| self.autocast_cast(b, true));
+            let xc = self.autocast_cast(x, false);
+            let saved = self.autocast.take();
+            let out = self.linear(&xc, &w, b.as_ref());
+            self.autocast = saved;
+            return out;
+        }
         let out_features = weight.shape[0];
         let in_features = *x.shape.last().expect("a dimension");
         let rows = x.numel() / in_features.max(1);
@@ -566,8 +627,27 @@ impl Process {
     /// Scaled dot-product attention through cuDNN (`q [b, H, s, d]`, `k`/`v [b, K, s_kv, d]`
     /// with `enable_gqa`): the output in q's layout; with autograd, the softmax statistics; the
     /// kernel's random-number state (two 8-byte tensors) and a 256-byte workspace.
-    pub fn cudnn_attention(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+    pub fn cudnn_attention(&mut self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+        if self.autocast.is_some() {
+            let kc = self.autocast_cast(k, false);
+            let vc = self.autocast_cast(v, false);
+            let qc = self.autocast_cast(q, false);
+            let saved = self.autocast.take();
+            let out = self.cudnn_attention(&qc, &kc, &vc, mask);
+            self.autocast = saved;
+            return out;
+        }
         let grad = self.needs_grad(&[q, k, v]);
+        // A boolean mask becomes an additive one in the queries' type:
+        // `where(mask, 0, -65504)`, its two scalars freed once it is made.
+        let bias = mask.map(|m| {
+            let zero = self.empty(&[], q.elem);
+            let low = self.empty(&[], q.elem);
+            let bias = self.empty(&m.shape, q.elem);
+            drop(low);
+            drop(zero);
+            bias
+        });
         let seed = self.empty(&[1], Elem::I64);
         let offset = self.empty(&[1], Elem::I64);
         let mut out_shape = q.shape.clone();
@@ -587,15 +667,9 @@ impl Process {
             );
         }
         if let Some(stats) = stats {
-            let saved = vec![
-                k.clone(),
-                q.clone(),
-                v.clone(),
-                stats,
-                out.clone(),
-                offset,
-                seed,
-            ];
+            let mut saved = vec![k.clone(), q.clone(), v.clone()];
+            saved.extend(bias.clone());
+            saved.extend([stats, out.clone(), offset, seed]);
             self.autograd
                 .record(Rule::CudnnAttention, &[q, k, v], saved, &mut [&mut out]);
             self.stop_if_recomputed();
@@ -603,6 +677,7 @@ impl Process {
             drop(seed);
             drop(offset);
         }
+        drop(bias);
         out
     }
 

@@ -52,6 +52,9 @@ pub struct Run {
     pub model: Model,
     /// The weights' dtype.
     pub dtype: Dtype,
+    /// Training's forward under `torch.autocast(dtype)` (the Trainer's mixed precision: float32
+    /// weights).
+    pub autocast: Option<Dtype>,
     pub batch: u64,
     pub context: u64,
     pub work: Work,
@@ -128,6 +131,10 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> HashM
                 }
                 for t in head {
                     by_name.insert(t.name.clone(), p.empty(&t.shape, e));
+                }
+                // A tied head is first made as a layer of its own, then tied (and freed).
+                if model.tied_embeddings {
+                    drop(p.empty(&[model.vocab, model.hidden], e));
                 }
             }
             Loading::Pretrained => {
@@ -309,7 +316,9 @@ pub fn program(run: &Run) -> Program {
                             &run.model.layers.iter().map(|l| l.window).collect::<Vec<_>>(),
                         )
                     });
+                    d.process.autocast = run.autocast.map(Elem::of);
                     let out = d.forward(&ids, None, None, cache.as_mut(), false, Some(&ids));
+                    d.process.end_autocast();
                     let loss = out.loss.expect("labels give a loss");
                     drop(out.logits);
                     drop(cache);
@@ -450,11 +459,17 @@ impl Run {
         let dtype: Dtype = text("dtype", "bfloat16")?
             .parse()
             .map_err(|e: String| field("dtype", &e))?;
-        let dtype = if spec.get("autocast").is_some_and(|a| !a.is_null()) {
-            Dtype::Float32
-        } else {
-            dtype
+        let autocast = match spec.get("autocast") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(a) => Some(
+                a.as_str()
+                    .and_then(|a| a.parse::<Dtype>().ok())
+                    .filter(|d| *d != Dtype::Float32)
+                    .ok_or_else(|| field("autocast", "bfloat16 or float16"))?,
+            ),
         };
+        // Under autocast the weights are float32.
+        let dtype = if autocast.is_some() { Dtype::Float32 } else { dtype };
         let optimizer: OptimizerImpl = text("optimizer_impl", "foreach")?
             .parse()
             .map_err(|_| field("optimizer_impl", "foreach, fused or for-loop"))?;
@@ -507,6 +522,7 @@ impl Run {
         Ok(Run {
             model,
             dtype,
+            autocast,
             batch: size("batch", None)?,
             context: size("context", None)?,
             work,

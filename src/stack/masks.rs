@@ -1,0 +1,167 @@
+//! transformers' attention masks (`masking_utils`) for SDPA, as allocations: the 2-D mask as
+//! booleans, the check that lets SDPA run causal without a mask (`fast_all`), the check for
+//! packed sequences in training, and the boolean mask built when a sliding window must be
+//! applied (the window reached), held for the forward's layers of that kind.
+
+use super::cache::Cache;
+use super::decoder::Decoder;
+use super::tensor::{Elem, Tensor};
+use crate::model::ModelType;
+
+/// One forward's masks, by attention kind (`None`: SDPA runs causal without a mask).
+#[derive(Default)]
+pub struct Masks {
+    pub full: Option<Tensor>,
+    pub sliding: Option<Tensor>,
+}
+
+impl Masks {
+    pub fn for_window(&self, window: Option<u64>) -> Option<&Tensor> {
+        match window {
+            None => self.full.as_ref(),
+            Some(_) => self.sliding.as_ref(),
+        }
+    }
+}
+
+impl Decoder<'_> {
+    /// The masks a model's forward creates for `q` new positions (`mask`: the 2-D attention
+    /// mask `generate` passes; none in training).
+    pub(super) fn masks(&mut self, mask: Option<&Tensor>, cache: Option<&Cache>, b: u64, q: u64) -> Masks {
+        let m = self.model;
+        let sliding_window = m.layers.iter().find_map(|l| l.window);
+        let has_full = m.layers.iter().any(|l| l.window.is_none());
+        // Which mask functions the model's forward calls.
+        let (causal, sliding) = match m.model_type {
+            ModelType::Gemma2 | ModelType::Gemma3Text => (true, true),
+            ModelType::Qwen2 | ModelType::Qwen3 => (true, sliding_window.is_some()),
+            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Qwen3Moe => {
+                (sliding_window.is_none(), sliding_window.is_some())
+            }
+            _ => (true, false),
+        };
+        let _ = has_full;
+        let mut masks = Masks::default();
+        if causal {
+            let past = cache.map_or(0, |c| c.seen(None));
+            masks.full = self.create_mask(mask, cache.is_none(), b, q, past + q, None);
+        }
+        if sliding {
+            let w = sliding_window.unwrap_or(0);
+            let seen = cache.map_or(0, |c| c.seen(Some(w)));
+            // DynamicSlidingWindowLayer.get_mask_sizes: at most the window's keys.
+            let kv = if seen >= w { w - 1 + q } else { seen + q };
+            masks.sliding = self.create_mask(mask, cache.is_none(), b, q, kv, Some(w));
+        }
+        masks
+    }
+
+    /// `create_causal_mask` / `create_sliding_window_causal_mask`.
+    fn create_mask(
+        &mut self,
+        mask: Option<&Tensor>,
+        no_cache: bool,
+        b: u64,
+        q: u64,
+        kv: u64,
+        window: Option<u64>,
+    ) -> Option<Tensor> {
+        let p = &mut *self.process;
+        let padding = match mask {
+            Some(m) => Some(p.empty(&m.shape, Elem::Bool)),
+            None => {
+                if no_cache {
+                    self.packed_sequences(b, q);
+                }
+                None
+            }
+        };
+        let p = &mut *self.process;
+        // A longer mask than the keys (a sliding layer past its window) is indexed down.
+        let padding = padding.map(|pm| {
+            if pm.size(-1) > kv {
+                let indices = p.empty(&[kv], Elem::I64);
+                let sliced = p.empty(&[b, kv], Elem::Bool);
+                drop(indices);
+                drop(pm);
+                sliced
+            } else {
+                pm
+            }
+        });
+        let must_build = window.is_some_and(|w| kv >= w);
+        let built = if must_build {
+            Some(self.sliding_mask(padding.as_ref(), b, q, kv, window.unwrap_or(0)))
+        } else {
+            if let Some(pm) = &padding {
+                self.fast_all(pm);
+            }
+            None
+        };
+        drop(padding);
+        built
+    }
+
+    /// `fast_all(padding_mask)`: a sum through int64 compared with the count.
+    fn fast_all(&mut self, padding: &Tensor) {
+        let p = &mut *self.process;
+        let sum = p.empty(&[], Elem::I64);
+        let widened = p.empty(&padding.shape, Elem::I64);
+        drop(widened);
+        let equal = p.empty(&[], Elem::Bool);
+        drop(sum);
+        drop(equal);
+    }
+
+    /// `sdpa_mask` with the sliding-window overlay, the causal function and the padding: the
+    /// index ranges, then each function's boolean `[q, kv]` combined in turn, the padding's
+    /// `[b, 1, q, kv]` last.
+    fn sliding_mask(&mut self, padding: Option<&Tensor>, b: u64, q: u64, kv: u64, _window: u64) -> Tensor {
+        let p = &mut *self.process;
+        let batch = p.empty(&[b], Elem::I64);
+        let head = p.empty(&[1], Elem::I64);
+        let kv_range = p.empty(&[kv], Elem::I64);
+        let kv_arange = p.empty(&[kv], Elem::I64);
+        drop(kv_range);
+        let q_range = p.empty(&[q], Elem::I64);
+        let q_arange = p.empty(&[q], Elem::I64);
+        drop(q_range);
+        let outer = p.empty(&[], Elem::Bool);
+        let inner = p.empty(&[], Elem::Bool);
+        // The window: kv_idx > q_idx - window.
+        let shifted = p.empty(&[q, 1], Elem::I64);
+        let window = p.empty(&[q, kv], Elem::Bool);
+        drop(shifted);
+        let r1 = p.empty(&[q, kv], Elem::Bool);
+        drop(window);
+        drop(inner);
+        // Causal: kv_idx <= q_idx.
+        let causal = p.empty(&[q, kv], Elem::Bool);
+        let r2 = p.empty(&[q, kv], Elem::Bool);
+        drop(causal);
+        drop(r1);
+        let combined = p.empty(&[q, kv], Elem::Bool);
+        drop(r2);
+        drop(outer);
+        let out = match padding {
+            Some(_) => {
+                // padding_mask[batch_idx, kv_idx]
+                let index = p.empty(&[b, kv], Elem::I64);
+                let index2 = (b > 1).then(|| p.empty(&[b, kv], Elem::I64));
+                let padded = p.empty(&[b, kv], Elem::Bool);
+                drop(index2);
+                drop(index);
+                let full = p.empty(&[b, 1, q, kv], Elem::Bool);
+                drop(padded);
+                drop(combined);
+                full
+            }
+            None => combined.restrided(vec![b, 1, q, kv], vec![0, q * kv, kv, 1]),
+        };
+        drop(batch);
+        drop(head);
+        drop(kv_arange);
+        drop(q_arange);
+        out
+    }
+}

@@ -49,6 +49,8 @@ pub struct Decoder<'a> {
     pub process: &'a mut Process,
     /// Gradient checkpointing: each layer recomputed in backward.
     pub checkpointing: bool,
+    /// How mixtures of experts run (`generate` switches to batched products for its decode).
+    pub experts_path: super::experts::ExpertsPath,
 }
 
 /// What a forward returns.
@@ -60,6 +62,11 @@ pub struct Output {
 impl Decoder<'_> {
     fn p(&mut self) -> &mut Process {
         self.process
+    }
+
+    /// A tensor of the model, by name.
+    pub(super) fn weights_tensor(&self, name: &str) -> Tensor {
+        self.weights.get(name).clone()
     }
 
     /// The model's RMSNorm.
@@ -351,7 +358,7 @@ impl Decoder<'_> {
     }
 
     /// `act_fn(gate_proj(x)) * up_proj(x)` through `down_proj`.
-    fn mlp(&mut self, prefix: &str, x: &Tensor) -> Tensor {
+    pub(super) fn mlp(&mut self, prefix: &str, x: &Tensor) -> Tensor {
         let gate = self.linear(&format!("{prefix}.gate_proj"), x);
         let act = if self.model.model_type.is_gemma() {
             self.process.gelu_tanh(&gate)
@@ -417,7 +424,7 @@ impl Decoder<'_> {
         let normed = self.norm(&residual, &pre_mlp);
         let mut out = match m.layers[layer].mlp {
             Mlp::Dense { .. } => self.mlp(&format!("{l}.mlp"), &normed),
-            Mlp::Experts => unimplemented!("experts"),
+            Mlp::Experts => self.moe_block(&format!("{l}.mlp"), &normed),
         };
         drop(normed);
         if let Some((_, post)) = &sandwich {

@@ -96,6 +96,8 @@ pub fn generate(
         next_logits = Some(p.empty(&[b, vocab], Elem::F32));
         if step == 0 {
             stages.prefill_done(d);
+            // `_optimize_model_for_decode`: on a GPU, experts run as batched products.
+            d.experts_path = super::experts::ExpertsPath::Batched;
         }
         let p = &mut *d.process;
         next_tokens = Some(p.empty(&[b], Elem::I64));
@@ -119,6 +121,7 @@ pub fn generate(
         drop(stop);
         drop(out);
     }
+    d.experts_path = super::experts::ExpertsPath::Grouped;
     drop(inputs);
     drop(next_tokens);
     drop(prompt_positions);

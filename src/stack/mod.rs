@@ -8,6 +8,7 @@
 pub mod autograd;
 pub mod cache;
 pub mod decoder;
+pub mod experts;
 pub mod generate;
 pub mod masks;
 pub mod ops;

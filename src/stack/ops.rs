@@ -63,6 +63,19 @@ pub enum Rule {
     NllLoss,
     /// `clone` / `contiguous`.
     Clone,
+    /// `x[index]` along the first dimension (saves the index): the gradient scattered into
+    /// zeros of the input's shape.
+    IndexRows,
+    /// `grouped_mm(x, w)` per expert (saves both): gradients of x and of the 3-D weight.
+    GroupedMm,
+    /// `masked_fill` out of place: the gradient masked (a copy).
+    MaskedFill,
+    /// `sum(dim=1)`: the gradient expanded back (a view).
+    SumDim1,
+    /// `topk(values)`: the gradient scattered into zeros of the input's shape.
+    Topk,
+    /// `a /= b` in place (saves a copy of `a` and `b`).
+    DivInPlace,
 }
 
 impl Rule {
@@ -295,6 +308,12 @@ impl Process {
 
     /// `view` / `reshape`: a view when the layout allows one, else a copy.
     pub fn reshape(&mut self, x: &Tensor, shape: &[u64]) -> Tensor {
+        assert_eq!(
+            x.numel(),
+            shape.iter().product::<u64>(),
+            "reshape of {:?} to {shape:?}",
+            x.shape
+        );
         match view_strides(&x.shape, &x.strides, shape) {
             Some(strides) => {
                 let mut v = x.restrided(shape.to_vec(), strides);
@@ -701,6 +720,88 @@ impl Process {
         loss
     }
 
+    /// `topk(x, k, dim=-1)`: values and indices.
+    pub fn topk(&mut self, x: &Tensor, k: u64) -> (Tensor, Tensor) {
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("a dimension") = k;
+        let mut values = self.empty(&shape, x.elem);
+        let indices = self.empty(&shape, Elem::I64);
+        let saved = self.saved_if(&[x], &[&indices]);
+        self.record(Rule::Topk, &[x], saved, &mut values);
+        (values, indices)
+    }
+
+    /// `x.sum(-1, keepdim=True)`.
+    pub fn sum_last(&mut self, x: &Tensor) -> Tensor {
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("a dimension") = 1;
+        let mut out = self.empty(&shape, x.elem);
+        self.record(Rule::Expand, &[x], vec![], &mut out);
+        out
+    }
+
+    /// `a /= b` (in place): the same storage; with autograd, a copy of `a` kept for `b`'s
+    /// gradient.
+    pub fn div_(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
+        let mut out = a.clone();
+        if self.needs_grad(&[a, b]) {
+            let original = self.empty(&a.shape, a.elem);
+            self.record(Rule::DivInPlace, &[a, b], vec![original, b.clone()], &mut out);
+        }
+        out
+    }
+
+    /// `x[index]` along the first dimension (`index` int64, saved for backward).
+    pub fn index_rows(&mut self, x: &Tensor, index: &Tensor) -> Tensor {
+        let mut shape = x.shape.clone();
+        shape[0] = index.numel();
+        let mut out = self.empty(&shape, x.elem);
+        let saved = self.saved_if(&[x], &[index]);
+        self.record(Rule::IndexRows, &[x], saved, &mut out);
+        out
+    }
+
+    /// `grouped_mm(x [S, in], w.transpose(-2, -1))` with `w [E, out, in]`: the output, a
+    /// kernel scratch of `S` bytes and a workspace.
+    pub fn grouped_mm(&mut self, x: &Tensor, w: &Tensor) -> Tensor {
+        // Each operand is saved for the other's gradient.
+        let mut saved = Vec::new();
+        if self.needs_grad(&[x, w]) {
+            if w.grad_fn.is_some() {
+                saved.push(x.clone());
+            }
+            if x.grad_fn.is_some() {
+                saved.push(w.clone());
+            }
+        }
+        let grad_fn = self.node_first(Rule::GroupedMm, &[x, w], saved);
+        let mut out = self.empty(&[x.shape[0], w.shape[1]], x.elem.promote(w.elem));
+        out.grad_fn = grad_fn;
+        let scratch = self.empty(&[x.shape[0]], Elem::U8);
+        drop(self.tape.with_role(Role::Workspaces, || self.empty(&[67_584], Elem::U8)));
+        drop(scratch);
+        out
+    }
+
+    /// `x.masked_fill(mask, 0)` out of place.
+    pub fn masked_fill(&mut self, x: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&x.shape, x.elem, &[x]);
+        self.record(Rule::MaskedFill, &[x], vec![], &mut out);
+        out
+    }
+
+    /// `x.sum(dim=1)` of `[n, k, h]`.
+    pub fn sum_dim1(&mut self, x: &Tensor) -> Tensor {
+        let mut out = self.empty(&[x.shape[0], x.shape[2]], x.elem);
+        self.record(Rule::SumDim1, &[x], vec![], &mut out);
+        out
+    }
+
+    /// A batched product's output (no gradient), then the thread's workspace if first.
+    pub fn bmm_out(&mut self, shape: &[u64], elem: Elem) -> Tensor {
+        self.product(shape, elem)
+    }
+
     /// Runs backward from `loss` (a scalar): its gradient of ones, held until the end.
     pub fn backward(&mut self, loss: &Tensor) {
         let ones = self.empty(&[], loss.elem);
@@ -913,6 +1014,50 @@ impl Backward for Process {
                 out[0] = Some(self.empty(&inputs[0].shape, inputs[0].elem));
             }
             Rule::Clone => out[0] = Some(grad.clone()),
+            Rule::IndexRows => {
+                // zeros, then `index_put_(..., accumulate=True)`: the indices linearised and
+                // sorted with their positions (int64 temporaries of the index's length).
+                let zeros = self.empty(&inputs[0].shape, grad.elem);
+                let n = grad.shape[0];
+                let linear = self.empty(&[n], Elem::I64);
+                let scratch = self.empty(&[n], Elem::I64);
+                drop(scratch);
+                let sorted = self.empty(&[n], Elem::I64);
+                let positions = self.empty(&[n], Elem::I64);
+                let keys = self.empty(&[n], Elem::I64);
+                drop(self.empty(&[1], Elem::U8));
+                drop(keys);
+                drop(positions);
+                drop(sorted);
+                drop(linear);
+                out[0] = Some(zeros);
+            }
+            Rule::Topk => {
+                out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
+            }
+            Rule::GroupedMm => {
+                // The last input's gradient (the weight's) first.
+                if want(1) {
+                    let role = if is_leaf_through_view(node, 1) { Role::Gradients } else { Role::Activations };
+                    let w = &inputs[1];
+                    out[1] = Some(self.in_role(role, |p| p.empty(&w.shape, w.elem)));
+                }
+                if want(0) {
+                    out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
+                }
+            }
+            Rule::MaskedFill => out[0] = Some(self.empty(&grad.shape, grad.elem)),
+            Rule::SumDim1 => {
+                let meta = &inputs[0];
+                out[0] = Some(grad.restrided(meta.shape.clone(), vec![meta.shape[2], 0, 1]));
+            }
+            Rule::DivInPlace => {
+                for i in [1, 0] {
+                    if want(i) {
+                        out[i] = Some(self.empty(&inputs[0].shape, grad.elem));
+                    }
+                }
+            }
         }
         out
     }

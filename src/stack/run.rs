@@ -230,6 +230,7 @@ pub fn program(run: &Run) -> Program {
                 weights: &weights,
                 process: &mut p,
                 checkpointing: false,
+                experts_path: super::experts::ExpertsPath::Grouped,
             };
             generate::generate(&mut d, &ids, &mask, *generated, &mut marks);
             marks.end(&p);
@@ -292,6 +293,7 @@ pub fn program(run: &Run) -> Program {
                         weights: &w,
                         process: p,
                         checkpointing: false,
+                        experts_path: super::experts::ExpertsPath::Grouped,
                     };
                     d.recompute(layer, inputs);
                 }));
@@ -308,6 +310,7 @@ pub fn program(run: &Run) -> Program {
                         weights: &weights,
                         process: &mut p,
                         checkpointing: *checkpointing,
+                        experts_path: super::experts::ExpertsPath::Grouped,
                     };
                     // The model builds a DynamicCache in training too, unless checkpointing
                     // turns `use_cache` off.

@@ -235,6 +235,44 @@ impl Decoder<'_> {
         out
     }
 
+    /// The rotary embedding on `x`; Phi-3 rotates the first `rotary_dim` of each head and
+    /// concatenates the rest back (a concatenation even when the rest is empty).
+    fn rotary_part(&mut self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+        if self.model.model_type != crate::model::ModelType::Phi3 {
+            return self.apply_rotary(x, cos, sin);
+        }
+        let (d, rd) = (x.size(-1), cos.size(-1));
+        let rot = self.process.slice(x, -1, 0, rd);
+        let pass = self.process.slice(x, -1, rd, d);
+        let embedded = self.apply_rotary(&rot, cos, sin);
+        let out = self.process.cat(&[&embedded, &pass], -1);
+        drop(embedded);
+        out
+    }
+
+    /// Phi-3's `qkv_proj`, sliced into queries, keys and values (views), as heads.
+    fn fused_qkv(&mut self, prefix: &str, x: &Tensor) -> (Tensor, Tensor, Tensor, Tensor) {
+        let m = self.model;
+        let (b, t, d) = (x.shape[0], x.shape[1], m.head_dim);
+        let (q_width, kv_width) = (m.heads * d, m.kv_heads * d);
+        let qkv = self.linear(prefix, x);
+        let mut parts = Vec::new();
+        for (start, width, heads) in [
+            (0, q_width, m.heads),
+            (q_width, kv_width, m.kv_heads),
+            (q_width + kv_width, kv_width, m.kv_heads),
+        ] {
+            let part = self.process.slice(&qkv, -1, start, start + width);
+            let viewed = self.process.reshape(&part, &[b, t, heads, d]);
+            drop(part);
+            parts.push(self.process.transpose(&viewed, 1, 2));
+        }
+        let v = parts.pop().expect("three parts");
+        let k = parts.pop().expect("three parts");
+        let q = parts.pop().expect("three parts");
+        (qkv, q, k, v)
+    }
+
     /// `(x * cos) + (rotate_half(x) * sin)`.
     fn apply_rotary(&mut self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
         let a = self.process.mul(x, cos);
@@ -315,13 +353,23 @@ impl Decoder<'_> {
         let m = self.model;
         let a = format!("model.layers.{layer}.self_attn");
         let (d, (b, t)) = (m.head_dim, (x.shape[0], x.shape[1]));
-        let q = self.projected_heads(&format!("{a}.q_proj"), x, m.heads, d, qk_norm, "q_norm");
-        let k = self.projected_heads(&format!("{a}.k_proj"), x, m.kv_heads, d, qk_norm, "k_norm");
-        let v = self.projected_heads(&format!("{a}.v_proj"), x, m.kv_heads, d, QkNorm::None, "");
+        let fused = matches!(m.attention, Attention::Standard { fused_qkv: true, .. });
+        // Phi-3's fused projection stays referenced by its local to the return.
+        let mut fused_output = None;
+        let (q, k, v) = if fused {
+            let (qkv, q, k, v) = self.fused_qkv(&format!("{a}.qkv_proj"), x);
+            fused_output = Some(qkv);
+            (q, k, v)
+        } else {
+            let q = self.projected_heads(&format!("{a}.q_proj"), x, m.heads, d, qk_norm, "q_norm");
+            let k = self.projected_heads(&format!("{a}.k_proj"), x, m.kv_heads, d, qk_norm, "k_norm");
+            let v = self.projected_heads(&format!("{a}.v_proj"), x, m.kv_heads, d, QkNorm::None, "");
+            (q, k, v)
+        };
         let cos4 = self.p().unsqueeze(cos, 1);
         let sin4 = self.p().unsqueeze(sin, 1);
-        let q_embed = self.apply_rotary(&q, &cos4, &sin4);
-        let k_embed = self.apply_rotary(&k, &cos4, &sin4);
+        let q_embed = self.rotary_part(&q, &cos4, &sin4);
+        let k_embed = self.rotary_part(&k, &cos4, &sin4);
         drop(cos4);
         drop(sin4);
         drop(q);
@@ -350,6 +398,7 @@ impl Decoder<'_> {
         let attn = self.merge_heads(heads, b, t);
         let out = self.linear(&format!("{a}.o_proj"), &attn);
         // The attention's locals go at its return: the queries, keys and values.
+        drop(fused_output);
         drop(attn);
         drop(q_embed);
         drop(keys);
@@ -359,6 +408,20 @@ impl Decoder<'_> {
 
     /// `act_fn(gate_proj(x)) * up_proj(x)` through `down_proj`.
     pub(super) fn mlp(&mut self, prefix: &str, x: &Tensor) -> Tensor {
+        if self.model.fused_gate_up && !prefix.contains("shared") {
+            // Phi-3: gate_up_proj, chunked; up * act(gate).
+            let gate_up = self.linear(&format!("{prefix}.gate_up_proj"), x);
+            let (gate, up) = self.process.chunk2(&gate_up);
+            drop(gate_up);
+            let act = self.process.silu(&gate);
+            let prod = self.process.mul(&up, &act);
+            drop(act);
+            drop(up);
+            let out = self.linear(&format!("{prefix}.down_proj"), &prod);
+            drop(prod);
+            drop(gate);
+            return out;
+        }
         let gate = self.linear(&format!("{prefix}.gate_proj"), x);
         let act = if self.model.model_type.is_gemma() {
             self.process.gelu_tanh(&gate)

@@ -177,9 +177,7 @@ impl Decoder<'_> {
         let up_out = p.grouped_mm(&selected, gate_up);
         let filled = p.masked_fill(&up_out);
         drop(up_out);
-        let i = filled.size(-1) / 2;
-        let gate = p.slice(&filled, -1, 0, i);
-        let up = p.slice(&filled, -1, i, 2 * i);
+        let (gate, up) = p.chunk2(&filled);
         let act = p.silu(&gate);
         let prod = p.mul(&act, &up);
         drop(act);
@@ -232,9 +230,7 @@ impl Decoder<'_> {
         let ids = p.empty(&[s], Elem::I64);
         let w_up = p.index_rows(gate_up, &ids);
         let up_out = p.bmm_out(&[s, gate_up.shape[1]], x.elem);
-        let i = up_out.size(-1) / 2;
-        let gate = p.slice(&up_out, -1, 0, i);
-        let up = p.slice(&up_out, -1, i, 2 * i);
+        let (gate, up) = p.chunk2(&up_out);
         let act = p.silu(&gate);
         let prod = p.mul(&act, &up);
         drop(act);

@@ -76,12 +76,17 @@ pub enum Rule {
     Topk,
     /// `a /= b` in place (saves a copy of `a` and `b`).
     DivInPlace,
+    /// `chunk(2, dim=-1)`: one node for both halves; their gradients concatenated back.
+    Split,
 }
 
 impl Rule {
     /// Outputs of the node (gradients it receives).
     pub fn outputs(&self) -> usize {
-        1
+        match self {
+            Rule::Split => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -720,6 +725,17 @@ impl Process {
         loss
     }
 
+    /// `x.chunk(2, dim=-1)`: two views, one node.
+    pub fn chunk2(&mut self, x: &Tensor) -> (Tensor, Tensor) {
+        let d = x.size(-1);
+        let mut shape = x.shape.clone();
+        *shape.last_mut().expect("a dimension") = d / 2;
+        let mut a = x.restrided(shape.clone(), x.strides.clone());
+        let mut b = x.restrided(shape, x.strides.clone());
+        self.autograd.record(Rule::Split, &[x], vec![], &mut [&mut a, &mut b]);
+        (a, b)
+    }
+
     /// `topk(x, k, dim=-1)`: values and indices.
     pub fn topk(&mut self, x: &Tensor, k: u64) -> (Tensor, Tensor) {
         let mut shape = x.shape.clone();
@@ -864,6 +880,14 @@ fn ordered_strides(shape: &[u64], strides: &[u64]) -> Vec<u64> {
 
 impl Backward for Process {
     fn run(&mut self, node: &Node, grads: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
+        if matches!(node.rule, Rule::Split) {
+            // The halves' gradients (zeros for a missing one) concatenated: one tensor.
+            if grads.iter().all(Option::is_none) || node.next[0].is_none() {
+                return vec![None];
+            }
+            let meta = &node.inputs[0];
+            return vec![Some(self.empty(&meta.shape, grads.iter().flatten().next().expect("a gradient").elem))];
+        }
         let Some(Some(grad)) = grads.first() else {
             return vec![None; node.inputs.len()];
         };
@@ -1035,6 +1059,7 @@ impl Backward for Process {
             Rule::Topk => {
                 out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
             }
+            Rule::Split => unreachable!("handled above"),
             Rule::GroupedMm => {
                 // The last input's gradient (the weight's) first.
                 if want(1) {

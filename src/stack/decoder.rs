@@ -53,6 +53,22 @@ pub struct Decoder<'a> {
     pub experts_path: super::experts::ExpertsPath,
 }
 
+/// The rotary embedding of one forward: `cos` and `sin`, or DeepSeek-V2's complex frequencies.
+pub enum Rope {
+    Real(Tensor, Tensor),
+    Complex(Tensor),
+}
+
+impl Rope {
+    /// Its tensors (held by a checkpoint).
+    pub fn tensors(&self) -> Vec<Tensor> {
+        match self {
+            Rope::Real(c, s) => vec![c.clone(), s.clone()],
+            Rope::Complex(f) => vec![f.clone()],
+        }
+    }
+}
+
 /// What a forward returns.
 pub struct Output {
     pub logits: Tensor,
@@ -70,7 +86,7 @@ impl Decoder<'_> {
     }
 
     /// The model's RMSNorm.
-    fn norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
+    pub(super) fn norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
         if self.model.model_type.is_gemma() {
             self.gemma_norm(x, weight)
         } else {
@@ -127,7 +143,7 @@ impl Decoder<'_> {
     }
 
     /// `nn.Linear` (with its LoRA adapter if it has one).
-    fn linear(&mut self, prefix: &str, x: &Tensor) -> Tensor {
+    pub(super) fn linear(&mut self, prefix: &str, x: &Tensor) -> Tensor {
         let w = self.weights.get(&format!("{prefix}.weight")).clone();
         let b = self.weights.opt(&format!("{prefix}.bias")).cloned();
         let out = self.p().linear(x, &w, b.as_ref());
@@ -329,7 +345,7 @@ impl Decoder<'_> {
     }
 
     /// `attn.transpose(1, 2).reshape(b, t, -1).contiguous()`.
-    fn merge_heads(&mut self, heads: Tensor, b: u64, t: u64) -> Tensor {
+    pub(super) fn merge_heads(&mut self, heads: Tensor, b: u64, t: u64) -> Tensor {
         let width = heads.size(1) * heads.size(3);
         let swapped = self.p().transpose(&heads, 1, 2);
         drop(heads);
@@ -440,7 +456,13 @@ impl Decoder<'_> {
 
     /// Recomputes checkpointed layer `layer` from its arguments (`hidden`, `cos`, `sin`).
     pub fn recompute(&mut self, layer: usize, inputs: &[Tensor]) {
-        let out = self.decoder_layer(layer, &inputs[0], &inputs[1], &inputs[2], inputs.get(3), None);
+        let mask = (inputs[1].numel() > 0).then(|| inputs[1].clone());
+        let rope = match &inputs[2..] {
+            [freqs] => Rope::Complex(freqs.clone()),
+            [cos, sin, ..] => Rope::Real(cos.clone(), sin.clone()),
+            [] => unreachable!("a checkpoint holds its rotary"),
+        };
+        let out = self.decoder_layer(layer, &inputs[0], &rope, mask.as_ref(), None);
         drop(out);
     }
 
@@ -449,8 +471,7 @@ impl Decoder<'_> {
         &mut self,
         layer: usize,
         hidden: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        rope: &Rope,
         mask: Option<&Tensor>,
         cache: Option<&mut Cache>,
     ) -> Tensor {
@@ -469,7 +490,11 @@ impl Decoder<'_> {
         });
         let residual = hidden.clone();
         let normed = self.norm(&residual, &input_norm);
-        let mut attn = self.attention(layer, &normed, cos, sin, mask, cache, qk_norm);
+        let mut attn = match (&m.attention, rope) {
+            (Attention::Latent(l), _) => self.latent_attention(layer, &normed, rope, mask, cache, *l),
+            (_, Rope::Real(cos, sin)) => self.attention(layer, &normed, cos, sin, mask, cache, qk_norm),
+            (_, Rope::Complex(_)) => unreachable!("complex frequencies are DeepSeek-V2's"),
+        };
         drop(normed);
         if gemma {
             // Gemma normalises the attention's output before the residual.
@@ -527,28 +552,39 @@ impl Decoder<'_> {
         });
         let positions = positions.or(made_positions.as_ref()).expect("positions");
         let masks = self.masks(mask, cache.as_deref(), ids.shape[0], ids.shape[1]);
-        // Gemma 3 computes one rotary pair per attention kind it has (global, local).
-        let (cos, sin) = self.rotary(positions, dtype);
+        // DeepSeek-V2 rotates through complex frequencies; Gemma 3 computes one rotary pair per
+        // attention kind it has (global, local).
+        let complex = matches!(m.attention, Attention::Latent(l) if !l.interleaved_rope);
+        let global = if complex {
+            Rope::Complex(self.complex_frequencies(positions))
+        } else {
+            let (cos, sin) = self.rotary(positions, dtype);
+            Rope::Real(cos, sin)
+        };
         let local = (m.model_type == crate::model::ModelType::Gemma3Text
             && m.has_sliding_layers()
             && m.layers.iter().any(|l| l.window.is_none()))
-        .then(|| self.rotary(positions, dtype));
+        .then(|| {
+            let (cos, sin) = self.rotary(positions, dtype);
+            Rope::Real(cos, sin)
+        });
         let mut hidden = inputs_embeds.clone();
         for layer in 0..m.layers.len() {
             let mask = masks.for_window(m.layers[layer].window).cloned();
-            let (cos, sin) = match (&local, m.layers[layer].window) {
-                (Some((c, s)), Some(_)) => (c, s),
-                _ => (&cos, &sin),
+            let rope = match (&local, m.layers[layer].window) {
+                (Some(r), Some(_)) => r,
+                _ => &global,
             };
             hidden = if self.checkpointing {
-                let mut inputs = vec![hidden.clone(), cos.clone(), sin.clone()];
-                inputs.extend(mask.clone());
+                // The checkpoint holds the layer's arguments: its input, mask and rotary.
+                let mut inputs = vec![hidden.clone(), mask.clone().unwrap_or_else(|| self.process.empty(&[0], Elem::U8))];
+                inputs.extend(rope.tensors());
                 self.process.begin_checkpoint(layer, inputs);
-                let out = self.decoder_layer(layer, &hidden, cos, sin, mask.as_ref(), None);
+                let out = self.decoder_layer(layer, &hidden, rope, mask.as_ref(), None);
                 self.process.end_checkpoint();
                 out
             } else {
-                self.decoder_layer(layer, &hidden, cos, sin, mask.as_ref(), cache.as_deref_mut())
+                self.decoder_layer(layer, &hidden, rope, mask.as_ref(), cache.as_deref_mut())
             };
         }
         let w = self.weights.get("model.norm.weight").clone();
@@ -560,8 +596,7 @@ impl Decoder<'_> {
         drop(inputs_embeds);
         drop(masks);
         drop(local);
-        drop(sin);
-        drop(cos);
+        drop(global);
         let head = if m.tied_embeddings {
             "model.embed_tokens"
         } else {

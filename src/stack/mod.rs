@@ -10,6 +10,7 @@ pub mod cache;
 pub mod decoder;
 pub mod experts;
 pub mod generate;
+pub mod latent;
 pub mod masks;
 pub mod ops;
 pub mod optimizer;

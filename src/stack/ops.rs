@@ -76,8 +76,12 @@ pub enum Rule {
     Topk,
     /// `a /= b` in place (saves a copy of `a` and `b`).
     DivInPlace,
-    /// `chunk(2, dim=-1)`: one node for both halves; their gradients concatenated back.
+    /// `chunk(2, dim=-1)` or `split([first, rest], dim=-1)`: one node for both parts; their
+    /// gradients concatenated back.
     Split,
+    /// A new tensor filled by copying parts into its slices (`new_empty` then `copy_`): the
+    /// gradient copied once, the parts' gradients views of it.
+    Assemble { sizes: Vec<u64> },
 }
 
 impl Rule {
@@ -727,13 +731,29 @@ impl Process {
 
     /// `x.chunk(2, dim=-1)`: two views, one node.
     pub fn chunk2(&mut self, x: &Tensor) -> (Tensor, Tensor) {
+        self.split2(x, x.size(-1) / 2)
+    }
+
+    /// `x.split([first, rest], dim=-1)`: two views, one node.
+    pub fn split2(&mut self, x: &Tensor, first: u64) -> (Tensor, Tensor) {
         let d = x.size(-1);
         let mut shape = x.shape.clone();
-        *shape.last_mut().expect("a dimension") = d / 2;
+        *shape.last_mut().expect("a dimension") = first;
         let mut a = x.restrided(shape.clone(), x.strides.clone());
+        *shape.last_mut().expect("a dimension") = d - first;
         let mut b = x.restrided(shape, x.strides.clone());
         self.autograd.record(Rule::Split, &[x], vec![], &mut [&mut a, &mut b]);
         (a, b)
+    }
+
+    /// `out = x.new_empty(...)` with `parts` copied into its slices along the last dimension.
+    pub fn assemble(&mut self, parts: &[&Tensor], _dim: isize) -> Tensor {
+        let mut shape = parts[0].shape.clone();
+        let sizes: Vec<u64> = parts.iter().map(|t| t.size(-1)).collect();
+        *shape.last_mut().expect("a dimension") = sizes.iter().sum();
+        let mut out = self.empty(&shape, parts[0].elem);
+        self.autograd.record(Rule::Assemble { sizes }, parts, vec![], &mut [&mut out]);
+        out
     }
 
     /// `topk(x, k, dim=-1)`: values and indices.
@@ -1060,6 +1080,16 @@ impl Backward for Process {
                 out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
             }
             Rule::Split => unreachable!("handled above"),
+            Rule::Assemble { sizes } => {
+                let copy = self.empty(&grad.shape, grad.elem);
+                for (i, size) in sizes.iter().enumerate() {
+                    if want(i) {
+                        let mut shape = grad.shape.clone();
+                        *shape.last_mut().expect("a dimension") = *size;
+                        out[i] = Some(copy.restrided(shape, copy.strides.clone()));
+                    }
+                }
+            }
             Rule::GroupedMm => {
                 // The last input's gradient (the weight's) first.
                 if want(1) {

@@ -37,6 +37,11 @@ pub enum Input {
     /// A transformer bench report written by `mesure_memoire transformer` (tens of KiB): at most
     /// 64 MiB.
     BenchReport,
+    /// A model's `config.json` (a few KiB): at most 16 MiB.
+    ModelConfig,
+    /// A safetensors file's header (its 8-byte length and JSON; the tensors are never read):
+    /// at most 100 MiB, the limit of Hugging Face's reader.
+    SafetensorsHeader,
     /// A lesson record written by `mesure_memoire lesson` (about 100 KiB): at most 64 MiB.
     Lesson,
     /// A sweep's `sweep.csv` or `sweep.json` (about 1 KiB a point): at most 64 MiB.
@@ -52,7 +57,8 @@ impl Input {
     /// The largest file of this kind that is read, in bytes.
     pub const fn limit(self) -> u64 {
         match self {
-            Input::Catalog | Input::Presets => 16 << 20,
+            Input::Catalog | Input::Presets | Input::ModelConfig => 16 << 20,
+            Input::SafetensorsHeader => 100 << 20,
             Input::Measurement
             | Input::Budget
             | Input::BenchReport
@@ -80,6 +86,8 @@ impl Input {
             Input::Grid => "grid",
             Input::Budget => "budget file",
             Input::Presets => "model presets",
+            Input::ModelConfig => "model configuration",
+            Input::SafetensorsHeader => "safetensors header",
             Input::BenchReport => "transformer bench report",
             Input::Lesson => "lesson record",
             Input::Sweep => "sweep file",

@@ -1,5 +1,6 @@
 //! Charts as SVG strings, drawn with plotters and no system font: the allocator figures of every
-//! phase of a measurement, and a timeline of allocator readings. The same functions serve the
+//! phase of a measurement, timelines of allocator readings, sweeps, segment maps, and a budget's
+//! stages and terms against GPU sizes. The same functions serve the
 //! notebooks (shown inline) and the command line (`--plot FILE.svg`).
 
 use crate::allocator::{Pool, SegmentView};
@@ -139,15 +140,11 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
                 ))
                 .expect("drawing to memory");
         }
-        for (k, s) in series.iter().enumerate() {
-            let y = 60 + 22 * k as i32;
-            legend_area
-                .draw(&Rectangle::new([(8, y), (20, y + 12)], s.color.filled()))
-                .expect("drawing to memory");
-            legend_area
-                .draw(&Text::new(s.name, (26, y), ("sans-serif", 13).into_font()))
-                .expect("drawing to memory");
-        }
+        let entries: Vec<_> = series
+            .iter()
+            .map(|s| (s.name.to_string(), s.color, Swatch::Bar))
+            .collect();
+        legend_column(&legend_area, &entries);
         legend_area
             .draw(&Text::new(
                 "a bar absent: 0 bytes",
@@ -156,6 +153,34 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
             ))
             .expect("drawing to memory");
     })
+}
+
+/// How a legend entry is drawn: a bar's swatch or a line's.
+#[derive(Clone, Copy)]
+enum Swatch {
+    Bar,
+    Line,
+}
+
+/// A legend in its own column beside the plot, one entry a line from the top.
+fn legend_column(area: &DrawingArea<SVGBackend, Shift>, entries: &[(String, RGBColor, Swatch)]) {
+    for (k, (name, color, swatch)) in entries.iter().enumerate() {
+        let y = 60 + 22 * k as i32;
+        match swatch {
+            Swatch::Bar => area.draw(&Rectangle::new([(8, y), (20, y + 12)], color.filled())),
+            Swatch::Line => area.draw(&PathElement::new(
+                [(6, y + 6), (22, y + 6)],
+                color.stroke_width(2),
+            )),
+        }
+        .expect("drawing to memory");
+        area.draw(&Text::new(
+            name.as_str(),
+            (28, y),
+            ("sans-serif", 13).into_font(),
+        ))
+        .expect("drawing to memory");
+    }
 }
 
 /// Allocated, reserved and GPU-used (runtime) over the steps of a log, in MiB.
@@ -534,6 +559,98 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
     })
 }
 
+/// Each replayed stage of a budget: its peaks of `allocated` and `reserved` side by side, in
+/// GiB on a linear axis (the gap between them is the allocator's cache), against what the
+/// allocator may use on each of `cards` (name, bytes: the card less what lives outside the
+/// allocator and the reserve).
+pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
+    let gib = |x: u64| x as f64 / GIB;
+    let n = b.stages.len().max(1);
+    let top = b
+        .stages
+        .iter()
+        .map(|s| gib(s.peak_reserved.0))
+        .chain(cards.iter().map(|c| gib(c.1)))
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.12;
+    let card_colors = [
+        RGBColor(200, 30, 30),
+        RGBColor(90, 90, 90),
+        RGBColor(49, 163, 84),
+    ];
+    canvas((1040, 460), |root| {
+        let (plot_area, legend_area) = root.split_horizontally(730);
+        let mut entries = Vec::new();
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(
+                format!("{}: peaks of each replayed stage", b.workload.source),
+                ("sans-serif", 16),
+            )
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(72)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
+            .expect("valid ranges");
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < b.stages.len() {
+                    b.stages[i as usize].stage.clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("GiB (2^30 bytes)")
+            .draw()
+            .expect("drawing to memory");
+        type Peak = fn(&crate::budget::terms::StagePeak) -> u64;
+        let series: [(&str, RGBColor, Peak); 2] = [
+            ("peak allocated", ALLOCATED[2], |s| s.peak_allocated.0),
+            ("peak reserved", RESERVED[1], |s| s.peak_reserved.0),
+        ];
+        for (k, (name, color, peak)) in series.into_iter().enumerate() {
+            chart
+                .draw_series(b.stages.iter().enumerate().map(|(i, s)| {
+                    let x0 = i as f64 - 0.4 + k as f64 * 0.4;
+                    Rectangle::new([(x0, 0.0), (x0 + 0.37, gib(peak(s)))], color.filled())
+                }))
+                .expect("drawing to memory");
+            entries.push((name.to_string(), color, Swatch::Bar));
+        }
+        for (k, (name, usable)) in cards.iter().enumerate() {
+            let color = card_colors[k % card_colors.len()];
+            let y = gib(*usable);
+            chart
+                .draw_series(LineSeries::new(
+                    [(-0.5, y), (n as f64 - 0.5, y)],
+                    color.stroke_width(2),
+                ))
+                .expect("drawing to memory");
+            let label = format!("{name}: {} usable", Bytes(*usable).gib_text());
+            entries.push((label, color, Swatch::Line));
+        }
+        legend_column(&legend_area, &entries);
+        legend_area
+            .draw(&Text::new(
+                "usable: the card less what lives outside",
+                (8, 60 + 22 * entries.len() as i32 + 8),
+                ("sans-serif", 12).into_font(),
+            ))
+            .expect("drawing to memory");
+        legend_area
+            .draw(&Text::new(
+                "the allocator and the reserve",
+                (8, 60 + 22 * entries.len() as i32 + 24),
+                ("sans-serif", 12).into_font(),
+            ))
+            .expect("drawing to memory");
+    })
+}
+
 /// The budget stacked term by term, on 1, 2, 4 and 8 GPUs under the fit planner's split rule,
 /// against the memory of each GPU model of `catalog` (dashed lines, named).
 pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog) -> Svg {
@@ -554,8 +671,7 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
     let shares: Vec<Vec<f64>> = gpus
         .iter()
         .map(|&n| {
-            crate::budget::fit::per_gpu(b, n)
-                .bytes
+            crate::budget::fit::shares(b, n)
                 .iter()
                 .map(|&x| x as f64 / GIB)
                 .collect()
@@ -577,24 +693,41 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
             None => sizes.push((text.parse().unwrap_or(0.0), text, row.model.clone())),
         }
     }
+    sizes.sort_by(|a, b| a.0.total_cmp(&b.0));
     let tallest = shares
         .iter()
         .map(|s| s.iter().sum::<f64>())
         .fold(0.0, f64::max);
-    let top = sizes.iter().map(|(g, _, _)| *g).fold(tallest, f64::max) * 1.08;
+    // The axis reaches the tallest bar and the first GPU size above it, so that bars stay
+    // readable beside a catalog of much larger GPUs; the sizes above are listed beside the chart.
+    let first_above = sizes
+        .iter()
+        .map(|(g, _, _)| *g)
+        .filter(|g| *g >= tallest)
+        .fold(f64::INFINITY, f64::min);
+    let reach = if first_above.is_finite() {
+        first_above
+    } else {
+        tallest
+    };
+    let top = (tallest * 1.15).max(reach).max(1e-3) * 1.06;
+    let (on_scale, off_scale): (Vec<_>, Vec<_>) =
+        sizes.into_iter().partition(|(g, _, _)| *g <= top);
+    let sizes = on_scale;
     let title = format!("Budget per GPU: {}", b.title());
     let title = if title.chars().count() > 110 {
         format!("{}…", title.chars().take(109).collect::<String>())
     } else {
         title
     };
-    canvas((1000, 600), |root| {
-        let mut chart = ChartBuilder::on(root)
+    canvas((1180, 600), |root| {
+        let (plot_area, legend_area) = root.split_horizontally(860);
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(&title, ("sans-serif", 15))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(64)
-            .build_cartesian_2d(0f64..7.5f64, 0f64..top)
+            .build_cartesian_2d(0f64..6.2f64, 0f64..top)
             .expect("valid ranges");
         chart
             .configure_mesh()
@@ -630,7 +763,6 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
                 .expect("drawing to memory");
         }
         // Sizes closer than 3 % of the axis share one label, so that no two labels overlap.
-        sizes.sort_by(|a, b| a.0.total_cmp(&b.0));
         let mut clusters: Vec<(f64, f64, Vec<String>)> = Vec::new();
         for (gib, _, names) in &sizes {
             chart
@@ -663,18 +795,25 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
                 )])
                 .expect("drawing to memory");
         }
-        for (c, &k) in shown.iter().enumerate().rev() {
-            let t = &b.terms[k];
-            let color = PALETTE[c % PALETTE.len()];
-            chart
-                .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
-                .expect("drawing to memory")
-                .label(format!("{} ({})", t.name, t.status.name()))
-                .legend(move |(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                });
+        let mut entries: Vec<_> = shown
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(c, &k)| {
+                let t = &b.terms[k];
+                let name = format!("{} ({})", t.name, t.status.name());
+                (name, PALETTE[c % PALETTE.len()], Swatch::Bar)
+            })
+            .collect();
+        let grey = RGBColor(115, 115, 115);
+        entries.push(("dashed: a GPU model's memory".into(), grey, Swatch::Line));
+        if !off_scale.is_empty() {
+            entries.push(("above the scale:".into(), WHITE, Swatch::Line));
         }
-        legend(&mut chart, SeriesLabelPosition::UpperRight, 0.9);
+        for (gib, _, names) in &off_scale {
+            entries.push((format!("  {gib:.2} GiB: {names}"), WHITE, Swatch::Line));
+        }
+        legend_column(&legend_area, &entries);
     })
 }
 
@@ -758,36 +897,53 @@ mod tests {
     }
 
     #[test]
+    fn a_stage_chart_shows_both_peaks_of_every_stage_and_the_cards() {
+        let w = crate::budget::Workload {
+            batch: 2,
+            context: 256,
+            ..crate::budget::Workload::preset("qwen2.5-0.5b").unwrap()
+        }
+        .validated()
+        .unwrap();
+        let b = crate::budget::budget(&w, &crate::budget::BudgetSettings::h200());
+        let svg = stage_chart(&b, &[("small card".into(), 1 << 30)]).0;
+        for stage in ["weights", "inputs", "prefill", "decode"] {
+            assert!(svg.contains(stage), "{stage}");
+        }
+        assert!(svg.contains("peak reserved") && svg.contains("small card: 1.00 GiB usable"));
+        // Two bars per stage, and the legend's two swatches.
+        assert!(svg.matches("<rect").count() >= 2 * b.stages.len() + 2);
+    }
+
+    #[test]
     fn a_budget_chart_names_every_term_and_gpu_size() {
         use crate::budget::*;
-        let p = Presets::builtin();
         let w = Workload {
-            preset: Some("llama-2-13b".into()),
-            shape: p.get("llama-2-13b").unwrap().shape(),
             mode: Mode::Full {
-                optimizer: Optimizer::AdamwMixed,
+                optimizer: Optimizer::Adamw,
             },
-            dtype: crate::measure::Dtype::Bfloat16,
-            weights: WeightFormat::Dense,
             batch: 1,
             context: 2048,
             checkpointing: true,
-            flash_attention: true,
+            ..Workload::preset("llama-3.2-1b").unwrap()
         };
-        let cc = crate::allocator::ComputeCapability::new(9, 0);
-        let settings = BudgetSettings::for_gpu(cc, 0);
-        let b = budget(&w.validated().unwrap(), settings);
+        let b = budget(&w.validated().unwrap(), &BudgetSettings::h200());
         let catalog = crate::catalog::Catalog::parse(crate::catalog::BUILTIN_CSV, "c").unwrap();
         let svg = budget_chart(&b, &catalog).0;
         for name in [
-            "Master weights (exact)",
-            "Activations (estimated)",
+            "Optimizer states (exact)",
+            "Activations and temporaries (replayed)",
             "8 GPUs",
-            "140.40 GiB: h200",
-            "22.03–23.99 GiB: l4, rtx4090",
+            "22.03 GiB: l4",
+            // The axis ends at the first size above the tallest bar; larger ones are listed.
+            "above the scale:",
+            "23.99 GiB: rtx4090",
+            "139.80 GiB: h200",
         ] {
             assert!(svg.contains(name), "{name}");
         }
+        let tallest = fit::need_per_gpu(&b, 1) + b.outside_allocator.0;
+        assert!(tallest < 22 << 30, "the chart's premise: {tallest} B");
     }
 
     #[test]

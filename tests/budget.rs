@@ -9,7 +9,7 @@ use common::{
 };
 use predicates::str::contains;
 
-const LLAMA2_7B: [&str; 8] = [
+const LLAMA2_7B: [&str; 7] = [
     "budget",
     "--model",
     "llama-2-7b",
@@ -17,7 +17,6 @@ const LLAMA2_7B: [&str; 8] = [
     "inference",
     "--context",
     "4096",
-    "--flash-attention",
 ];
 
 #[test]
@@ -26,38 +25,44 @@ fn a_preset_budget_names_every_term_with_bytes_gib_and_gb() {
         .assert()
         .success()
         .stdout(contains("6 738 415 616 parameters"))
-        // 2 × 32 layers × 4096 tokens × 32 heads × 128 × 2 B.
+        // 2 × 32 layers × (4096 prompt + 1 new − 1) tokens × 32 KV heads × 128 × 2 B.
         .stdout(contains(
-            "KV cache                      2 147 483 648 B   2.00   2.15",
+            "KV cache                                 2 147 483 648 B   2.00   2.15",
         ))
-        .stdout(contains(
-            "Weights                      13 476 831 232 B  12.55  13.48",
-        ))
-        .stdout(contains("CUDA context and libraries"))
         .stdout(contains("measured on NVIDIA H200"))
+        .stdout(contains("reserved peaks in the prefill stage"))
+        .stdout(contains("Each stage of the replayed run"))
         .stdout(contains("1 GiB = 2^30 bytes, 1 GB = 10^9 bytes"));
 }
 
 #[test]
-fn the_json_budget_holds_each_term_and_its_status() {
+fn the_json_budget_holds_each_term_and_sums_to_its_total() {
     let v = json_of(mm().args(LLAMA2_7B).arg("--json"));
-    let terms = v["terms"].as_array().unwrap();
-    let kv = terms.iter().find(|t| t["key"] == "kv_cache").unwrap();
-    assert_eq!(kv["bytes"]["bytes"], 2_147_483_648u64);
-    assert_eq!(kv["status"], "exact");
-    assert_eq!(kv["split"], "kv_heads");
-    let acts = terms.iter().find(|t| t["key"] == "activations").unwrap();
-    assert_eq!(acts["status"], "estimated");
-    assert!(acts["source"]
-        .as_str()
-        .unwrap()
-        .contains("Hugging Face's Llama operations"));
-    assert!(acts["bound"].as_str().unwrap().contains("H200"));
-    assert_eq!(v["schema"], "iteragpu-lab/budget/1");
+    let b = &v["budget"];
+    assert_eq!(b["schema"], "iteragpu-lab/budget/2");
+    let terms = b["terms"].as_array().unwrap();
+    let term = |key: &str| terms.iter().find(|t| t["key"] == key).unwrap();
+    assert_eq!(term("kv_cache")["bytes"]["bytes"], 2_147_483_648u64);
+    assert_eq!(term("kv_cache")["status"], "exact");
+    assert_eq!(term("kv_cache")["split"], "kv_heads");
+    assert_eq!(term("activations")["status"], "replayed");
+    assert_eq!(term("outside_allocator")["status"], "measured");
+    let at_peak: u64 = terms
+        .iter()
+        .map(|t| t["at_peak"]["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(at_peak, b["total"]["bytes"].as_u64().unwrap());
+    let bytes = |k: &str| b[k]["bytes"].as_u64().unwrap();
+    assert_eq!(
+        bytes("total"),
+        bytes("peak_reserved") + bytes("outside_allocator")
+    );
+    assert!(bytes("peak_allocated") <= bytes("peak_reserved"));
+    assert!(v.get("plan").is_none());
 }
 
 #[test]
-fn an_explicit_shape_equals_its_preset() {
+fn a_shape_from_flags_and_from_a_config_file_equal_the_preset() {
     let explicit = json_of(mm().args([
         "budget",
         "--layers",
@@ -74,36 +79,170 @@ fn an_explicit_shape_equals_its_preset() {
         "inference",
         "--context",
         "4096",
-        "--flash-attention",
         "--json",
     ]));
     let preset = json_of(mm().args(LLAMA2_7B).arg("--json"));
-    assert_eq!(explicit["terms"], preset["terms"]);
+    assert_eq!(explicit["budget"]["terms"], preset["budget"]["terms"]);
+    assert_eq!(explicit["budget"]["stages"], preset["budget"]["stages"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    let row = iteragpu_lab::budget::Presets::builtin()
+        .get("llama-2-7b")
+        .unwrap()
+        .clone();
+    std::fs::write(
+        &config,
+        serde_json::to_vec(&row.config_json().unwrap()).unwrap(),
+    )
+    .unwrap();
+    let from_file = json_of(mm().args(["budget", "--config"]).arg(&config).args([
+        "--mode",
+        "inference",
+        "--context",
+        "4096",
+        "--json",
+    ]));
+    assert_eq!(from_file["budget"]["terms"], preset["budget"]["terms"]);
+}
+
+#[test]
+fn a_quantized_config_is_refused_not_budgeted_dense() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = iteragpu_lab::budget::Presets::builtin()
+        .get("llama-2-13b")
+        .unwrap()
+        .config_json()
+        .unwrap();
+    for (q, kind) in [
+        (
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
+            "bitsandbytes 8-bit",
+        ),
+        (
+            serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 128}),
+            "4-bit GPTQ/AWQ in groups of 128",
+        ),
+    ] {
+        config["quantization_config"] = q;
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        mm().args(["budget", "--config"])
+            .arg(dir.path())
+            .args(["--mode", "inference", "--context", "512"])
+            .assert()
+            .code(USAGE)
+            .stdout("")
+            .stderr(contains(format!(
+                "quantization_config ({kind}) is not replayed yet"
+            )));
+    }
+}
+
+/// A model folder as the Hub gives it: `config.json` and `model.safetensors` (a small Llama,
+/// every tensor in bfloat16).
+fn model_folder(dir: &std::path::Path, drop_one: bool) {
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let model = iteragpu_lab::model::config::from_value(&config).unwrap();
+    let mut params = model.parameters();
+    if drop_one {
+        params.pop();
+    }
+    let data: Vec<(String, Vec<u8>, Vec<usize>)> = params
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                vec![0u8; p.elements() as usize * 2],
+                p.shape.iter().map(|&d| d as usize).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = data
+        .iter()
+        .map(|(n, d, s)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let bytes = safetensors::tensor::serialize(views, &None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
+#[test]
+fn a_model_folder_is_read_with_its_checkpoint_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    model_folder(dir.path(), false);
+    let args = ["--mode", "inference", "--context", "64"];
+    let out = mm()
+        .args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(
+        text.contains("the checkpoint (model.safetensors in 1 file) holds 21 tensors"),
+        "{text}"
+    );
+    assert!(
+        text.contains("B in BF16): the 106 816 parameters the config describes"),
+        "{text}"
+    );
+    // One tensor fewer: said, and the budget is the config's.
+    model_folder(dir.path(), true);
+    let out = mm()
+        .args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(
+        text.contains("where the config describes 106 816 parameters"),
+        "{text}"
+    );
+    // A header that lies about its length is refused, naming the file.
+    let st = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&st).unwrap();
+    bytes[..8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    std::fs::write(&st, bytes).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("model.safetensors: header length"));
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("holds no config.json"));
 }
 
 #[test]
 fn refusals_name_what_is_wrong() {
-    let cases: [(&str, &str); 5] = [
-        (
-            "--model llama-9 --mode inference",
-            "unknown model preset \"llama-9\"; known: llama-2-7b",
-        ),
-        (
-            "--model mistral-7b-v0.1 --mode inference",
-            "mistral-7b-v0.1 uses sliding-window attention",
-        ),
-        (
-            "--model llama-2-7b --mode qlora --weights int8",
-            "--mode qlora stores the weights in NF4",
-        ),
+    let cases: [(&str, &str); 9] = [
+        ("--model llama-9 --mode inference", "unknown model preset \"llama-9\"; known: llama-2-7b"),
+        ("--model llama-2-7b --mode qlora", "QLoRA (bitsandbytes NF4) is not replayed yet"),
         (
             "--layers 2 --hidden 64 --heads 6 --kv-heads 4 --intermediate 128 --vocab 10 --mode full",
-            "heads (6) must be a multiple of kv_heads (4)",
+            "invalid shape flags: `hidden_size` (64) must be a multiple of `num_attention_heads` (6)",
         ),
-        (
-            "--model llama-2-7b --mode lora --targets q,x",
-            "unknown module \"x\"",
-        ),
+        ("--model llama-2-7b --mode lora --targets q,x", "LoRA targets [\"x\"]: the model has no linear layer named so"),
+        ("--model llama-2-7b --mode full --generated 3", "--generated applies to --mode inference only"),
+        ("--model llama-2-7b --mode inference --rank 4", "--rank applies to --mode lora only"),
+        ("--model llama-2-7b --mode inference --dtype float32", "float32 attention"),
+        ("--model llama-2-7b --mode inference --batch 16777217", "batch must be between 1 and 16777216"),
+        ("--model llama-2-7b --mode inference --max-batch", "--fit"),
     ];
     for (flags, message) in cases {
         mm().arg("budget")
@@ -122,13 +261,12 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
     let mut args: Vec<String> = [
         "budget",
         "--model",
-        "llama-3.1-70b",
+        "qwen2.5-7b",
         "--mode",
-        "qlora",
+        "lora",
         "--context",
-        "2048",
+        "1024",
         "--checkpointing",
-        "--flash-attention",
         "--output",
     ]
     .map(String::from)
@@ -137,7 +275,7 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
     mm().args(&args)
         .assert()
         .success()
-        .stdout(contains("Budget written to"));
+        .stdout(contains("Written to"));
     let saved = std::fs::read(&file).unwrap();
     mm().args(&args).assert().code(OUTPUT_EXISTS);
     assert_eq!(std::fs::read(&file).unwrap(), saved);
@@ -155,6 +293,23 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
         .success();
     let direct = String::from_utf8(direct.get_output().stdout.clone()).unwrap();
     assert!(direct.ends_with(&out), "{direct}\n---\n{out}");
+    // A budget whose figures were edited no longer adds up: refused, not planned.
+    let text = String::from_utf8(saved).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let total = v["total"]["bytes"].as_u64().unwrap();
+    let edited = text.replacen(
+        &format!("\"bytes\": {total}"),
+        &format!("\"bytes\": {}", total - 1),
+        1,
+    );
+    assert_ne!(edited, text);
+    let bad = dir.path().join("edited.json");
+    std::fs::write(&bad, edited).unwrap();
+    cf().arg("--fit")
+        .arg(&bad)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("is not a budget file"));
 }
 
 #[test]
@@ -163,7 +318,7 @@ fn a_bad_budget_file_is_a_data_error_with_its_position() {
     let file = dir.path().join("b.json");
     std::fs::write(
         &file,
-        "{\"schema\": \"iteragpu-lab/budget/1\",\n \"workload\": 7}",
+        "{\"schema\": \"iteragpu-lab/budget/2\",\n \"workload\": 7}",
     )
     .unwrap();
     cf().arg("--fit")
@@ -188,7 +343,7 @@ fn presets_are_listed_with_their_parameter_counts() {
         .success()
         .stdout(contains("llama-3.1-70b"))
         .stdout(contains("70 553 706 496"))
-        .stdout(contains("mixtral-8x7b"));
+        .stdout(contains("deepseek-v2-lite"));
 }
 
 /// The synthetic transformer's runs recorded on the H200 (`scripts/gpu/budget-proof.py`).
@@ -240,4 +395,71 @@ fn a_report_that_is_not_a_bench_run_is_a_data_error() {
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("is not a transformer bench report"));
+}
+
+/// Every block of docs/budget-vs-guide.md that starts with `$ mesure_memoire …` or
+/// `$ calcul_forfaits …` is what that command prints: its lines, in order, among the output's
+/// (a `| grep` or `| head` after the command only selects lines; `2>&1; echo "exit $?"` adds the
+/// exit status).
+#[test]
+fn the_guide_page_shows_what_the_programs_print() {
+    const STATUS: &str = "; echo \"exit $?\"";
+    let page = std::fs::read_to_string(format!("{}/docs/budget-vs-guide.md", common::ROOT))
+        .expect("the page");
+    let mut blocks = 0;
+    let mut lines = page.lines().enumerate();
+    while let Some((_, line)) = lines.next() {
+        if !line.trim_start().starts_with("```") {
+            continue;
+        }
+        let body: Vec<(usize, &str)> = lines
+            .by_ref()
+            .take_while(|(_, l)| !l.trim_start().starts_with("```"))
+            .collect();
+        // A block may show several commands, each followed by what it printed.
+        let mut rest = body.as_slice();
+        while let Some(((at, first), after)) = rest.split_first() {
+            let next = after
+                .iter()
+                .position(|(_, l)| l.starts_with("$ "))
+                .unwrap_or(after.len());
+            let (shown, later) = after.split_at(next);
+            rest = later;
+            let Some(line) = first.strip_prefix("$ ") else {
+                continue;
+            };
+            let (command, with_status) = match line.split_once(" 2>&1") {
+                Some((c, tail)) => (c, tail == STATUS),
+                None => (line.split(" | ").next().unwrap_or(line), false),
+            };
+            let mut words = command.split_whitespace();
+            let mut cmd = match words.next() {
+                Some("mesure_memoire") => mm(),
+                Some("calcul_forfaits") => cf(),
+                _ => continue,
+            };
+            assert!(
+                !command.contains(['"', '\'', '\\', '>', ';']),
+                "docs/budget-vs-guide.md:{}: the check runs plain words only",
+                at + 1
+            );
+            let out = cmd.args(words).output().expect("the program runs");
+            let mut printed = String::from_utf8_lossy(&out.stdout).to_string();
+            if with_status {
+                printed += &String::from_utf8_lossy(&out.stderr);
+                printed += &format!("exit {}\n", out.status.code().unwrap_or(-1));
+            }
+            let mut printed_lines = printed.lines();
+            for (n, l) in shown.iter().filter(|(_, l)| !l.trim().is_empty()) {
+                assert!(
+                    printed_lines.any(|p| p.trim_end() == l.trim_end()),
+                    "docs/budget-vs-guide.md:{}: not printed (in this order) by `{command}`:\n{l}\n\
+                     --- the program printed:\n{printed}",
+                    n + 1
+                );
+            }
+            blocks += 1;
+        }
+    }
+    assert!(blocks >= 10, "the page shows {blocks} commands");
 }

@@ -149,10 +149,24 @@ const fn allowed(
 
 const README: &str = "README.md";
 const MODEL: &str = "docs/allocator-model.md";
-const GUIDE: &str = "docs/budget-vs-guide.md";
 const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
 
-const ALLOWED: [Allowed; 21] = [
+const SCRIPTS: &str = "scripts/README.md";
+const BENCHMARKS: &str = "docs/benchmarks.md";
+
+const ALLOWED: [Allowed; 20] = [
+    allowed(
+        "proof.json",
+        SCRIPTS,
+        None,
+        "the file `gpu/hf-proof.py` writes in the folder its user names",
+    ),
+    allowed(
+        "config.json",
+        BENCHMARKS,
+        None,
+        "the file of each model's public repository the proof's models are built from",
+    ),
     allowed(
         "FOLDER/sweep.csv",
         README,
@@ -196,19 +210,6 @@ const ALLOWED: [Allowed; 21] = [
         "the schema tag",
     ),
     allowed("c10/cuda/CUDACachingAllocator.cpp", MODEL, None, PYTORCH),
-    allowed("c10/cuda/CUDACachingAllocator.cpp", GUIDE, None, PYTORCH),
-    allowed(
-        "deepspeed/runtime/zero/stage_1_and_2.py",
-        GUIDE,
-        None,
-        "a file of DeepSpeed's source, cited",
-    ),
-    allowed(
-        "config.json",
-        GUIDE,
-        None,
-        "the file of each model's public repository that a row of data/modeles.csv names",
-    ),
     allowed("c10/core/AllocatorConfig.h", MODEL, None, PYTORCH),
     allowed(
         "aten/src/ATen/cuda/CublasHandlePool.cpp",

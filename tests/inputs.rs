@@ -68,7 +68,20 @@ fn read_as(kind: Input, path: &Path, scratch: &Path) -> Option<(assert_cmd::Comm
                 .arg(scratch.join("sweep.svg"));
             c
         }
-        Input::Lesson | Input::CompanionResult => return None,
+        Input::ModelConfig => {
+            let mut c = mm();
+            c.args([
+                "budget",
+                "--config",
+                path,
+                "--mode",
+                "inference",
+                "--context",
+                "8",
+            ]);
+            c
+        }
+        Input::Lesson | Input::CompanionResult | Input::SafetensorsHeader => return None,
     };
     cmd.timeout(PATIENCE);
     Some((cmd, shown))

@@ -5,7 +5,9 @@ LoRA, gradient checkpointing, autocast), on a model with random weights built fr
 
     python3 scripts/gpu/hf-run.py SPEC.json RESULT.json
 
-SPEC (JSON): model_type, config (the config.json fields), dtype (float16|bfloat16|float32),
+SPEC (JSON): model_type, config (the config.json fields), loading (from_config: built on the GPU;
+pretrained: `from_pretrained(device_map=...)` of a sparse checkpoint of zeros written first, as
+users load a model), dtype (float16|bfloat16|float32),
 autocast (null|bfloat16|float16: float32 weights trained under autocast), mode
 (inference|full|lora|qlora), batch, context, generated, checkpointing, optimizer
 (adamw|adamw-8bit), optimizer_impl (foreach|fused|for-loop), lora {rank, alpha, targets},
@@ -108,8 +110,50 @@ def build_model(cfg, dtype):
     from transformers import AutoModelForCausalLM
     if SPEC["mode"] == "qlora":
         return build_quantized(cfg)
+    if SPEC.get("loading", "from_config") == "pretrained":
+        return build_pretrained(cfg, dtype)
     with torch.device("cuda"):
         return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+
+
+SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+
+
+def write_sparse_checkpoint(cfg, dtype, folder):
+    """A checkpoint of zeros as `save_pretrained` lays it out (config.json, model.safetensors),
+    written sparse: the header, then a hole as long as the tensors (no data written)."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    state = meta.state_dict()
+    params = dict(meta.named_parameters())
+    names = list(params) + [k for k, _ in meta.named_buffers() if k in state]
+    header, offset = {}, 0
+    for name in sorted(names):
+        t = params.get(name, state.get(name))
+        size = t.numel() * t.element_size()
+        header[name] = dict(dtype=SAFETENSORS_DTYPES[t.dtype], shape=list(t.shape),
+                            data_offsets=[offset, offset + size])
+        offset += size
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    cfg.save_pretrained(folder)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        f.truncate(8 + len(text) + offset)
+
+
+def build_pretrained(cfg, dtype):
+    """What users run: `from_pretrained` of a checkpoint on disk onto the GPU (transformers'
+    allocator warm-up, then each tensor)."""
+    import tempfile
+    from transformers import AutoModelForCausalLM
+    folder = tempfile.mkdtemp(prefix="igl-checkpoint-")
+    write_sparse_checkpoint(cfg, dtype, folder)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map={"": 0},
+                                                attn_implementation="sdpa")
 
 
 def build_quantized(cfg):

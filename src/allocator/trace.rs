@@ -248,13 +248,15 @@ mod tests {
         let figures = trace.replay(AllocatorConfig::default(), &[]);
         assert_eq!(figures.len(), 2);
         let (a, b) = (&figures[0].1, &figures[1].1);
-        // 3 MB in a 20 MiB segment, 1000 B (1024 rounded) in a 2 MiB small segment.
-        assert_eq!(a.peak_allocated_bytes, 3_000_064 + 1024);
+        // 3 MB (3 000 320 rounded to 512) in a 20 MiB segment, 1000 B (1024) in a 2 MiB small
+        // segment.
+        assert_eq!(a.peak_allocated_bytes, 3_000_320 + 1024);
         assert_eq!(a.peak_reserved_bytes, (20 << 20) + (2 << 20));
         assert_eq!(a.allocated_end_bytes, 1024);
-        // 20 MB does not fit the cached 20 MiB segment: a segment of its own (rounded to 2 MiB).
-        assert_eq!(b.allocated_end_bytes, 1024 + 20_000_256);
-        assert_eq!(b.peak_reserved_bytes, (20 << 20) + (2 << 20) + (20 << 20));
+        // 20 MB takes the cached 20 MiB block whole: what would remain (under 1 MiB) is not
+        // split off, so `allocated` counts the block, and no segment is added.
+        assert_eq!(b.allocated_end_bytes, 1024 + (20 << 20));
+        assert_eq!(b.peak_reserved_bytes, (20 << 20) + (2 << 20));
     }
 
     #[test]

@@ -1,20 +1,45 @@
 //! The fit planner: for every GPU model and duration of the catalog, the fewest lots whose GPUs
-//! hold the budget under a stated split rule, the headroom left on each GPU and the exact price,
-//! cheapest first.
+//! hold the workload, the headroom left and the exact price, cheapest first. On one GPU the
+//! verdict is the replay's: the run replayed on an allocator limited to the card's memory (less
+//! what lives outside the allocator and the reserve) either completes or runs out of memory, as
+//! on the card; a fit closer than the proof's margin is flagged. Over several GPUs it is the
+//! split rule's estimate, said so.
 
-use super::terms::{Budget, Place, Split};
+use super::terms::{allocator_config, Budget, Place, Split};
+use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
+use crate::stack::run::{program, Program};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
+use std::collections::HashMap;
 
-/// The split rule, stated with every plan.
-pub const SPLIT_RULE: &str = "weights, quantization metadata, gradients, master weights and \
-optimizer states sharded evenly over the GPUs (ZeRO-3 / FSDP); the KV cache split by KV heads \
-(each GPU holds ⌈kv_heads / GPUs⌉ heads); activations, logits, cuBLAS workspaces, the CUDA \
-context and the reserve whole on every GPU (each GPU runs the whole batch). All GPUs of the \
-rented lots are used. Usable memory per GPU = catalog memory − the CUDA context and libraries.";
+/// The split rule over several GPUs, stated with every plan.
+pub const SPLIT_RULE: &str = "over several GPUs (an estimate, not replayed): weights, adapters, \
+gradients and optimizer states sharded evenly (ZeRO-3 / FSDP); the KV cache split by KV heads \
+(each GPU holds ⌈kv_heads / GPUs⌉ heads); activations, workspaces, the allocator's free blocks, \
+the CUDA context and the reserve whole on every GPU: on the high side where the free blocks and \
+temporaries come from sharded tensors (AdamW's, autocast's copies), which a sharded run holds in \
+part. On one GPU the verdict is the replay's on an allocator limited to the card.";
+
+/// How a verdict was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// The whole run's peak of `reserved` fits: nothing to replay.
+    PeakFits,
+    /// The run replayed on an allocator limited to the card (its cache freed and retried when
+    /// full, as PyTorch does): it completed.
+    ReplayCompleted,
+    /// It fits, but with less headroom than the proof's margin: the verdict is within the
+    /// replays' measured error.
+    WithinMargin,
+    /// The run replayed on the card ran out of memory (or even its `allocated` exceeds it).
+    ReplayOutOfMemory,
+    /// Several GPUs: the split rule's estimate.
+    SplitEstimate,
+}
 
 /// One GPU model over one duration.
 #[derive(Debug, Clone, Serialize)]
@@ -23,32 +48,50 @@ pub struct FitRow {
     pub display_name: String,
     pub duration_days: u32,
     pub memory_per_gpu: Bytes,
-    /// Catalog memory less the per-GPU constants outside the allocator.
+    /// What the allocator may use: the card less what lives outside the allocator and the
+    /// reserve.
     pub usable_per_gpu: Bytes,
-    /// `None` when no number of lots up to the limit holds the budget.
+    /// `None` when no number of lots up to the limit holds the workload.
     pub fit: Option<Fit>,
+    /// The one-GPU verdict's basis.
+    pub basis: Basis,
+    /// On one GPU, the other allocator setting and its verdict, where the verdict differs.
+    pub other_setting: Option<OtherSetting>,
     /// With the most GPUs tried, what one GPU lacks (when nothing fits).
     pub shortfall: Option<Bytes>,
 }
 
-/// The fewest lots that hold the budget.
+/// The one-GPU verdict under the other allocator setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct OtherSetting {
+    pub allocator: AllocatorSetting,
+    pub fits: bool,
+}
+
+/// The fewest lots that hold the workload.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fit {
     pub lots: u64,
     pub gpus: u64,
-    /// What each GPU holds (allocator terms and the reserve).
+    /// What each GPU's allocator must hold (for one GPU: the replay's peak reserved, at most
+    /// the usable memory when the allocator freed its cache and retried).
     pub need_per_gpu: Bytes,
+    /// The usable memory less that need.
     pub headroom_per_gpu: Bytes,
     pub lot_price_usd_cents: Cents,
     pub total_usd_cents: Cents,
+    pub basis: Basis,
 }
 
 /// Every catalog offer against one budget.
 #[derive(Debug, Clone, Serialize)]
 pub struct FitPlan {
     pub workload: String,
-    pub budget_total: Bytes,
+    /// What one GPU's allocator must hold (the `need / GPU` of a one-GPU row).
+    pub allocator_need: Bytes,
+    pub budget_needed: Bytes,
     pub split_rule: String,
+    pub margin_rule: String,
     pub max_gpus: u64,
     pub catalog: CatalogSource,
     /// Offers that fit, cheapest first, then those that do not.
@@ -57,11 +100,14 @@ pub struct FitPlan {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FitError {
-    #[error("--max-gpus must be at least 1")]
+    #[error("--max-gpus must be between 1 and {MAX_GPUS}")]
     NoGpus,
     #[error("the price of {lots} lots of {model} overflows")]
     Overflow { model: String, lots: u64 },
 }
+
+/// The most GPUs the planner tries per offer.
+pub const MAX_GPUS: u64 = 4096;
 
 impl crate::status::Classify for FitError {
     fn status(&self) -> crate::status::Status {
@@ -69,112 +115,210 @@ impl crate::status::Classify for FitError {
     }
 }
 
-/// What one GPU of `gpus` holds of each term, at the largest of the budget's moments for that
-/// number of GPUs (sharding shrinks the states, not the activations, so the peak moment may
-/// change with the number of GPUs).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PerGpu {
-    pub moment: String,
-    /// Bytes of each term of the budget, in its order (the terms outside the allocator whole).
-    pub bytes: Vec<u64>,
-    /// Σ of the allocator's terms and the reserve: what must fit in the usable memory.
-    pub need: u64,
-}
-
-pub fn per_gpu(budget: &Budget, gpus: u64) -> PerGpu {
-    let kv_heads = budget.workload.shape.kv_heads;
-    let share = |t: &super::Term, b: u64| match t.split {
-        Split::Sharded => b.div_ceil(gpus),
-        // The cache is a whole number of heads' worth: exact division.
-        Split::KvHeads => b / kv_heads * kv_heads.div_ceil(gpus),
-        Split::PerGpu => b,
-    };
-    budget
-        .moments
-        .iter()
-        .map(|m| {
-            let bytes: Vec<u64> = budget.terms.iter().map(|t| share(t, m.held(t))).collect();
-            let need = budget
-                .terms
-                .iter()
-                .zip(&bytes)
-                .filter(|(t, _)| t.place != Place::OutsideAllocator)
-                .map(|(_, b)| *b)
-                .sum();
-            PerGpu {
-                moment: m.name.clone(),
-                bytes,
-                need,
-            }
-        })
-        .max_by_key(|p| p.need)
-        .expect("a budget has at least one moment")
-}
-
-/// Bytes one GPU of `gpus` must hold (see [`per_gpu`]).
-pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
-    per_gpu(budget, gpus).need
-}
-
-fn outside_allocator(budget: &Budget) -> u64 {
+/// What one GPU of `gpus` holds of each term at the budget's peak under the split rule (the
+/// terms in the budget's order).
+pub fn shares(budget: &Budget, gpus: u64) -> Vec<u64> {
+    let kv_heads = budget.workload.model.kv_heads.max(1);
     budget
         .terms
         .iter()
-        .filter(|t| t.place == Place::OutsideAllocator)
-        .map(|t| t.at_peak.0)
-        .sum()
+        .map(|t| {
+            let b = t.at_peak.0;
+            match t.split {
+                Split::Sharded => b.div_ceil(gpus),
+                Split::KvHeads => (b / kv_heads).saturating_mul(kv_heads.div_ceil(gpus)),
+                Split::PerGpu => b,
+            }
+        })
+        .collect()
 }
 
-fn memory_bytes(row: &CatalogRow) -> u64 {
+/// What one GPU of `gpus` must hold in its allocator (neither what lives outside it nor the
+/// reserve, both taken off the card's usable memory).
+pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
+    budget
+        .terms
+        .iter()
+        .zip(shares(budget, gpus))
+        .filter(|(t, _)| t.place == Place::Allocator)
+        .fold(0u64, |s, (_, b)| s.saturating_add(b))
+}
+
+/// The catalog memory of a GPU in bytes (GiB × 2^30, rounded down).
+pub fn memory_bytes(row: &CatalogRow) -> u64 {
     (row.memory_per_gpu_gib * rust_decimal::Decimal::from(GIB))
         .floor()
         .to_u64()
         .unwrap_or(u64::MAX)
 }
 
-/// Plans `budget` over every offer of `catalog`, trying up to `max_gpus` GPUs per offer.
+/// The one-GPU verdicts of one workload, replayed once per card size and allocator setting.
+pub struct OneGpu<'a> {
+    budget: &'a Budget,
+    program: Option<Program>,
+    verdicts: HashMap<(u64, AllocatorSetting), bool>,
+}
+
+impl<'a> OneGpu<'a> {
+    pub fn new(budget: &'a Budget) -> OneGpu<'a> {
+        OneGpu {
+            budget,
+            program: None,
+            verdicts: HashMap::new(),
+        }
+    }
+
+    /// What the allocator may use on a card of `memory` bytes: the card less what lives outside
+    /// the allocator and the reserve.
+    pub fn usable(&self, memory: u64) -> u64 {
+        let b = self.budget;
+        let reserve: u64 = b
+            .terms
+            .iter()
+            .filter(|t| t.place == Place::Reserve)
+            .map(|t| t.at_peak.0)
+            .sum();
+        memory
+            .saturating_sub(b.outside_allocator.0)
+            .saturating_sub(reserve)
+    }
+
+    /// Whether the run holds on a card of `memory` bytes, and on what basis.
+    pub fn verdict(&mut self, memory: u64, setting: AllocatorSetting) -> (bool, Basis) {
+        let usable = self.usable(memory);
+        let b = self.budget;
+        if setting == b.workload.allocator && b.peak_reserved.0 <= usable {
+            return (true, Basis::PeakFits);
+        }
+        if b.peak_allocated.0 > usable {
+            return (false, Basis::ReplayOutOfMemory);
+        }
+        let key = (usable, setting);
+        if let Some(&fits) = self.verdicts.get(&key) {
+            return (
+                fits,
+                if fits {
+                    Basis::ReplayCompleted
+                } else {
+                    Basis::ReplayOutOfMemory
+                },
+            );
+        }
+        let program = self
+            .program
+            .get_or_insert_with(|| program(&b.workload.run(b.kernels)));
+        let fits = program
+            .replay(allocator_config(setting), Some(usable))
+            .out_of_memory
+            .is_none();
+        self.verdicts.insert(key, fits);
+        (
+            fits,
+            if fits {
+                Basis::ReplayCompleted
+            } else {
+                Basis::ReplayOutOfMemory
+            },
+        )
+    }
+}
+
+fn other(setting: AllocatorSetting) -> AllocatorSetting {
+    match setting {
+        AllocatorSetting::Default => AllocatorSetting::ExpandableSegments,
+        AllocatorSetting::ExpandableSegments => AllocatorSetting::Default,
+    }
+}
+
+/// Plans `budget` over every offer of `catalog`, trying up to `max_gpus` GPUs per offer (the
+/// number of lots searched by halving, not one by one).
 pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan, FitError> {
-    if max_gpus == 0 {
+    if max_gpus == 0 || max_gpus > MAX_GPUS {
         return Err(FitError::NoGpus);
     }
-    let outside = outside_allocator(budget);
+    let mut one = OneGpu::new(budget);
+    let setting = budget.workload.allocator;
     let mut rows = Vec::new();
     for row in &catalog.rows {
         let memory = memory_bytes(row);
-        let usable = memory.saturating_sub(outside);
-        let per_lot = u64::from(row.gpus_per_lot);
-        let mut fit = None;
-        let mut shortfall = None;
-        for lots in 1..=max_gpus / per_lot {
-            let gpus = lots * per_lot;
-            let need = need_per_gpu(budget, gpus);
-            if need <= usable {
+        let usable = one.usable(memory);
+        let per_lot = u64::from(row.gpus_per_lot).max(1);
+        let max_lots = max_gpus / per_lot;
+        let (one_fits, basis) = if per_lot == 1 {
+            one.verdict(memory, setting)
+        } else {
+            (false, Basis::SplitEstimate)
+        };
+        let other_setting = (per_lot == 1 && basis != Basis::PeakFits)
+            .then(|| OtherSetting {
+                allocator: other(setting),
+                fits: one.verdict(memory, other(setting)).0,
+            })
+            .filter(|o| o.fits != one_fits);
+        // The fewest lots: one GPU by replay; more by the split rule, whose need only falls as
+        // GPUs are added, so the smallest fitting count is found by halving.
+        let fits_with = |lots: u64| need_per_gpu(budget, lots * per_lot) <= usable;
+        let lots = if one_fits {
+            Some(1)
+        } else if max_lots >= 2 && fits_with(max_lots) {
+            let (mut lo, mut hi) = (if per_lot == 1 { 2 } else { 1 }, max_lots);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if fits_with(mid) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            Some(lo)
+        } else if per_lot > 1 && max_lots >= 1 && fits_with(1) {
+            Some(1)
+        } else {
+            None
+        };
+        let fit = match lots {
+            Some(lots) => {
+                let gpus = lots * per_lot;
                 let total = row.lot_price_usd_cents.checked_mul(lots).ok_or_else(|| {
                     FitError::Overflow {
                         model: row.model.clone(),
                         lots,
                     }
                 })?;
-                fit = Some(Fit {
+                let (need, fit_basis) = if gpus == 1 {
+                    // A replay that completes above its unlimited peak freed its cache and retried.
+                    let need = budget.peak_reserved.0.min(usable);
+                    let tight = budget.needed.0 > memory;
+                    (need, if tight { Basis::WithinMargin } else { basis })
+                } else {
+                    (need_per_gpu(budget, gpus), Basis::SplitEstimate)
+                };
+                Some(Fit {
                     lots,
                     gpus,
                     need_per_gpu: Bytes(need),
-                    headroom_per_gpu: Bytes(usable - need),
+                    headroom_per_gpu: Bytes(usable.saturating_sub(need)),
                     lot_price_usd_cents: row.lot_price_usd_cents,
                     total_usd_cents: total,
-                });
-                break;
+                    basis: fit_basis,
+                })
             }
-            shortfall = Some(Bytes(need - usable));
-        }
+            None => None,
+        };
+        let shortfall = fit.is_none().then(|| {
+            let gpus = max_lots.max(1) * per_lot;
+            Bytes(need_per_gpu(budget, gpus).saturating_sub(usable))
+        });
         rows.push(FitRow {
             model: row.model.clone(),
             display_name: row.display_name.clone(),
             duration_days: row.duration_days,
             memory_per_gpu: Bytes(memory),
             usable_per_gpu: Bytes(usable),
-            shortfall: if fit.is_some() { None } else { shortfall },
             fit,
+            basis,
+            other_setting,
+            shortfall,
         });
     }
     rows.sort_by_key(|r| match &r.fit {
@@ -183,11 +327,17 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     });
     Ok(FitPlan {
         workload: budget.title(),
-        budget_total: budget.total,
-        split_rule: format!(
-            "{SPLIT_RULE} The CUDA context and libraries were measured on {} ({}); other GPUs and \
-             drivers differ.",
-            budget.constants.recorded_on, budget.constants.software
+        allocator_need: Bytes(need_per_gpu(budget, 1)),
+        budget_needed: budget.needed,
+        split_rule: SPLIT_RULE.into(),
+        margin_rule: format!(
+            "usable = card − {} B outside the allocator (measured on {}) − the reserve; a fit \
+             with less headroom than {} B = {} (the margin: {}) is marked within the margin",
+            crate::units::grouped(budget.outside_allocator.0),
+            budget.outside.measured_on,
+            crate::units::grouped(budget.margin.0),
+            budget.margin.gib_text(),
+            budget.margin_source
         ),
         max_gpus,
         catalog: catalog.source.clone(),
@@ -210,4 +360,65 @@ impl FitPlan {
             .filter(|r| r.shortfall.is_some())
             .min_by_key(|r| r.shortfall)
     }
+}
+
+/// The largest value of a workload's size (`batch` or `context`) that holds on one GPU of
+/// `memory` bytes, with each allocator setting; `None` when even 1 does not.
+pub fn largest(
+    workload: &Workload,
+    settings: &super::BudgetSettings,
+    memory: u64,
+    size: Size,
+    setting: AllocatorSetting,
+    limit: u64,
+) -> Option<u64> {
+    let fits = |n: u64| -> bool {
+        let mut w = workload.clone();
+        w.allocator = setting;
+        match size {
+            Size::Batch => w.batch = n,
+            Size::Context => w.context = n,
+        }
+        let Ok(w) = w.validated() else {
+            return false;
+        };
+        let b = super::budget(&w, settings);
+        let mut one = OneGpu::new(&b);
+        one.verdict(memory, setting).0
+    };
+    if !fits(1) {
+        return None;
+    }
+    // Double to a failing size, then halve.
+    let (mut good, mut bad) = (1u64, None);
+    while bad.is_none() {
+        let next = good.saturating_mul(2).min(limit);
+        if next == good {
+            break;
+        }
+        if fits(next) {
+            good = next;
+        } else {
+            bad = Some(next);
+        }
+    }
+    if let Some(mut bad) = bad {
+        while bad - good > 1 {
+            let mid = good + (bad - good) / 2;
+            if fits(mid) {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    Some(good)
+}
+
+/// The size `--max-batch` or `--max-context` searches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Size {
+    Batch,
+    Context,
 }

@@ -1,13 +1,16 @@
-//! The VRAM budget of a real workload: every term a named formula with its status, and the fit
-//! planner that turns a budget into packages of the catalog.
+//! The VRAM budget of a real workload: the Hugging Face run replayed through the allocator model
+//! ([`terms`]), what a process holds outside the allocator ([`outside`]), the presets
+//! ([`presets`]), the fit planner ([`fit`]) and the text of a budget ([`report`]); the synthetic
+//! transformer's own accounting and its bench ([`synthetic`], [`bench`], [`verify`]).
 
-pub mod activations;
 pub mod bench;
-pub mod constants;
 pub mod fit;
+pub mod outside;
 pub mod presets;
+pub mod proof;
 pub mod report;
 pub mod shape;
+pub mod synthetic;
 pub mod terms;
 pub mod verify;
 pub mod workload;
@@ -20,7 +23,7 @@ pub use fit::{plan, FitError, FitPlan};
 pub use presets::{Preset, PresetError, Presets};
 pub use shape::{AttentionKind, LinearTarget, ModelShape, ShapeError, WeightTensor};
 pub use terms::{budget, Budget, BudgetSettings, Place, Split, Term, TermStatus};
-pub use workload::{KvFormat, Mode, Optimizer, WeightFormat, Workload, WorkloadError};
+pub use workload::{AllocatorSetting, Mode, Optimizer, WeightFormat, Workload, WorkloadError};
 
 #[cfg(test)]
 mod tests;

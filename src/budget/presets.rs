@@ -1,7 +1,8 @@
 //! Model presets: public configurations of well-known models (`data/modeles.csv`, one row per
-//! model with the `config.json` it comes from), read into [`ModelShape`]s.
+//! model: its `model_type`, the fields of its `config.json` that change memory, and the
+//! parameter count transformers gives for them), read into [`Model`]s.
 
-use super::shape::{AttentionKind, ModelShape};
+use crate::model::{config, Model};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -15,42 +16,82 @@ pub const BUILTIN_FILE: &str = "data/modeles.csv";
 pub struct Preset {
     pub preset: String,
     pub name: String,
-    pub layers: u64,
-    pub hidden: u64,
-    pub heads: u64,
-    pub kv_heads: u64,
-    pub head_dim: u64,
-    pub intermediate: u64,
-    pub vocab: u64,
-    pub tied_embeddings: bool,
-    pub attention_bias: bool,
-    pub experts: u64,
-    pub experts_per_token: u64,
-    pub attention: AttentionKind,
-    pub sliding_window: Option<u64>,
+    pub model_type: String,
+    /// The `config.json` fields, as JSON.
+    pub config: String,
     pub max_context: u64,
-    /// The published parameter count, where a source states it.
-    pub parameters: Option<u64>,
+    /// What `sum(p.numel() for p in model.parameters())` gives in transformers 5.17.
+    pub parameters: u64,
     /// The public configuration the row comes from.
     pub source: String,
 }
 
 impl Preset {
-    pub fn shape(&self) -> ModelShape {
-        ModelShape {
-            layers: self.layers,
-            hidden: self.hidden,
-            heads: self.heads,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            intermediate: self.intermediate,
-            vocab: self.vocab,
-            tied_embeddings: self.tied_embeddings,
-            attention_bias: self.attention_bias,
-            experts: self.experts,
-            experts_per_token: self.experts_per_token,
-            attention: self.attention,
+    /// The row as the `config.json` it comes from (its fields and `model_type`).
+    pub fn config_json(&self) -> Result<serde_json::Value, config::ConfigError> {
+        let mut value: serde_json::Value = serde_json::from_str(&self.config)
+            .map_err(|e| config::ConfigError::Invalid(format!("config: not JSON: {e}")))?;
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| config::ConfigError::Invalid("config: not a JSON object".into()))?;
+        object.insert("model_type".into(), self.model_type.clone().into());
+        Ok(value)
+    }
+
+    /// The model of the row.
+    pub fn model(&self) -> Result<Model, config::ConfigError> {
+        config::from_value(&self.config_json()?)
+    }
+
+    /// The shape of the synthetic transformer bench for this preset: dense or Mixtral-like
+    /// models with full attention only.
+    pub fn shape(&self) -> Result<crate::budget::ModelShape, String> {
+        let m = self.model().map_err(|e| e.to_string())?;
+        let (q_bias, o_bias) = match m.attention {
+            crate::model::Attention::Standard {
+                q_bias,
+                o_bias,
+                fused_qkv: false,
+                qk_norm: crate::model::QkNorm::None,
+                ..
+            } => (q_bias, o_bias),
+            _ => {
+                return Err(format!(
+                    "preset {}: the synthetic transformer has no {} attention",
+                    self.preset, m.model_type
+                ))
+            }
+        };
+        if m.has_sliding_layers() || m.model_type.is_gemma() || o_bias || m.mlp_bias {
+            return Err(format!(
+                "preset {}: the synthetic transformer runs Llama-style layers only",
+                self.preset
+            ));
         }
+        let (experts, per_token, intermediate) = match m.moe {
+            Some(moe) if moe.shared.is_none() => (moe.experts, moe.top_k, moe.intermediate),
+            Some(_) => {
+                return Err(format!(
+                    "preset {}: shared experts are not in the synthetic transformer",
+                    self.preset
+                ))
+            }
+            None => (1, 1, m.intermediate),
+        };
+        Ok(crate::budget::ModelShape {
+            layers: m.layers.len() as u64,
+            hidden: m.hidden,
+            heads: m.heads,
+            kv_heads: m.kv_heads,
+            head_dim: m.head_dim,
+            intermediate,
+            vocab: m.vocab,
+            tied_embeddings: m.tied_embeddings,
+            attention_bias: q_bias,
+            experts,
+            experts_per_token: per_token,
+            attention: crate::budget::AttentionKind::Full,
+        })
     }
 }
 
@@ -127,12 +168,18 @@ impl Presets {
                     preset: row.preset,
                 });
             }
-            if let Err(e) = row.shape().validated() {
-                return Err(PresetError::Invalid {
-                    file: file.into(),
-                    line,
-                    message: format!("preset {}: {e}", row.preset),
-                });
+            let invalid = |message: String| PresetError::Invalid {
+                file: file.into(),
+                line,
+                message: format!("preset {}: {message}", crate::text::printable(&row.preset)),
+            };
+            let model = row.model().map_err(|e| invalid(e.to_string()))?;
+            if model.parameter_count() != row.parameters {
+                return Err(invalid(format!(
+                    "parameters {} differs from the {} its configuration counts",
+                    row.parameters,
+                    model.parameter_count()
+                )));
             }
             rows.push(row);
         }
@@ -160,44 +207,60 @@ mod tests {
     #[test]
     fn shipped_presets_count_their_published_parameters() {
         let presets = Presets::builtin();
-        assert!(presets.rows.len() >= 10);
-        let mut checked = 0;
-        for p in &presets.rows {
-            // Only the architectures the formulas cover: Gemma-2 has four norms per layer and
-            // DeepSeek-V2 latent attention with shared experts; both are refused by budgets.
-            if p.attention != AttentionKind::Full {
-                continue;
-            }
-            let published = p
-                .parameters
-                .expect("every covered preset has a published count");
-            assert_eq!(p.shape().parameters(), published, "{}", p.preset);
-            checked += 1;
+        assert!(presets.rows.len() >= 22);
+        // The published counts (model cards, rounded as published): every row's exact count
+        // rounds to it.
+        let published = [
+            ("llama-3.1-8b", 8.03),
+            ("qwen3-8b", 8.19),
+            ("qwen3-30b-a3b", 30.5),
+            ("gemma-2-2b", 2.61),
+            ("gemma-2-9b", 9.24),
+            ("phi-3-mini", 3.82),
+            ("mistral-small-24b", 23.6),
+            ("llama-3.3-70b", 70.6),
+            ("deepseek-v2-lite", 15.7),
+            ("mixtral-8x7b", 46.7),
+        ];
+        for (name, billions) in published {
+            let p = presets.get(name).unwrap();
+            let n = p.model().unwrap().parameter_count();
+            assert_eq!(n, p.parameters, "{name}");
+            let digits = if billions >= 10.0 { 1 } else { 2 };
+            let scale = 10f64.powi(digits);
+            assert_eq!(
+                ((n as f64 / 1e9) * scale).round() / scale,
+                billions,
+                "{name}: {n}"
+            );
         }
-        assert!(checked >= 10, "{checked}");
     }
 
     #[test]
     fn errors_name_the_file_and_line() {
         let good = BUILTIN_CSV.lines().take(2).collect::<Vec<_>>().join("\n");
-        let bad = good.replacen(",32,4096,", ",32,zero,", 1);
+        let bad = good.replacen(
+            "\"\"num_hidden_layers\"\":32",
+            "\"\"num_hidden_layers\"\":\"\"x\"\"",
+            1,
+        );
         let e = Presets::parse(bad.as_bytes(), "m.csv")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("m.csv, line 2:"), "{e}");
+        assert!(
+            e.starts_with("m.csv, line 2: preset llama-2-7b: `num_hidden_layers`"),
+            "{e}"
+        );
         let dup = format!("{good}\n{}", good.lines().nth(1).unwrap());
         let e = Presets::parse(dup.as_bytes(), "m.csv")
             .unwrap_err()
             .to_string();
         assert_eq!(e, "m.csv, line 3: preset \"llama-2-7b\" appears twice");
-        let zero = good.replacen(",32,4096,32,32,", ",32,4096,32,0,", 1);
-        let e = Presets::parse(zero.as_bytes(), "m.csv")
+        let wrong = good.replacen(",6738415616,", ",6738415617,", 1);
+        let e = Presets::parse(wrong.as_bytes(), "m.csv")
             .unwrap_err()
             .to_string();
-        assert_eq!(
-            e,
-            "m.csv, line 2: preset llama-2-7b: kv_heads must be at least 1"
-        );
+        assert!(e.contains("differs from the 6738415616"), "{e}");
         let e = Presets::builtin().get("llama-9").unwrap_err().to_string();
         assert!(e.contains("llama-2-7b"), "{e}");
     }

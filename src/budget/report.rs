@@ -1,17 +1,21 @@
 //! The budget and the fit plan as a person reads them: text tables with exact bytes beside GiB
 //! and GB, and the same tables in HTML for notebooks.
 
-use super::fit::{FitPlan, FitRow};
+use super::fit::{Basis, FitPlan, FitRow};
 use super::terms::{Budget, Split, Term};
-use super::workload::{Mode, WeightFormat};
+use super::workload::{AllocatorSetting, Mode, WeightFormat};
 use crate::markup::{table, Html, Table};
 use crate::units::{grouped, Bytes, ROUNDING_RULE};
 use std::fmt;
 
 /// Column titles of the budget table.
-pub const TERM_COLUMNS: [&str; 7] = ["term", "bytes", "GiB", "GB", "at peak", "status", "split"];
+pub const TERM_COLUMNS: [&str; 7] = [
+    "term", "at peak", "GiB", "GB", "own size", "status", "split",
+];
+/// Column titles of the stages table.
+pub const STAGE_COLUMNS: [&str; 5] = ["stage", "peak allocated", "GiB", "peak reserved", "GiB"];
 /// Column titles of the fit table.
-pub const FIT_COLUMNS: [&str; 8] = [
+pub const FIT_COLUMNS: [&str; 9] = [
     "GPU",
     "days",
     "lots",
@@ -19,6 +23,7 @@ pub const FIT_COLUMNS: [&str; 8] = [
     "usable / GPU",
     "need / GPU",
     "headroom / GPU",
+    "verdict",
     "total price",
 ];
 
@@ -26,64 +31,58 @@ impl Budget {
     /// One line naming the workload.
     pub fn title(&self) -> String {
         let w = &self.workload;
-        let model = w.preset.clone().unwrap_or_else(|| "custom shape".into());
-        let weights = match w.weights {
-            WeightFormat::Dense => w.dtype.to_string(),
-            f => format!("{} weights, {} compute", f.name(), w.dtype),
+        let weights = match (w.weights, w.autocast) {
+            (WeightFormat::Nf4, _) => format!("NF4 weights, {} compute", w.dtype),
+            (_, Some(a)) => format!("{} weights under {a} autocast", w.dtype),
+            _ => w.dtype.to_string(),
         };
         let mode = match &w.mode {
-            Mode::Inference {
-                generated,
-                kv_cache,
-            } => format!(
-                "inference, batch {}, {} prompt + {generated} generated tokens, KV cache {}",
+            Mode::Inference { generated } => format!(
+                "generate, batch {}, {} prompt + {generated} new tokens",
                 w.batch,
-                w.context,
-                kv_cache.name()
+                grouped(w.context)
             ),
             Mode::Lora { rank, .. } => format!(
-                "{} rank {rank}, batch {}, sequence {}",
-                if w.weights == WeightFormat::Nf4 {
-                    "QLoRA"
-                } else {
-                    "LoRA"
-                },
+                "LoRA rank {rank}, batch {}, sequence {}",
                 w.batch,
-                w.context
+                grouped(w.context)
             ),
             Mode::Full { optimizer } => format!(
-                "full training ({}), batch {}, sequence {}",
+                "full training ({} {}), batch {}, sequence {}",
                 optimizer.name(),
+                w.optimizer_impl,
                 w.batch,
-                w.context
+                grouped(w.context)
             ),
         };
-        let extras = [
-            (w.checkpointing, "gradient checkpointing"),
-            (w.flash_attention, "flash attention"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| *n)
-        .collect::<Vec<_>>();
+        let mut extras = Vec::new();
+        if w.checkpointing {
+            extras.push("gradient checkpointing");
+        }
+        if w.allocator == AllocatorSetting::ExpandableSegments {
+            extras.push("expandable segments");
+        }
         let extras = if extras.is_empty() {
             String::new()
         } else {
             format!(", {}", extras.join(", "))
         };
-        format!("{model}, {weights}, {mode}{extras}")
+        format!(
+            "{} ({}), {weights}, {mode}{extras}",
+            w.source, w.model.model_type
+        )
     }
 
     fn cells(t: &Term) -> Vec<String> {
         vec![
             t.name.clone(),
-            t.bytes.grouped(),
-            t.bytes.gib(2).to_string(),
-            t.bytes.gb(2).to_string(),
-            if t.at_peak == t.bytes {
-                "all".into()
+            t.at_peak.grouped(),
+            t.at_peak.gib(2).to_string(),
+            t.at_peak.gb(2).to_string(),
+            if t.bytes == t.at_peak {
+                "=".into()
             } else {
-                t.at_peak.gib_text()
+                t.bytes.gib_text()
             },
             t.status.name().into(),
             split_name(t.split).into(),
@@ -92,21 +91,22 @@ impl Budget {
 
     fn summary(&self) -> Vec<(String, Bytes)> {
         vec![
-            ("predicted peak of allocated".into(), self.peak_allocated),
-            ("total on one GPU".into(), self.total),
+            ("peak of allocated".into(), self.peak_allocated),
+            ("peak of reserved".into(), self.peak_reserved),
+            ("total (reserved + outside + reserve)".into(), self.total),
+            ("needed, with the margin".into(), self.needed),
         ]
     }
 
     fn notes(&self) -> Vec<String> {
         let mut notes = vec![format!(
-            "Peak on one GPU: the {} ({}).",
-            self.peak_moment, self.peak_rule
+            "The run replayed through the allocator model, every allocation and free of the \
+             Hugging Face stack in its order: reserved peaks in the {} stage.",
+            self.peak_stage
         )];
         for t in &self.terms {
             let status = match &t.status {
-                super::TermStatus::Estimated { source, bound } => {
-                    format!(" [estimated: {source}; {bound}]")
-                }
+                super::TermStatus::Replayed { bound } => format!(" [replayed: {bound}]"),
                 super::TermStatus::Measured { on, source } => {
                     format!(" [measured on {on}: {source}]")
                 }
@@ -114,13 +114,26 @@ impl Budget {
             };
             notes.push(format!("{}: {}{status}", t.name, t.formula));
         }
+        if let Some(c) = &self.checkpoint {
+            notes.push(format!(
+                "Model files: {}.",
+                c.agreement(&self.workload.model)
+            ));
+        }
+        notes.push(format!(
+            "Margin: {} = {} ({}).",
+            self.margin.grouped(),
+            self.margin.gib_text(),
+            self.margin_source
+        ));
+        notes.push("own size: the term's own bytes where they differ from what it holds at the peak (= when equal).".into());
         notes.push(format!(
             "1 GiB = 2^30 bytes, 1 GB = 10^9 bytes; {ROUNDING_RULE}."
         ));
         notes
     }
 
-    /// The terms, then the predicted peak and the total, as table rows.
+    /// The terms, then the peaks and totals, as table rows.
     fn rows(&self) -> Vec<Vec<String>> {
         let mut rows: Vec<Vec<String>> = self.terms.iter().map(Self::cells).collect();
         for (label, b) in self.summary() {
@@ -136,9 +149,33 @@ impl Budget {
         rows
     }
 
+    /// Each stage's peaks, allocated and reserved side by side.
+    pub fn stage_rows(&self) -> Vec<Vec<String>> {
+        self.stages
+            .iter()
+            .map(|s| {
+                vec![
+                    s.stage.clone(),
+                    s.peak_allocated.grouped(),
+                    s.peak_allocated.gib(2).to_string(),
+                    s.peak_reserved.grouped(),
+                    s.peak_reserved.gib(2).to_string(),
+                ]
+            })
+            .collect()
+    }
+
     pub fn html(&self) -> Html {
-        let rows = self.rows();
-        let mut h = table(&format!("Budget — {}", self.title()), &TERM_COLUMNS, &rows);
+        let mut h = table(
+            &format!("Budget — {}", self.title()),
+            &TERM_COLUMNS,
+            &self.rows(),
+        )
+        .then(table(
+            "Each stage of the replayed run",
+            &STAGE_COLUMNS,
+            &self.stage_rows(),
+        ));
         for n in self.notes() {
             h = h.then(Html::note(&n));
         }
@@ -168,8 +205,9 @@ impl fmt::Display for Budget {
             grouped(self.parameters),
             grouped(self.trainable_parameters)
         )?;
-        let rows = self.rows();
-        text_table(f, &TERM_COLUMNS, &rows)?;
+        text_table(f, &TERM_COLUMNS, &self.rows())?;
+        writeln!(f, "Each stage of the replayed run:")?;
+        text_table(f, &STAGE_COLUMNS, &self.stage_rows())?;
         for n in self.notes() {
             writeln!(f, "- {n}")?;
         }
@@ -177,15 +215,26 @@ impl fmt::Display for Budget {
     }
 }
 
+fn basis_name(b: Basis) -> &'static str {
+    match b {
+        Basis::PeakFits => "fits (peak)",
+        Basis::ReplayCompleted => "fits (replayed on the card)",
+        Basis::WithinMargin => "fits, within the margin",
+        Basis::ReplayOutOfMemory => "out of memory",
+        Basis::SplitEstimate => "split estimate",
+    }
+}
+
 impl FitRow {
     fn cells(&self) -> Vec<String> {
-        let (lots, gpus, need, headroom, price) = match &self.fit {
+        let (lots, gpus, need, headroom, price, verdict) = match &self.fit {
             Some(fit) => (
                 fit.lots.to_string(),
                 fit.gpus.to_string(),
                 fit.need_per_gpu.gib_text(),
                 fit.headroom_per_gpu.gib_text(),
                 fit.total_usd_cents.to_string(),
+                basis_name(fit.basis).to_string(),
             ),
             None => (
                 "—".into(),
@@ -194,7 +243,20 @@ impl FitRow {
                 self.shortfall
                     .map_or("—".into(), |s| format!("short by {}", s.gib_text())),
                 "—".into(),
+                basis_name(self.basis).to_string(),
             ),
+        };
+        // On one GPU, what the other allocator setting would do.
+        let verdict = match self.other_setting {
+            Some(o) => format!(
+                "{verdict}; 1 GPU {} with {}",
+                if o.fits { "fits" } else { "runs out" },
+                match o.allocator {
+                    AllocatorSetting::ExpandableSegments => "expandable segments",
+                    AllocatorSetting::Default => "the default allocator",
+                }
+            ),
+            None => verdict,
         };
         vec![
             format!("{} ({})", self.model, self.display_name),
@@ -204,6 +266,7 @@ impl FitRow {
             self.usable_per_gpu.gib_text(),
             need,
             headroom,
+            verdict,
             price,
         ]
     }
@@ -215,8 +278,13 @@ impl FitPlan {
             (Some(r), _) => {
                 let fit = r.fit.as_ref().expect("a fitting row");
                 format!(
-                    "Cheapest: {} lot(s) of {} ({} GPU(s)) for {} days, {}.",
-                    fit.lots, r.model, fit.gpus, r.duration_days, fit.total_usd_cents
+                    "Cheapest: {} lot(s) of {} ({} GPU(s)) for {} days, {} ({}).",
+                    fit.lots,
+                    r.model,
+                    fit.gpus,
+                    r.duration_days,
+                    fit.total_usd_cents,
+                    basis_name(fit.basis)
                 )
             }
             (None, Some(r)) => format!(
@@ -229,35 +297,34 @@ impl FitPlan {
         }
     }
 
+    fn caption(&self) -> String {
+        format!(
+            "Fit — {} (on one GPU: {} in the allocator; the card needs {} with what lives \
+             outside it and the margin)",
+            self.workload,
+            self.allocator_need.gib_text(),
+            self.budget_needed.gib_text()
+        )
+    }
+
     pub fn html(&self) -> Html {
         let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
-        table(
-            &format!(
-                "Fit — {} (budget {} on one GPU)",
-                self.workload,
-                self.budget_total.gib_text()
-            ),
-            &FIT_COLUMNS,
-            &rows,
-        )
-        .then(Html::note(&self.verdict()))
-        .then(Html::note(&format!("Split rule: {}", self.split_rule)))
-        .then(Html::note(&format!("Catalog: {}", self.catalog)))
-        .then(Html::note(self.catalog.banner()))
+        table(&self.caption(), &FIT_COLUMNS, &rows)
+            .then(Html::note(&self.verdict()))
+            .then(Html::note(&format!("Usable memory: {}", self.margin_rule)))
+            .then(Html::note(&format!("Split rule: {}", self.split_rule)))
+            .then(Html::note(&format!("Catalog: {}", self.catalog)))
+            .then(Html::note(self.catalog.banner()))
     }
 }
 
 impl fmt::Display for FitPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "Fit — {} (budget {} on one GPU)",
-            self.workload,
-            self.budget_total.gib_text()
-        )?;
+        writeln!(f, "{}", self.caption())?;
         let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
         text_table(f, &FIT_COLUMNS, &rows)?;
         writeln!(f, "{}", self.verdict())?;
+        writeln!(f, "Usable memory: {}", self.margin_rule)?;
         writeln!(f, "Split rule: {}", self.split_rule)?;
         writeln!(f, "Catalog: {}", self.catalog)?;
         write!(f, "{}", self.catalog.banner())
@@ -267,11 +334,11 @@ impl fmt::Display for FitPlan {
 const PRESET_COLUMNS: [&str; 8] = [
     "preset",
     "name",
+    "model_type",
     "parameters",
     "layers",
     "hidden",
     "heads/KV",
-    "vocab",
     "attention",
 ];
 
@@ -280,15 +347,29 @@ impl super::Presets {
         self.rows
             .iter()
             .map(|p| {
+                let m = p.model().expect("presets are checked when read");
+                let attention = match m.attention {
+                    crate::model::Attention::Latent(_) => "latent".to_string(),
+                    _ if m.has_sliding_layers() && m.layers.iter().any(|l| l.window.is_none()) => {
+                        "local/global".into()
+                    }
+                    _ if m.has_sliding_layers() => "sliding window".into(),
+                    _ => "full".into(),
+                };
+                let attention = if m.moe.is_some() {
+                    format!("{attention}, experts")
+                } else {
+                    attention
+                };
                 vec![
-                    p.preset.clone(),
-                    p.name.clone(),
-                    grouped(p.shape().parameters()),
-                    p.layers.to_string(),
-                    p.hidden.to_string(),
-                    format!("{}/{}", p.heads, p.kv_heads),
-                    p.vocab.to_string(),
-                    p.attention.name().into(),
+                    crate::text::printable(&p.preset).to_string(),
+                    crate::text::printable(&p.name).to_string(),
+                    m.model_type.name().to_string(),
+                    grouped(p.parameters),
+                    m.layers.len().to_string(),
+                    m.hidden.to_string(),
+                    format!("{}/{}", m.heads, m.kv_heads),
+                    attention,
                 ]
             })
             .collect()
@@ -304,13 +385,11 @@ impl super::Presets {
     }
 }
 
-const SOURCES_NOTE: &str =
-    "Sources: the config.json named in each row of the file. Sliding-window \
-and latent attention are listed but refused by budgets.";
+const SOURCES_NOTE: &str = "Sources: the config.json named in each row of the file; the parameter counts are transformers' own for those fields.";
 
 impl fmt::Display for super::Presets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "Model presets ({})", self.file)?;
+        writeln!(f, "Model presets ({})", crate::text::printable(&self.file))?;
         text_table(f, &PRESET_COLUMNS, &self.cells())?;
         write!(f, "{SOURCES_NOTE}")
     }

@@ -1,13 +1,18 @@
-//! The budget: every term of a workload's GPU memory as a named formula with its bytes, its
-//! status (exact arithmetic, a named estimate, a measured constant or a user's hypothesis), the
-//! part of it present at the peak, and how it splits over several GPUs.
+//! The budget of a workload on one GPU: the Hugging Face run replayed through the allocator
+//! model (every allocation and free in the real stack's order) gives the peaks of `allocated`
+//! and `reserved` and what the allocator holds at the peak, by role; the exact terms (weights,
+//! adapters, gradients, optimizer states, KV cache) are arithmetic of the model; what lives
+//! outside the allocator is measured; the card needs `reserved` + outside + the margin the proof
+//! measured.
 
-use super::activations::{self, Activations};
-use super::constants::GpuConstants;
-use super::shape::{LinearTarget, WeightTensor};
-use super::workload::{Mode, Optimizer, WeightFormat, Workload};
-use crate::allocator::Workspaces;
+use super::outside::OutsideAllocator;
+use super::workload::{AllocatorSetting, Mode, Workload};
+use crate::allocator::AllocatorConfig;
 use crate::files::JsonError;
+use crate::model::{Attention, TensorRole};
+use crate::stack::ops::Kernels;
+use crate::stack::run::{program, Replayed, RoleBytes};
+use crate::stack::tensor::Role;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
 
@@ -15,12 +20,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "status")]
 pub enum TermStatus {
-    /// Arithmetic of the shape and of the storage format: no approximation.
+    /// Arithmetic of the model and the storage format.
     Exact,
-    /// A formula derived from what the computation keeps; `source` names it, `bound` says how
-    /// far it was found from a measurement.
-    Estimated { source: String, bound: String },
-    /// A constant recorded on a named GPU.
+    /// From the replay of the emulated stack through the allocator model; `bound` says how far
+    /// replays were found from the GPU.
+    Replayed { bound: String },
+    /// Measured on a named GPU.
     Measured { on: String, source: String },
     /// A choice of the user (a reserve), not a fact.
     Hypothesis,
@@ -30,26 +35,26 @@ impl TermStatus {
     pub fn name(&self) -> &'static str {
         match self {
             TermStatus::Exact => "exact",
-            TermStatus::Estimated { .. } => "estimated",
+            TermStatus::Replayed { .. } => "replayed",
             TermStatus::Measured { .. } => "measured",
             TermStatus::Hypothesis => "hypothesis",
         }
     }
 }
 
-/// How a term divides when the workload is spread over `n` GPUs (the fit planner's rule).
+/// How a term divides when the workload is spread over `n` GPUs (the planner's rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Split {
-    /// Divided evenly, rounded up (weights, gradients, optimizer states: ZeRO-3 / FSDP sharding).
+    /// Divided evenly, rounded up (weights, gradients, optimizer states: ZeRO-3 / FSDP).
     Sharded,
     /// Divided by KV heads: each GPU holds ⌈kv_heads / n⌉ heads (tensor parallelism).
     KvHeads,
-    /// Whole on every GPU (activations of the GPU's batch, workspaces, the CUDA context).
+    /// Whole on every GPU.
     PerGpu,
 }
 
-/// Whether a term lives inside the caching allocator (`allocated`) or beside it.
+/// Whether a term lives inside the caching allocator (`reserved`) or beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Place {
@@ -63,10 +68,11 @@ pub enum Place {
 pub struct Term {
     pub key: String,
     pub name: String,
-    /// The formula with the workload's numbers.
+    /// The formula with the workload's numbers, or where the figure comes from.
     pub formula: String,
+    /// The term's own size (its tensors' bytes; the figure itself for replayed terms).
     pub bytes: Bytes,
-    /// The part of the term present at the peak (gradients and activations do not all coexist).
+    /// What it holds at the peak of `reserved` (the allocator's blocks, rounded).
     pub at_peak: Bytes,
     #[serde(flatten)]
     pub status: TermStatus,
@@ -74,32 +80,23 @@ pub struct Term {
     pub place: Place,
 }
 
-/// A moment of the step and what differs then from the terms' full sizes.
+/// One stage of the replayed run and its peaks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Moment {
-    pub name: String,
-    /// (term key, bytes held at this moment) for the terms not held whole.
-    pub partial: Vec<(String, u64)>,
-}
-
-impl Moment {
-    fn new(name: &str, partial: &[(&str, u64)]) -> Moment {
-        Moment {
-            name: name.into(),
-            partial: partial.iter().map(|(k, b)| (k.to_string(), *b)).collect(),
-        }
-    }
-    /// Bytes `term` holds at this moment.
-    pub fn held(&self, term: &Term) -> u64 {
-        self.partial
-            .iter()
-            .find(|(k, _)| *k == term.key)
-            .map_or(term.bytes.0, |(_, b)| *b)
-    }
+pub struct StagePeak {
+    pub stage: String,
+    pub peak_allocated: Bytes,
+    pub peak_reserved: Bytes,
 }
 
 /// The tag of a budget file.
-pub const SCHEMA: &str = "iteragpu-lab/budget/1";
+pub const SCHEMA: &str = "iteragpu-lab/budget/2";
+
+/// The margin added to a budget: the worst error of the replays' peak `reserved` against the
+/// H200 in the proof, in millionths (`docs/benchmarks.md`, "Fit verdicts on the real card").
+pub const MARGIN_PPM: u64 = 12_000;
+/// Where the margin comes from, said in every budget.
+pub const MARGIN_SOURCE: &str = "the worst error of a replay's peak reserved against the H200 in \
+scripts/gpu/hf-proof.py (docs/benchmarks.md, Fit verdicts on the real card)";
 
 /// The budget of a workload on one GPU.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -108,456 +105,436 @@ pub struct Budget {
     pub workload: Workload,
     pub parameters: u64,
     pub trainable_parameters: u64,
+    /// What the allocator holds at its peak, by term, then what is outside it and the reserve;
+    /// the `at_peak` column sums to `total`.
     pub terms: Vec<Term>,
-    /// The moments that may be the peak; each term's `at_peak` is its share of the largest on
-    /// one GPU. Spread over several GPUs another moment may be the largest (the fit planner
-    /// takes the largest for each number of GPUs).
-    pub moments: Vec<Moment>,
-    /// The moment that is the peak on one GPU.
-    pub peak_moment: String,
-    /// What the peak is made of, in words.
-    pub peak_rule: String,
-    /// Σ at_peak of the allocator's terms: the predicted peak of `allocated`.
+    /// The replayed run's stages.
+    pub stages: Vec<StagePeak>,
+    /// The stage where `reserved` peaks.
+    pub peak_stage: String,
     pub peak_allocated: Bytes,
-    /// The whole peak on one GPU: allocator, outside it and the reserve.
+    pub peak_reserved: Bytes,
+    pub outside_allocator: Bytes,
+    /// The proof's worst error on `reserved`, in bytes of this budget.
+    pub margin: Bytes,
+    pub margin_source: String,
+    /// `peak_reserved` + `outside_allocator` + the reserve: what the card must have, before
+    /// the margin.
     pub total: Bytes,
-    pub constants: GpuConstants,
+    /// `total` + the margin: what the planner asks of a GPU.
+    pub needed: Bytes,
+    pub outside: OutsideAllocator,
+    pub kernels: Kernels,
+    /// The checkpoint's headers, when the model was read from its folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::model::folder::Checkpoint>,
 }
 
 /// The inputs of a budget besides the workload.
 #[derive(Debug, Clone)]
 pub struct BudgetSettings {
-    pub constants: GpuConstants,
-    /// cuBLAS/cuBLASLt workspaces of the GPU's architecture (`allocator::workspace`).
-    pub workspaces: Workspaces,
-    /// A reserve for fragmentation, chosen by the user.
+    /// Workspace sizes of the GPU's architecture.
+    pub kernels: Kernels,
+    pub outside: OutsideAllocator,
+    /// A reserve chosen by the user.
     pub reserve_bytes: u64,
 }
 
 impl BudgetSettings {
-    /// The H200's measured constants, PyTorch's default workspaces of the architecture `cc`, and
-    /// a reserve of `reserve_bytes`.
+    /// PyTorch's defaults for the architecture `cc`, the outside memory measured on the H200,
+    /// and a reserve.
     pub fn for_gpu(cc: crate::allocator::ComputeCapability, reserve_bytes: u64) -> BudgetSettings {
         BudgetSettings {
-            constants: super::constants::h200(),
-            workspaces: Workspaces::for_gpu(cc, &crate::allocator::WorkspaceSettings::default())
-                .expect("the default settings are valid"),
+            kernels: Kernels::for_gpu(cc),
+            outside: OutsideAllocator::h200(),
             reserve_bytes,
         }
     }
 
-    /// [`for_gpu`](Self::for_gpu) of the H200's architecture (9.0), no reserve.
+    /// The H200's architecture (9.0), no reserve.
     pub fn h200() -> BudgetSettings {
         BudgetSettings::for_gpu(crate::allocator::ComputeCapability::new(9, 0), 0)
     }
 }
 
-struct Builder {
-    terms: Vec<Term>,
+/// The allocator configuration of a workload's setting.
+pub fn allocator_config(setting: AllocatorSetting) -> AllocatorConfig {
+    AllocatorConfig {
+        expandable_segments: setting == AllocatorSetting::ExpandableSegments,
+        ..Default::default()
+    }
 }
 
-impl Builder {
-    fn push(
-        &mut self,
-        key: &'static str,
-        name: &'static str,
-        formula: String,
-        bytes: u64,
-    ) -> &mut Term {
-        self.terms.push(Term {
+fn role(roles: &RoleBytes, r: Role) -> u64 {
+    roles[Role::ALL
+        .iter()
+        .position(|x| *x == r)
+        .expect("a listed role")]
+}
+
+/// The exact size of the weights (and buffers) as stored.
+fn weight_bytes(w: &Workload) -> (u64, String) {
+    let e = w.dtype.bytes();
+    let params: u64 = w.model.parameters().iter().map(|p| p.elements() * e).sum();
+    let buffers: u64 = w.model.buffers().iter().map(|b| b.elements() * 4).sum();
+    let n = w.model.parameter_count();
+    (
+        params + buffers,
+        format!(
+            "{} parameters × {e} B ({}) + {} B of float32 buffers (rotary frequencies{})",
+            grouped(n),
+            w.dtype,
+            grouped(buffers),
+            if w.model.model_type.is_gemma() {
+                ", embedding scale"
+            } else {
+                ""
+            }
+        ),
+    )
+}
+
+/// LoRA's trained parameters: rank × (in + out) on every targeted linear layer.
+fn lora_parameters(w: &Workload, rank: u64, targets: &[String]) -> u64 {
+    w.model
+        .parameters()
+        .iter()
+        .filter(|p| {
+            p.role == TensorRole::Linear && !p.is_bias() && targets.iter().any(|t| t == p.module())
+        })
+        .map(|p| rank * (p.shape[0] + p.shape[1]))
+        .sum()
+}
+
+/// The KV cache's final size: every layer's keys and values as `DynamicCache` holds them after
+/// the last forward (a sliding layer its window's worth; a latent layer the latent and the
+/// rotary key).
+fn kv_bytes(w: &Workload) -> (u64, String) {
+    let m = &w.model;
+    let e = w.dtype.bytes();
+    let Mode::Inference { generated } = w.mode else {
+        return (0, String::new());
+    };
+    // The last new token is never fed back.
+    let tokens = w.context + generated.max(1) - 1;
+    let per_token = match m.attention {
+        Attention::Latent(l) => l.kv_lora_rank + l.qk_rope_head_dim,
+        Attention::Standard { .. } => 2 * m.kv_dim(),
+    };
+    let bytes: u64 = m
+        .layers
+        .iter()
+        .map(|l| {
+            let kept = match l.window {
+                Some(window) if tokens > window => window,
+                _ => tokens,
+            };
+            w.batch * kept * per_token * e
+        })
+        .sum();
+    let sliding = m.layers.iter().filter(|l| l.window.is_some()).count();
+    let formula = format!(
+        "{} layers × batch {} × {} tokens{} × {} per token × {e} B",
+        m.layers.len(),
+        w.batch,
+        grouped(tokens),
+        if sliding > 0 {
+            format!(" ({sliding} sliding layers keep at most their window)")
+        } else {
+            String::new()
+        },
+        match m.attention {
+            Attention::Latent(l) => format!(
+                "{} (latent {} + rotary key {})",
+                grouped(per_token),
+                l.kv_lora_rank,
+                l.qk_rope_head_dim
+            ),
+            Attention::Standard { .. } => format!(
+                "{} (K and V: 2 × {} KV heads × {})",
+                grouped(per_token),
+                m.kv_heads,
+                m.head_dim
+            ),
+        },
+    );
+    (bytes, formula)
+}
+
+/// Why no budget was given.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    #[error(transparent)]
+    Workload(#[from] super::workload::WorkloadError),
+}
+
+impl crate::status::Classify for BudgetError {
+    fn status(&self) -> crate::status::Status {
+        crate::status::Status::Usage
+    }
+}
+
+/// The budget of a validated workload.
+pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
+    let run = w.run(settings.kernels);
+    let replayed = program(&run).replay(allocator_config(w.allocator), None);
+    from_replay(w, settings, &replayed)
+}
+
+/// The budget of `w` from a replay of its run.
+pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Budget {
+    let parameters = w.model.parameter_count();
+    let e = w.dtype.bytes();
+    let replay_status = || TermStatus::Replayed {
+        bound: format!(
+            "the replays of scripts/gpu/hf-proof.py are within {}.{} % of the H200's peak reserved",
+            MARGIN_PPM / 10_000,
+            (MARGIN_PPM % 10_000) / 100
+        ),
+    };
+    let mut terms = Vec::new();
+    let mut push = |key: &str,
+                    name: &str,
+                    formula: String,
+                    bytes: u64,
+                    at_peak: u64,
+                    status: TermStatus,
+                    split: Split,
+                    place: Place| {
+        terms.push(Term {
             key: key.into(),
             name: name.into(),
             formula,
             bytes: Bytes(bytes),
-            at_peak: Bytes(bytes),
-            status: TermStatus::Exact,
-            split: Split::Sharded,
-            place: Place::Allocator,
+            at_peak: Bytes(at_peak),
+            status,
+            split,
+            place,
         });
-        self.terms.last_mut().expect("just pushed")
-    }
-}
-
-impl Term {
-    fn status(&mut self, status: TermStatus) -> &mut Self {
-        self.status = status;
-        self
-    }
-    fn split(&mut self, split: Split) -> &mut Self {
-        self.split = split;
-        self
-    }
-    fn place(&mut self, place: Place) -> &mut Self {
-        self.place = place;
-        self
-    }
-}
-
-/// Bytes of a weight tensor stored in `format` (quantization metadata apart), and its metadata.
-fn stored(t: &WeightTensor, w: &Workload) -> (u64, u64) {
-    let dense = t.elements * w.dtype.bytes();
-    let (rows_out, cols_in) = t
-        .linear
-        .map_or((0, 0), |target| w.shape.linear_features(target));
-    match (t.linear, w.weights) {
-        (None, _) | (_, WeightFormat::Dense) => (dense, 0),
-        (Some(_), WeightFormat::Int8) => (t.elements, rows_out * 4),
-        (Some(_), WeightFormat::Int4 { group_size }) => {
-            // qweight: 8 weights per int32; scales: float16 per (group, column); qzeros: 8 per
-            // int32 per group; g_idx: one int32 per input row.
-            let groups = cols_in / group_size;
-            (
-                t.elements / 2,
-                groups * rows_out * 2 + groups * rows_out / 2 + cols_in * 4,
-            )
-        }
-        (Some(_), WeightFormat::Nf4) => {
-            // 64-weight blocks with an 8-bit absmax; one float32 per 256 blocks (double
-            // quantization); rounded up per tensor.
-            let blocks = t.elements.div_ceil(64);
-            (t.elements.div_ceil(2), blocks + blocks.div_ceil(256) * 4)
-        }
-    }
-}
-
-/// LoRA parameters: for every layer (and expert) and target, rank × (in + out).
-fn lora_parameters(
-    w: &Workload,
-    tensors: &[WeightTensor],
-    rank: u64,
-    targets: &[LinearTarget],
-) -> u64 {
-    tensors
-        .iter()
-        .filter_map(|t| t.linear.filter(|l| targets.contains(l)))
-        .map(|l| {
-            let (out, inp) = w.shape.linear_features(l);
-            rank * (out + inp)
-        })
-        .sum()
-}
-
-fn estimated(source: &str, bound: &str) -> TermStatus {
-    TermStatus::Estimated {
-        source: source.into(),
-        bound: bound.into(),
-    }
-}
-
-/// Computes the budget of a validated workload.
-pub fn budget(w: &Workload, settings: BudgetSettings) -> Budget {
-    budget_and_activations(w, settings).0
-}
-
-/// [`budget`], with the activation estimate it was made from.
-pub(crate) fn budget_and_activations(
-    w: &Workload,
-    settings: BudgetSettings,
-) -> (Budget, Activations) {
-    let tensors = w.shape.tensors();
-    let parameters: u64 = tensors.iter().map(|t| t.elements).sum();
-    let mut b = Builder { terms: Vec::new() };
-    push_weights(&mut b, w, &tensors, parameters);
+    };
+    let roles = &r.roles_at_peak;
+    let (wb, wf) = weight_bytes(w);
+    push(
+        "weights",
+        "Weights",
+        wf,
+        wb,
+        role(roles, Role::Weights),
+        TermStatus::Exact,
+        Split::Sharded,
+        Place::Allocator,
+    );
     let trainable = match &w.mode {
         Mode::Inference { .. } => 0,
         Mode::Full { .. } => parameters,
-        Mode::Lora { rank, targets } => lora_parameters(w, &tensors, *rank, targets),
+        Mode::Lora { rank, targets } => lora_parameters(w, *rank, targets),
     };
-    let acts = activations::estimate(w, &tensors);
-    let moments = push_mode(&mut b, w, &tensors, trainable, &acts);
-    push_per_gpu(&mut b, w, &settings);
-    let mut terms = b.terms;
-    let on_one_gpu = |m: &Moment| -> u64 {
-        terms
-            .iter()
-            .filter(|t| t.place == Place::Allocator)
-            .map(|t| m.held(t))
-            .sum()
-    };
-    let peak = moments
-        .iter()
-        .max_by_key(|m| on_one_gpu(m))
-        .expect("at least one moment")
-        .clone();
-    let peak_allocated = on_one_gpu(&peak);
-    for t in &mut terms {
-        t.at_peak = Bytes(peak.held(t));
-    }
-    let total = terms.iter().map(|t| t.at_peak.0).sum();
-    let budget = Budget {
-        schema: SCHEMA.into(),
-        workload: w.clone(),
-        parameters,
-        trainable_parameters: trainable,
-        peak_rule: acts.peak_rule.clone(),
-        terms,
-        moments,
-        peak_moment: peak.name,
-        peak_allocated: Bytes(peak_allocated),
-        total: Bytes(total),
-        constants: settings.constants,
-    };
-    (budget, acts)
-}
-
-/// Weights and their quantization metadata.
-fn push_weights(b: &mut Builder, w: &Workload, tensors: &[WeightTensor], parameters: u64) {
-    let e = w.dtype.bytes();
-    let (weight_bytes, metadata_bytes) = tensors
-        .iter()
-        .map(|t| stored(t, w))
-        .fold((0, 0), |(a, m), (x, y)| (a + x, m + y));
-    let weights_formula = match w.weights {
-        WeightFormat::Dense => format!("{} parameters × {e} B ({})", grouped(parameters), w.dtype),
-        f => format!(
-            "layers' linear matrices in {}, embeddings, LM head, norms and biases in {} ({e} B)",
-            f.name(),
-            w.dtype
-        ),
-    };
-    b.push("weights", "Weights", weights_formula, weight_bytes);
-    if metadata_bytes > 0 {
-        let formula = match w.weights {
-            WeightFormat::Int8 => "one float32 scale per output row of each linear matrix".into(),
-            WeightFormat::Int4 { group_size } => format!(
-                "per group of {group_size} input rows and output column: float16 scale + 4-bit \
-                 zero point; one int32 group index per input row"
-            ),
-            WeightFormat::Nf4 => {
-                "one 8-bit absmax per 64 weights + one float32 per 256 blocks".into()
-            }
-            WeightFormat::Dense => unreachable!("dense weights carry no metadata"),
-        };
-        b.push(
-            "quantization_metadata",
-            "Quantization metadata",
-            formula,
-            metadata_bytes,
-        );
-    }
-}
-
-/// The terms of the mode (KV cache; adapters, gradients, optimizer states; activations) and the
-/// moments that may be the peak.
-fn push_mode(
-    b: &mut Builder,
-    w: &Workload,
-    tensors: &[WeightTensor],
-    trainable: u64,
-    acts: &Activations,
-) -> Vec<Moment> {
-    let s = &w.shape;
-    let e = w.dtype.bytes();
-    // Full training trains every parameter.
-    let parameters = trainable;
-    let mut moments = vec![Moment::new("prefill", &[])];
     match &w.mode {
-        Mode::Inference { kv_cache, .. } => {
-            let kv = 2 * s.layers * w.batch * w.tokens() * s.kv_dim() * kv_cache.bytes();
-            b.push(
+        Mode::Inference { .. } => {
+            let (kb, kf) = kv_bytes(w);
+            push(
                 "kv_cache",
                 "KV cache",
-                format!(
-                    "2 (K, V) × {} layers × batch {} × {} tokens × {} KV heads × {} head dim × {} B ({})",
-                    s.layers,
-                    w.batch,
-                    w.tokens(),
-                    s.kv_heads,
-                    s.head_dim,
-                    kv_cache.bytes(),
-                    kv_cache.name()
-                ),
-                kv,
-            )
-            .split(Split::KvHeads);
-            push_activations(b, acts);
+                kf,
+                kb,
+                role(roles, Role::KvCache),
+                TermStatus::Exact,
+                Split::KvHeads,
+                Place::Allocator,
+            );
         }
         Mode::Lora { rank, targets } => {
-            let names: Vec<&str> = targets.iter().map(|t| t.module()).collect();
-            let formula = |what: &str, per: u64| {
+            let formula = |what: &str| {
                 format!(
-                    "{} adapter parameters (rank {rank} × (in + out) on {} of every \
-                     layer) × {per} B {what}",
+                    "{} adapter parameters (rank {rank} × (in + out) on {}) × {what}",
                     grouped(trainable),
-                    names.join(", ")
+                    targets.join(", ")
                 )
             };
-            b.push(
+            push(
                 "lora_adapters",
                 "LoRA adapters",
-                formula("(float32)", 4),
+                formula("4 B (float32)"),
                 trainable * 4,
+                role(roles, Role::Adapters),
+                TermStatus::Exact,
+                Split::Sharded,
+                Place::Allocator,
             );
-            b.push(
+            push(
                 "gradients",
                 "Gradients",
-                formula("(float32 adapter gradients)", 4),
+                formula("4 B (float32)"),
                 trainable * 4,
+                role(roles, Role::Gradients),
+                TermStatus::Exact,
+                Split::Sharded,
+                Place::Allocator,
             );
-            b.push(
+            push(
                 "optimizer_states",
                 "Optimizer states",
-                formula("(AdamW: two float32 moments)", 8),
+                formula("8 B (AdamW: two float32 moments)"),
                 trainable * 8,
+                role(roles, Role::OptimizerStates),
+                TermStatus::Exact,
+                Split::Sharded,
+                Place::Allocator,
             );
-            push_activations(b, acts);
-            moments = vec![
-                Moment::new("loss backward", &[("gradients", 0)]),
-                Moment::new("end of backward", &[("activations", 0), ("logits", 0)]),
-            ];
-            moments.extend(recompute_moments(acts));
         }
         Mode::Full { optimizer } => {
-            let grads = parameters * e;
-            // The peak is at the loss's backward (every kept activation and the loss's
-            // gradients) or at the optimizer step, when every gradient exists.
-            b.push(
+            push(
                 "gradients",
                 "Gradients",
                 format!("{} parameters × {e} B ({})", grouped(parameters), w.dtype),
-                grads,
+                parameters * e,
+                role(roles, Role::Gradients),
+                TermStatus::Exact,
+                Split::Sharded,
+                Place::Allocator,
             );
-            if *optimizer == Optimizer::AdamwMixed && e < 4 {
-                b.push(
-                    "master_weights",
-                    "Master weights",
-                    format!("{} parameters × 4 B (float32 copy)", grouped(parameters)),
-                    parameters * 4,
-                );
-            }
-            let (per, what) = match optimizer {
-                Optimizer::AdamwMixed => (8, "two float32 moments".to_string()),
-                Optimizer::Adamw => (2 * e, format!("two moments in {}", w.dtype)),
-                Optimizer::SgdMomentum => (e, format!("one momentum buffer in {}", w.dtype)),
-                Optimizer::Adamw8bit => (2, "two 8-bit moments".to_string()),
-            };
-            b.push(
+            push(
                 "optimizer_states",
                 "Optimizer states",
-                format!("{} parameters × {per} B ({what})", grouped(parameters)),
-                parameters * per,
-            );
-            if *optimizer == Optimizer::Adamw8bit {
-                let blocks: u64 = tensors.iter().map(|t| t.elements.div_ceil(256)).sum();
-                b.push(
-                    "optimizer_metadata",
-                    "Optimizer quantization metadata",
-                    format!("2 moments × {blocks} blocks of 256 × 4 B (float32 absmax)"),
-                    2 * blocks * 4,
-                )
-                .status(estimated(
-                    "bitsandbytes 8-bit blockwise optimizers (block 256)",
-                    "tensors under 4096 elements keep 32-bit states in bitsandbytes: not counted",
-                ));
-            }
-            push_activations(b, acts);
-            moments = vec![
-                Moment::new("loss backward", &[("gradients", 0)]),
-                Moment::new(
-                    "optimizer step",
-                    &[("activations", acts.step_bytes), ("logits", 0)],
+                format!(
+                    "{} parameters × 2 × {e} B ({}: two moments in {})",
+                    grouped(parameters),
+                    optimizer.name(),
+                    w.dtype
                 ),
-            ];
-            moments.extend(recompute_moments(acts));
+                parameters * 2 * e,
+                role(roles, Role::OptimizerStates),
+                TermStatus::Exact,
+                Split::Sharded,
+                Place::Allocator,
+            );
         }
     }
-
-    moments
-}
-
-/// The terms each GPU holds whole: cuBLAS workspaces, the CUDA context, the reserve.
-fn push_per_gpu(b: &mut Builder, w: &Workload, settings: &BudgetSettings) {
-    // cuBLAS workspaces: one per handle, and a handle per thread; training runs backward on
-    // autograd's own thread. cuBLASLt's own workspace comes only with a bias (addmm's cuBLASLt
-    // path).
-    let ws = settings.workspaces;
-    let lt = match ws.cublaslt_bytes {
-        Some(lt) if w.shape.attention_bias && ws.addmm_cublaslt => lt,
-        _ => 0,
-    };
-    let threads = if w.mode.trains() { 2 } else { 1 };
-    b.push(
-        "cublas_workspace",
-        "cuBLAS workspaces",
+    let temporaries = role(roles, Role::Activations)
+        + role(roles, Role::Inputs)
+        + role(roles, Role::OptimizerStep);
+    push(
+        "activations",
+        "Activations and temporaries",
         format!(
-            "{threads} thread(s) × {} cuBLAS{} (PyTorch 2.11 defaults for the architecture; \
-             training runs backward on autograd's thread, with a handle of its own)",
-            grouped(ws.cublas_bytes),
-            if lt > 0 {
+            "what the run holds at its peak ({}) besides the terms above: {}",
+            r.peak_stage,
+            if w.mode.trains() {
+                "activations kept for backward, temporaries, the inputs and the optimizer step's"
+            } else {
+                "the inputs, the forward's temporaries and the logits"
+            }
+        ),
+        temporaries,
+        temporaries,
+        replay_status(),
+        Split::PerGpu,
+        Place::Allocator,
+    );
+    let workspaces = role(roles, Role::Workspaces);
+    push(
+        "workspaces",
+        "cuBLAS, cuBLASLt and kernel workspaces",
+        format!(
+            "{} B for cuBLAS per thread that multiplies{}",
+            grouped(settings.kernels.cublas_workspace),
+            if settings.kernels.cublaslt_workspace > 0 {
                 format!(
-                    " + {} cuBLASLt for the biases' forward products",
-                    grouped(lt)
+                    ", {} B for cuBLASLt with a bias",
+                    grouped(settings.kernels.cublaslt_workspace)
                 )
             } else {
                 String::new()
             }
         ),
-        threads * ws.cublas_bytes + lt,
-    )
-    .status(TermStatus::Measured {
-        on: "NVIDIA H200 (compute capability 9.0)".into(),
-        source: "docs/allocator-model.md".into(),
-    })
-    .split(Split::PerGpu);
-    let c = settings.constants.clone();
-    b.push(
-        "cuda_context",
+        workspaces,
+        workspaces,
+        replay_status(),
+        Split::PerGpu,
+        Place::Allocator,
+    );
+    let cached = r.peak_reserved.saturating_sub(r.allocated_at_peak);
+    push(
+        "cached_free",
+        "Reserved but unallocated",
+        format!(
+            "blocks the caching allocator holds free at the peak ({}): the cost of its segments \
+             and splits under {}",
+            r.peak_stage,
+            match w.allocator {
+                AllocatorSetting::Default => "the default settings",
+                AllocatorSetting::ExpandableSegments => "expandable_segments:True",
+            }
+        ),
+        cached,
+        cached,
+        replay_status(),
+        Split::PerGpu,
+        Place::Allocator,
+    );
+    let outside = settings.outside.for_mode(w.mode.trains());
+    push(
+        "outside_allocator",
         "CUDA context and libraries",
         format!(
-            "{} B context + {} B cuBLAS handle, outside the allocator ({})",
-            grouped(c.cuda_context_bytes),
-            grouped(c.libraries_bytes),
-            c.software
+            "outside the allocator in a {} process ({})",
+            if w.mode.trains() {
+                "training"
+            } else {
+                "generate"
+            },
+            settings.outside.software
         ),
-        c.cuda_context_bytes + c.libraries_bytes,
-    )
-    .status(TermStatus::Measured {
-        on: c.recorded_on.clone(),
-        source: c.source.clone(),
-    })
-    .split(Split::PerGpu)
-    .place(Place::OutsideAllocator);
-    b.push(
+        outside,
+        outside,
+        TermStatus::Measured {
+            on: settings.outside.measured_on.clone(),
+            source: settings.outside.source.clone(),
+        },
+        Split::PerGpu,
+        Place::OutsideAllocator,
+    );
+    push(
         "reserve",
-        "Fragmentation reserve",
-        "chosen by the user (--reserve-gib); cached but unused blocks of the allocator".into(),
+        "Reserve",
+        "chosen by the user (--reserve-gib)".into(),
         settings.reserve_bytes,
-    )
-    .status(TermStatus::Hypothesis)
-    .split(Split::PerGpu)
-    .place(Place::Reserve);
-}
-
-/// The moments inside a recomputed layer's backward (with checkpointing).
-fn recompute_moments(a: &Activations) -> Vec<Moment> {
-    a.recompute
-        .iter()
-        .map(|(name, activations, gradients)| {
-            Moment::new(
-                name,
-                &[
-                    ("activations", *activations),
-                    ("logits", 0),
-                    ("gradients", *gradients),
-                ],
-            )
-        })
-        .collect()
-}
-
-fn push_activations(b: &mut Builder, a: &Activations) {
-    b.push("activations", "Activations", a.formula.clone(), a.bytes)
-        .status(estimated(activations::SOURCE, activations::BOUND))
-        .split(Split::PerGpu);
-    if a.logits_bytes > 0 {
-        b.push(
-            "logits",
-            "Logits and loss",
-            a.logits_formula.clone(),
-            a.logits_bytes,
-        )
-        .status(estimated(activations::SOURCE, activations::BOUND))
-        .split(Split::PerGpu);
+        settings.reserve_bytes,
+        TermStatus::Hypothesis,
+        Split::PerGpu,
+        Place::Reserve,
+    );
+    let total = r.peak_reserved + outside + settings.reserve_bytes;
+    let margin = r
+        .peak_reserved
+        .div_ceil(1_000_000)
+        .saturating_mul(MARGIN_PPM);
+    Budget {
+        schema: SCHEMA.into(),
+        workload: w.clone(),
+        parameters,
+        trainable_parameters: trainable,
+        terms,
+        stages: r
+            .stages
+            .iter()
+            .map(|(stage, f)| StagePeak {
+                stage: stage.clone(),
+                peak_allocated: Bytes(f.peak_allocated_bytes),
+                peak_reserved: Bytes(f.peak_reserved_bytes),
+            })
+            .collect(),
+        peak_stage: r.peak_stage.clone(),
+        peak_allocated: Bytes(r.peak_allocated),
+        peak_reserved: Bytes(r.peak_reserved),
+        outside_allocator: Bytes(outside),
+        margin: Bytes(margin),
+        margin_source: MARGIN_SOURCE.into(),
+        total: Bytes(total),
+        needed: Bytes(total + margin),
+        outside: settings.outside.clone(),
+        kernels: settings.kernels,
+        checkpoint: None,
     }
 }
 
@@ -576,7 +553,9 @@ impl Budget {
         Self::from_bytes(&bytes, &path.display().to_string())
     }
 
-    /// Parses budget bytes and checks what the planner relies on.
+    /// Parses budget bytes and checks every invariant the writer guarantees: a valid workload,
+    /// the terms' `at_peak` summing to `total`, `total` = peak reserved + outside + reserve,
+    /// peaks of `allocated` not above those of `reserved`, `needed` = total + margin.
     pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Budget, JsonError> {
         let invalid =
             |message: String| JsonError::invalid(file, crate::files::Input::Budget, message);
@@ -585,11 +564,54 @@ impl Budget {
             .clone()
             .validated()
             .map_err(|e| invalid(format!("workload: {e}")))?;
-        if let Some(t) = b.terms.iter().find(|t| t.at_peak > t.bytes) {
-            return Err(invalid(format!("term {}: at_peak exceeds bytes", t.key)));
+        let keys = ["weights", "activations", "cached_free", "outside_allocator"];
+        for key in keys {
+            if !b.terms.iter().any(|t| t.key == key) {
+                return Err(invalid(format!("terms: no `{key}` term")));
+            }
         }
-        if b.moments.is_empty() {
-            return Err(invalid("no moment: the planner needs at least one".into()));
+        let sum = b
+            .terms
+            .iter()
+            .try_fold(0u64, |s, t| s.checked_add(t.at_peak.0))
+            .ok_or_else(|| invalid("terms: at_peak overflows".into()))?;
+        if sum != b.total.0 {
+            return Err(invalid(format!(
+                "terms: at_peak sums to {sum}, total is {}",
+                b.total.0
+            )));
+        }
+        let outside: u64 = b
+            .terms
+            .iter()
+            .filter(|t| t.place == Place::OutsideAllocator)
+            .map(|t| t.at_peak.0)
+            .sum();
+        let reserve: u64 = b
+            .terms
+            .iter()
+            .filter(|t| t.place == Place::Reserve)
+            .map(|t| t.at_peak.0)
+            .sum();
+        if outside != b.outside_allocator.0
+            || b.peak_reserved
+                .0
+                .checked_add(outside)
+                .and_then(|s| s.checked_add(reserve))
+                != Some(b.total.0)
+        {
+            return Err(invalid(
+                "total: not peak_reserved + outside_allocator + reserve".into(),
+            ));
+        }
+        if b.peak_allocated.0 > b.peak_reserved.0 {
+            return Err(invalid("peak_allocated: above peak_reserved".into()));
+        }
+        if b.total.0.checked_add(b.margin.0) != Some(b.needed.0) {
+            return Err(invalid("needed: not total + margin".into()));
+        }
+        if b.parameters != b.workload.model.parameter_count() {
+            return Err(invalid("parameters: not the model's count".into()));
         }
         Ok(b)
     }

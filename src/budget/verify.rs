@@ -4,8 +4,8 @@
 //! allocator's figure; then the run's peak of `allocated` against the budget's.
 
 use super::bench::{stage, BenchMode, BenchReport, BenchRun};
-use super::terms::{budget_and_activations, Budget, BudgetSettings};
-use super::workload::{KvFormat, Mode, Optimizer, WeightFormat, Workload};
+use super::synthetic::terms::{budget_and_activations, Budget, BudgetSettings};
+use super::synthetic::workload::{KvFormat, Mode, Optimizer, WeightFormat, Workload};
 use crate::allocator::{AddressOrder, AllocatorConfig, Replay, SegmentView};
 use crate::units::Bytes;
 use serde::Serialize;
@@ -67,7 +67,7 @@ pub enum VerifyError {
     )]
     MissingStage(&'static str),
     #[error("the report's run is refused by the budget: {0}")]
-    Workload(#[from] super::WorkloadError),
+    Workload(#[from] super::synthetic::workload::WorkloadError),
 }
 
 impl crate::status::Classify for VerifyError {

@@ -1,131 +1,49 @@
-//! What runs on the GPU: a model shape, a mode (inference, LoRA, QLoRA, full training), the
-//! storage of its weights and the sizes of a step. Validated once, so that every formula of
-//! [`super::terms`] may rely on it.
+//! What runs on the GPU, as people run it with Hugging Face transformers: a model (from a preset,
+//! a `config.json` or flags), `generate` or training (PEFT LoRA, or every weight with PyTorch's
+//! AdamW), the dtype, the sizes of a step, recomputation, autocast and the allocator's setting.
+//! Validated once, with every size bounded, so that the replay and every formula may rely on it.
 
-use super::shape::{AttentionKind, LinearTarget, ModelShape, ShapeError};
-use crate::measure::Dtype;
+use crate::dtype::Dtype;
+use crate::model::{Attention, Model, TensorRole};
+use crate::stack::optimizer::OptimizerImpl;
 use serde::{Deserialize, Serialize};
 
-/// How the layers' linear matrices are stored (embeddings, the LM head, norms and biases stay in
-/// the compute dtype, as bitsandbytes, GPTQ and AWQ leave them).
+/// How the layers' linear matrices are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "format")]
 pub enum WeightFormat {
     /// Unquantized, in the compute dtype.
     Dense,
-    /// LLM.int8() (bitsandbytes): one byte per weight and one float32 scale per output row.
-    Int8,
-    /// GPTQ: 4 bits per weight; per group of `group_size` input rows and per output column a
-    /// float16 scale and a 4-bit zero point; one int32 group index per input row.
-    Int4 { group_size: u64 },
     /// NF4 with double quantization (QLoRA, bitsandbytes): 4 bits per weight, one 8-bit absmax
-    /// per block of 64 weights, one float32 per 256 blocks.
+    /// per block of 64 weights, one float32 per 256 blocks; embeddings, the LM head, norms and
+    /// routers stay in the compute dtype.
     Nf4,
 }
 
-impl WeightFormat {
-    pub fn name(self) -> String {
-        match self {
-            WeightFormat::Dense => "dense".into(),
-            WeightFormat::Int8 => "int8".into(),
-            WeightFormat::Int4 { group_size } => format!("int4 (group {group_size})"),
-            WeightFormat::Nf4 => "nf4".into(),
-        }
-    }
-}
-
 /// The optimizer of full training.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum Optimizer {
-    /// AdamW with mixed precision: float32 master weights, float32 moments, 16-bit weights and
-    /// gradients (the usual `torch.amp` + fp32 optimizer recipe).
-    AdamwMixed,
-    /// AdamW with moments in the weights' own dtype, no master copy.
+    /// `torch.optim.AdamW`: two moments in each parameter's dtype.
     Adamw,
-    /// SGD with momentum: one buffer in the weights' dtype.
-    SgdMomentum,
-    /// bitsandbytes' 8-bit AdamW: two 8-bit moments with one float32 absmax per block of 256.
-    Adamw8bit,
 }
 
 impl Optimizer {
-    pub const ALL: [Optimizer; 4] = [
-        Optimizer::AdamwMixed,
-        Optimizer::Adamw,
-        Optimizer::SgdMomentum,
-        Optimizer::Adamw8bit,
-    ];
     pub fn name(self) -> &'static str {
-        match self {
-            Optimizer::AdamwMixed => "adamw-mixed",
-            Optimizer::Adamw => "adamw",
-            Optimizer::SgdMomentum => "sgd-momentum",
-            Optimizer::Adamw8bit => "adamw-8bit",
-        }
-    }
-}
-
-impl std::str::FromStr for Optimizer {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Optimizer::ALL
-            .into_iter()
-            .find(|o| o.name() == s)
-            .ok_or_else(|| {
-                format!("unknown optimizer {s:?} (adamw-mixed, adamw, sgd-momentum or adamw-8bit)")
-            })
-    }
-}
-
-/// Element width of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvFormat {
-    Float32,
-    Float16,
-    Bfloat16,
-    /// One byte per element (FP8 KV cache, as in vLLM and TensorRT-LLM), scales ignored.
-    Fp8,
-}
-
-impl KvFormat {
-    pub fn bytes(self) -> u64 {
-        match self {
-            KvFormat::Float32 => 4,
-            KvFormat::Float16 | KvFormat::Bfloat16 => 2,
-            KvFormat::Fp8 => 1,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            KvFormat::Float32 => "float32",
-            KvFormat::Float16 => "float16",
-            KvFormat::Bfloat16 => "bfloat16",
-            KvFormat::Fp8 => "fp8",
-        }
-    }
-    pub fn of(dtype: Dtype) -> KvFormat {
-        match dtype {
-            Dtype::Float32 => KvFormat::Float32,
-            Dtype::Float16 => KvFormat::Float16,
-            Dtype::Bfloat16 => KvFormat::Bfloat16,
-        }
-    }
-}
-
-impl std::str::FromStr for KvFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        [
-            KvFormat::Float32,
-            KvFormat::Float16,
-            KvFormat::Bfloat16,
-            KvFormat::Fp8,
-        ]
-        .into_iter()
-        .find(|k| k.name() == s)
-        .ok_or_else(|| format!("unknown KV-cache format {s:?} (float32, float16, bfloat16 or fp8)"))
+        self.into()
     }
 }
 
@@ -133,14 +51,10 @@ impl std::str::FromStr for KvFormat {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "mode")]
 pub enum Mode {
-    /// Prefill of `context` prompt tokens, then `generated` tokens decoded one at a time.
-    Inference { generated: u64, kv_cache: KvFormat },
-    /// Frozen base weights, trained float32 adapters of `rank` on the `targets` of every layer,
-    /// AdamW on the adapters. QLoRA is this mode with NF4 base weights.
-    Lora {
-        rank: u64,
-        targets: Vec<LinearTarget>,
-    },
+    /// `generate`: a prompt of `context` tokens, then `generated` new tokens.
+    Inference { generated: u64 },
+    /// PEFT LoRA of `rank` on the modules named `targets` (`q_proj`…), AdamW on the adapters.
+    Lora { rank: u64, targets: Vec<String> },
     /// Every weight trained.
     Full { optimizer: Optimizer },
 }
@@ -158,57 +72,62 @@ impl Mode {
     }
 }
 
+/// The allocator's setting (`PYTORCH_CUDA_ALLOC_CONF`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocatorSetting {
+    #[default]
+    Default,
+    /// `expandable_segments:True`.
+    ExpandableSegments,
+}
+
 /// A workload whose budget can be computed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
-    /// The preset the shape comes from, if any (`llama-2-7b`).
-    pub preset: Option<String>,
-    pub shape: ModelShape,
+    /// Where the model comes from: a preset's name or a config file.
+    pub source: String,
+    pub model: Model,
     pub mode: Mode,
-    /// Dtype of activations, of dense weights and of gradients: float32, float16 or bfloat16.
+    /// The weights' and activations' dtype (float32 under autocast).
     pub dtype: Dtype,
     pub weights: WeightFormat,
     /// Sequences processed together.
     pub batch: u64,
     /// Prompt tokens (inference) or sequence length (training).
     pub context: u64,
-    /// Full-layer activation recomputation (training).
+    /// Gradient checkpointing (training).
     pub checkpointing: bool,
-    /// Attention without the materialised score matrix (FlashAttention, PyTorch's SDPA).
-    pub flash_attention: bool,
+    /// The AdamW implementation (training).
+    pub optimizer_impl: OptimizerImpl,
+    /// Training's forward under `torch.autocast` of this dtype (the Trainer's mixed precision:
+    /// float32 weights).
+    pub autocast: Option<Dtype>,
+    pub allocator: AllocatorSetting,
 }
 
-/// Why a workload is refused; the messages name the field and, for a preset, the preset.
+/// The largest batch, context or count of generated tokens a workload may have: 2^24, far above
+/// any real run, so that every product of sizes stays far from 2^64 and the replay's work
+/// stays bounded.
+pub const MAX_TOKENS: u64 = 1 << 24;
+/// The most tokens a budget's replay runs (batch × positions): a bound on its work.
+pub const MAX_BATCH_TOKENS: u64 = 1 << 26;
+
+/// Why a workload is refused; the messages name the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkloadError {
+    #[error("{field} must be between 1 and {max}, not {value}")]
+    Range {
+        field: &'static str,
+        value: u64,
+        max: u64,
+    },
     #[error(transparent)]
-    Shape(#[from] ShapeError),
-    #[error("{field} must be at least 1")]
-    Zero { field: &'static str },
-    #[error(
-        "{model} uses {kind} attention, which these formulas do not cover (its KV cache and \
-         attention memory differ from full attention's: {why}); no budget is given rather than a \
-         wrong one"
-    )]
-    Attention {
-        model: String,
-        kind: &'static str,
-        why: &'static str,
-    },
-    #[error("{mode} takes {weights} base weights; use {allowed}")]
-    Weights {
-        mode: &'static str,
-        weights: String,
-        allowed: &'static str,
-    },
-    #[error("quantized weights are computed in a 16-bit dtype, not float32")]
-    QuantizedFloat32,
-    #[error("int4 group size {0} must divide every linear layer's input width ({1})")]
-    GroupSize(u64, u64),
-    #[error("LoRA needs at least one target module")]
-    NoTargets,
-    #[error("the workload is too large to count in 64 bits")]
-    Overflow,
+    Model(#[from] crate::model::ConfigError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("LoRA targets {targets:?}: the model has no linear layer named so (it has {known})")]
+    Targets { targets: Vec<String>, known: String },
 }
 
 impl crate::status::Classify for WorkloadError {
@@ -217,93 +136,147 @@ impl crate::status::Classify for WorkloadError {
     }
 }
 
+/// Why [`Workload::preset`] failed: the name or the model.
+#[derive(Debug, thiserror::Error)]
+pub enum PresetOrWorkload {
+    #[error(transparent)]
+    Preset(#[from] super::PresetError),
+    #[error(transparent)]
+    Model(#[from] crate::model::ConfigError),
+}
+
 impl Workload {
-    /// A shipped preset in `mode`, bfloat16 dense weights, flash attention, no recomputation,
-    /// validated; change a field with `Workload { batch: 8, ..w }` and validate again.
-    pub fn preset(
-        name: &str,
-        mode: Mode,
-        batch: u64,
-        context: u64,
-    ) -> Result<Workload, PresetOrWorkload> {
+    /// A shipped preset with the defaults of `mesure_memoire budget`: `generate` of one token
+    /// after a prompt of 1024, batch 1, bfloat16, AdamW foreach, the default allocator. Change a
+    /// field with `Workload { batch: 8, ..w }`, then [`validated`](Self::validated).
+    pub fn preset(name: &str) -> Result<Workload, PresetOrWorkload> {
         let presets = super::Presets::builtin();
         let p = presets.get(name)?;
         Ok(Workload {
-            preset: Some(p.preset.clone()),
-            shape: p.shape(),
-            mode,
+            source: p.preset.clone(),
+            model: p.model()?,
+            mode: Mode::Inference { generated: 1 },
             dtype: Dtype::Bfloat16,
             weights: WeightFormat::Dense,
-            batch,
-            context,
+            batch: 1,
+            context: 1024,
             checkpointing: false,
-            flash_attention: true,
-        }
-        .validated()?)
+            optimizer_impl: OptimizerImpl::Foreach,
+            autocast: None,
+            allocator: AllocatorSetting::Default,
+        })
     }
 
-    /// Checks the shape and the sizes, and refuses what the formulas do not cover.
-    pub fn validated(mut self) -> Result<Self, WorkloadError> {
-        self.shape = self.shape.validated()?;
-        for (field, v) in [("batch", self.batch), ("context", self.context)] {
-            if v == 0 {
-                return Err(WorkloadError::Zero { field });
+    /// Checks the sizes and refuses what the emulated stack does not run.
+    pub fn validated(self) -> Result<Self, WorkloadError> {
+        self.model.check_runnable()?;
+        let generated = match self.mode {
+            Mode::Inference { generated } => generated,
+            _ => 0,
+        };
+        for (field, value, min) in [
+            ("batch", self.batch, 1),
+            ("context", self.context, 1),
+            ("generated", generated, 0),
+        ] {
+            if value < min || value > MAX_TOKENS {
+                return Err(WorkloadError::Range {
+                    field,
+                    value,
+                    max: MAX_TOKENS,
+                });
             }
         }
-        let model = self
-            .preset
-            .clone()
-            .unwrap_or_else(|| "this model".to_string());
-        match self.shape.attention {
-            AttentionKind::Full => {}
-            AttentionKind::SlidingWindow => return Err(WorkloadError::Attention {
-                model,
-                kind: "sliding-window",
-                why: "the cache holds at most the window per layer, and some layers may be global",
-            }),
-            AttentionKind::Latent => {
-                return Err(WorkloadError::Attention {
-                    model,
-                    kind: "multi-head latent",
-                    why: "K and V are cached as one compressed latent plus a rotary key",
-                })
+        let tokens = self
+            .batch
+            .checked_mul(self.context + generated)
+            .filter(|&n| n <= MAX_BATCH_TOKENS)
+            .ok_or(WorkloadError::Range {
+                field: "batch × (context + generated)",
+                value: self.batch.saturating_mul(self.context + generated),
+                max: MAX_BATCH_TOKENS,
+            })?;
+        let _ = tokens;
+        if let Mode::Lora { rank, targets } = &self.mode {
+            if *rank == 0 || *rank > crate::model::config::MAX_SIZE {
+                return Err(WorkloadError::Range {
+                    field: "rank",
+                    value: *rank,
+                    max: crate::model::config::MAX_SIZE,
+                });
             }
-        }
-        let quantized = self.weights != WeightFormat::Dense;
-        if quantized && self.dtype == Dtype::Float32 {
-            return Err(WorkloadError::QuantizedFloat32);
-        }
-        if let WeightFormat::Int4 { group_size } = self.weights {
-            let widths = [
-                self.shape.hidden,
-                self.shape.q_dim(),
-                self.shape.intermediate,
-            ];
-            if let Some(w) = widths
+            let linears: Vec<String> = self
+                .model
+                .parameters()
                 .into_iter()
-                .find(|w| group_size == 0 || w % group_size != 0)
-            {
-                return Err(WorkloadError::GroupSize(group_size, w));
+                .filter(|p| p.role == TensorRole::Linear && !p.is_bias())
+                .map(|p| p.module().to_string())
+                .collect();
+            let unknown: Vec<String> = targets
+                .iter()
+                .filter(|t| !linears.contains(t))
+                .cloned()
+                .collect();
+            if targets.is_empty() || !unknown.is_empty() {
+                let mut known = linears.clone();
+                known.sort();
+                known.dedup();
+                return Err(WorkloadError::Targets {
+                    targets: if targets.is_empty() { vec![] } else { unknown },
+                    known: known.join(", "),
+                });
             }
         }
-        match &self.mode {
-            Mode::Inference { .. } => {}
-            Mode::Lora { rank, targets } => {
-                if *rank == 0 {
-                    return Err(WorkloadError::Zero { field: "rank" });
+        if self.autocast.is_some()
+            && !matches!(self.mode, Mode::Inference { .. })
+            && self.dtype != Dtype::Float32
+        {
+            return Err(WorkloadError::Unsupported(
+                "--autocast trains float32 weights (the Trainer's mixed precision): --dtype float32".into(),
+            ));
+        }
+        if let Some(q) = self.model.quantization {
+            let kind = match q {
+                crate::model::Quantization::Bnb4 { .. } => "bitsandbytes 4-bit".to_string(),
+                crate::model::Quantization::Bnb8 => "bitsandbytes 8-bit".to_string(),
+                crate::model::Quantization::Packed { bits, group_size } => {
+                    format!("{bits}-bit GPTQ/AWQ in groups of {group_size}")
                 }
-                if targets.is_empty() {
-                    return Err(WorkloadError::NoTargets);
-                }
+            };
+            return Err(WorkloadError::Unsupported(format!(
+                "the model's quantization_config ({kind}) is not replayed yet: quantized weights \
+                 load and compute through kernels that are not emulated, and a budget of dense \
+                 weights would be wrong; remove quantization_config to budget the model unquantized"
+            )));
+        }
+        if self.weights == WeightFormat::Nf4 && !matches!(self.mode, Mode::Lora { .. }) {
+            return Err(WorkloadError::Unsupported(
+                "NF4 weights are QLoRA's: --mode qlora".into(),
+            ));
+        }
+        if self.weights == WeightFormat::Nf4 {
+            return Err(WorkloadError::Unsupported(
+                "QLoRA (bitsandbytes NF4) is not replayed yet: its loading and its dequantizing \
+                 forward are not emulated; no budget is given rather than a wrong one"
+                    .into(),
+            ));
+        }
+        if self.dtype == Dtype::Float32 && self.autocast.is_none() {
+            // SDPA in float32 runs the memory-efficient kernel, whose buffers are not emulated.
+            return Err(WorkloadError::Unsupported(
+                "float32 attention (PyTorch's memory-efficient kernel) is not replayed yet; use \
+                 float16 or bfloat16, or --autocast for float32 weights"
+                    .into(),
+            ));
+        }
+        if let Attention::Standard { .. } = self.model.attention {
+            if self.model.head_dim > 256 || !self.model.head_dim.is_multiple_of(8) {
+                return Err(WorkloadError::Unsupported(format!(
+                    "head_dim {} is outside cuDNN attention's range (a multiple of 8, at most \
+                     256): another SDPA kernel would run, which is not emulated",
+                    self.model.head_dim
+                )));
             }
-            Mode::Full { .. } if quantized => {
-                return Err(WorkloadError::Weights {
-                    mode: "full training",
-                    weights: self.weights.name(),
-                    allowed: "dense weights (train adapters over quantized weights with lora)",
-                })
-            }
-            Mode::Full { .. } => {}
         }
         Ok(self)
     }
@@ -311,17 +284,43 @@ impl Workload {
     /// Tokens in the KV cache at the end (inference), or processed per step (training).
     pub fn tokens(&self) -> u64 {
         match self.mode {
-            Mode::Inference { generated, .. } => self.context + generated,
+            Mode::Inference { generated } => self.context + generated,
             _ => self.context,
         }
     }
-}
 
-/// Why [`Workload::preset`] failed: the name or the workload.
-#[derive(Debug, thiserror::Error)]
-pub enum PresetOrWorkload {
-    #[error(transparent)]
-    Preset(#[from] super::PresetError),
-    #[error(transparent)]
-    Workload(#[from] WorkloadError),
+    /// The emulated run (one training step: its peak is the second step's, the states made).
+    pub fn run(&self, kernels: crate::stack::ops::Kernels) -> crate::stack::run::Run {
+        use crate::stack::run::{Loading, Lora, Run, Work};
+        let work = match &self.mode {
+            Mode::Inference { generated } => Work::Generate {
+                generated: (*generated).max(1),
+            },
+            Mode::Lora { rank, targets } => Work::Train {
+                lora: Some(Lora {
+                    rank: *rank,
+                    targets: targets.clone(),
+                }),
+                optimizer: self.optimizer_impl,
+                checkpointing: self.checkpointing,
+                steps: 2,
+            },
+            Mode::Full { .. } => Work::Train {
+                lora: None,
+                optimizer: self.optimizer_impl,
+                checkpointing: self.checkpointing,
+                steps: 2,
+            },
+        };
+        Run {
+            model: self.model.clone(),
+            dtype: self.dtype,
+            autocast: self.autocast,
+            batch: self.batch,
+            context: self.context,
+            work,
+            loading: Loading::Pretrained,
+            kernels,
+        }
+    }
 }

@@ -1,29 +1,39 @@
-//! `mesure_memoire budget`: the GPU memory budget of a real model, term by term, and with `--fit`
-//! the catalog's packages that hold it. `calcul_forfaits --fit` plans a budget saved with
-//! `--output`.
+//! `mesure_memoire budget`: the GPU memory budget of a Hugging Face workload (the run replayed
+//! through the allocator model), and with `--fit` the catalog's packages that hold it, with
+//! `--max-batch` / `--max-context` the largest batch or context each GPU model holds.
+//! `calcul_forfaits --fit` plans a budget saved with `--output`.
 
-use super::{values, Context, Outcome};
+use super::{values, Context, Failure, Outcome};
 use crate::allocator::ComputeCapability;
+use crate::budget::fit::{self, Size};
 use crate::budget::{
-    self, presets::Presets, Budget, BudgetSettings, KvFormat, LinearTarget, Mode, ModelShape,
-    Optimizer, WeightFormat, Workload,
+    self, presets::Presets, AllocatorSetting, Budget, BudgetSettings, LinearTarget, Mode,
+    ModelShape, Optimizer, WeightFormat, Workload,
 };
 use crate::catalog::Catalog;
 use crate::measure::Dtype;
+use crate::model::folder::Checkpoint;
+use crate::model::Model;
+use crate::stack::optimizer::OptimizerImpl;
+use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// A model: a preset of the shipped list, or its shape given flag by flag (one of the two is
-/// required; `shape` says so).
+/// A model: a preset of the shipped list, a `config.json` (or its folder), or a Llama-style
+/// shape given flag by flag.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// A model preset (see `budget --list-models`), e.g. llama-2-7b.
-    #[arg(long, conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
+    /// A model preset (see `budget --list-models`), e.g. llama-3.1-8b.
+    #[arg(long, conflicts_with_all = ["config", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
     pub model: Option<String>,
+    /// A model's config.json, or the folder that holds it.
+    #[arg(long, conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
+    pub config: Option<PathBuf>,
     /// Presets file with the columns of data/modeles.csv [default: the shipped presets].
     #[arg(long)]
     pub models: Option<PathBuf>,
-    /// Decoder layers (an explicit shape; then --hidden, --heads, --intermediate and --vocab too).
+    /// Decoder layers (an explicit Llama-style shape; then --hidden, --heads, --intermediate and
+    /// --vocab too).
     #[arg(long, value_parser = values::positive_u64, requires_all = ["hidden", "heads", "intermediate", "vocab"])]
     pub layers: Option<u64>,
     /// Hidden width.
@@ -47,13 +57,13 @@ pub struct ModelArgs {
     /// The LM head shares the embedding matrix.
     #[arg(long)]
     pub tied_embeddings: bool,
-    /// Biases on the Q, K and V projections.
+    /// Biases on the Q, K and V projections (a Qwen2 model).
     #[arg(long)]
     pub attention_bias: bool,
-    /// Experts per layer (mixture of experts) [default: 1].
+    /// Experts per layer (a Mixtral model).
     #[arg(long, value_parser = values::positive_u64, default_value = "1")]
     pub experts: u64,
-    /// Experts each token goes through [default: 1].
+    /// Experts each token goes through.
     #[arg(long, value_parser = values::positive_u64, default_value = "1")]
     pub experts_per_token: u64,
 }
@@ -67,10 +77,9 @@ pub enum ModeArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WeightsArg {
-    Dense,
-    Int8,
-    Int4,
+pub enum AutocastArg {
+    Bfloat16,
+    Float16,
 }
 
 #[derive(Debug, clap::Args)]
@@ -80,52 +89,52 @@ pub struct BudgetArgs {
     /// List the presets and exit.
     #[arg(long)]
     pub list_models: bool,
-    /// What runs: inference, lora, qlora (LoRA over NF4 weights) or full training.
+    /// What runs: inference (`generate`), lora, qlora or full training.
     #[arg(long, value_enum, required_unless_present_any = ["list_models", "against"])]
     pub mode: Option<ModeArg>,
-    /// Compute dtype of activations, dense weights and gradients.
-    #[arg(long, value_parser = values::dtype, default_value = "bfloat16")]
-    pub dtype: Dtype,
-    /// Storage of the layers' linear matrices (qlora: NF4).
-    #[arg(long, value_enum, default_value = "dense")]
-    pub weights: WeightsArg,
-    /// Group size of int4 weights.
-    #[arg(long, value_parser = values::positive_u64, default_value = "128")]
-    pub group_size: u64,
+    /// Weights' and activations' dtype [default: bfloat16; float32 with --autocast].
+    #[arg(long, value_parser = values::dtype)]
+    pub dtype: Option<Dtype>,
     /// Sequences processed together.
     #[arg(long, value_parser = values::positive_u64, default_value = "1")]
     pub batch: u64,
     /// Prompt tokens (inference) or sequence length (training).
     #[arg(long, value_parser = values::positive_u64, required_unless_present_any = ["list_models", "against"])]
     pub context: Option<u64>,
-    /// Tokens generated after the prompt (inference).
-    #[arg(long, value_parser = values::count_u64, default_value = "0")]
-    pub generated: u64,
-    /// Element type of the KV cache: float32, float16, bfloat16 or fp8 [default: --dtype].
+    /// Tokens `generate` adds after the prompt (inference) [default: 1].
+    #[arg(long, value_parser = values::positive_u64)]
+    pub generated: Option<u64>,
+    /// LoRA rank (lora) [default: 16].
+    #[arg(long, value_parser = values::positive_u64)]
+    pub rank: Option<u64>,
+    /// LoRA target modules, comma-separated: the model's module names (q_proj, v_proj…) or
+    /// their short forms q, k, v, o, gate, up, down (lora) [default: q,v].
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Option<Vec<String>>,
+    /// The optimizer of full training [default: adamw, torch.optim.AdamW].
     #[arg(long)]
-    pub kv_cache: Option<KvFormat>,
-    /// LoRA rank.
-    #[arg(long, value_parser = values::positive_u64, default_value = "16")]
-    pub rank: u64,
-    /// LoRA target modules, comma-separated: q, k, v, o, gate, up, down.
-    #[arg(long, value_delimiter = ',', default_value = "q,v")]
-    pub targets: Vec<LinearTarget>,
-    /// Optimizer of full training: adamw-mixed, adamw, sgd-momentum or adamw-8bit.
-    #[arg(long, default_value = "adamw-mixed")]
-    pub optimizer: Optimizer,
-    /// Full-layer activation recomputation (training).
+    pub optimizer: Option<Optimizer>,
+    /// AdamW's implementation (training): foreach (PyTorch's default on CUDA), fused or
+    /// for-loop [default: foreach].
+    #[arg(long)]
+    pub optimizer_impl: Option<OptimizerImpl>,
+    /// Gradient checkpointing (training).
     #[arg(long)]
     pub checkpointing: bool,
-    /// Attention that never materialises the score matrix (FlashAttention, SDPA).
+    /// Train float32 weights under torch.autocast of this dtype (the Trainer's mixed
+    /// precision) (training).
+    #[arg(long, value_enum)]
+    pub autocast: Option<AutocastArg>,
+    /// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     #[arg(long)]
-    pub flash_attention: bool,
-    /// A fragmentation reserve in GiB (a hypothesis, not a measurement).
+    pub expandable_segments: bool,
+    /// A reserve in GiB (a hypothesis, not a measurement).
     #[arg(long, value_parser = values::gib, default_value = "0")]
     pub reserve_gib: crate::decimal::PlainDecimal,
     /// The GPU architecture, for the cuBLAS workspaces (9.0: H100, H200).
     #[arg(long, default_value = "9.0", value_parser = values::compute_capability)]
     pub compute_capability: ComputeCapability,
-    /// Print JSON instead of text.
+    /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
     /// Also save the budget as JSON in this new file (for `calcul_forfaits --fit`).
@@ -134,14 +143,20 @@ pub struct BudgetArgs {
     /// Also plan the budget over the catalog's packages.
     #[arg(long)]
     pub fit: bool,
+    /// With --fit: the largest batch that holds on one GPU of each catalog model.
+    #[arg(long, requires = "fit", conflicts_with = "max_context")]
+    pub max_batch: bool,
+    /// With --fit: the largest context that holds on one GPU of each catalog model.
+    #[arg(long, requires = "fit")]
+    pub max_context: bool,
     /// Also draw the budget per GPU against the catalog's GPU sizes (a new SVG file).
     #[arg(long)]
     pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub plan: PlanArgs,
-    /// Instead, check the budget of each run recorded by `mesure_memoire transformer` against
-    /// its figures (the run's shape and mode come from the file).
-    #[arg(long, num_args = 1.., conflicts_with_all = ["model", "layers", "mode", "context", "fit", "output", "plot", "list_models"])]
+    /// Instead, check the synthetic transformer's accounting against runs recorded by
+    /// `mesure_memoire transformer` (the run's shape and mode come from the file).
+    #[arg(long, num_args = 1.., conflicts_with_all = ["model", "config", "layers", "mode", "context", "fit", "output", "plot", "list_models"])]
     pub against: Vec<PathBuf>,
 }
 
@@ -157,26 +172,86 @@ pub struct PlanArgs {
 }
 
 impl ModelArgs {
-    pub fn presets(&self) -> Result<Presets, super::Failure> {
+    pub fn presets(&self) -> Result<Presets, Failure> {
         Ok(match &self.models {
             Some(p) => Presets::load_file(p).context("cannot read --models")?,
             None => Presets::builtin(),
         })
     }
 
-    /// The preset's name (if any) and the shape.
-    pub fn shape(&self) -> Result<(Option<String>, ModelShape), super::Failure> {
+    fn no_model() -> Failure {
+        Failure::usage(
+            "give a model: --model PRESET, --config PATH (a config.json or its folder), or a \
+             Llama-style shape (--layers, --hidden, --heads, --intermediate, --vocab and \
+             optionally --kv-heads, --head-dim, --tied-embeddings, --attention-bias, --experts)",
+        )
+    }
+
+    /// The model and where it comes from.
+    /// The model, where it comes from, and its checkpoint's headers when read from a folder.
+    pub fn model(&self) -> Result<(String, Model, Option<Checkpoint>), Failure> {
         if let Some(name) = &self.model {
             let presets = self.presets()?;
             let p = presets.get(name).context("invalid --model")?;
-            return Ok((Some(p.preset.clone()), p.shape()));
+            let model = p.model().context(format!("preset {}", p.preset))?;
+            return Ok((p.preset.clone(), model, None));
+        }
+        if let Some(path) = &self.config {
+            let (model, checkpoint) = crate::model::folder::read_with_checkpoint(path)?;
+            return Ok((path.display().to_string(), model, checkpoint));
+        }
+        let Some(layers) = self.layers else {
+            return Err(Self::no_model());
+        };
+        let need = |v: Option<u64>| v.expect("clap requires the shape flags together");
+        let (hidden, heads) = (need(self.hidden), need(self.heads));
+        let model_type =
+            match (self.experts > 1, self.attention_bias) {
+                (true, true) => return Err(Failure::usage(
+                    "--experts with --attention-bias: no supported model type has both (give a \
+                     config.json with --config)",
+                )),
+                (true, false) => "mixtral",
+                (false, true) => "qwen2",
+                (false, false) => "llama",
+            };
+        let mut config = serde_json::json!({
+            "model_type": model_type,
+            "num_hidden_layers": layers,
+            "hidden_size": hidden,
+            "num_attention_heads": heads,
+            "num_key_value_heads": self.kv_heads.unwrap_or(heads),
+            "head_dim": self.head_dim.unwrap_or(hidden / heads),
+            "intermediate_size": need(self.intermediate),
+            "vocab_size": need(self.vocab),
+            "tie_word_embeddings": self.tied_embeddings,
+        });
+        if self.experts > 1 {
+            config["num_local_experts"] = self.experts.into();
+            config["num_experts_per_tok"] = self.experts_per_token.into();
+        } else if self.experts_per_token > 1 {
+            return Err(Failure::usage("--experts-per-token needs --experts"));
+        }
+        let model = crate::model::config::from_value(&config)
+            .map_err(|e| Failure::usage_owned(format!("invalid shape flags: {e}")))?;
+        Ok(("the shape of the flags".into(), model, None))
+    }
+
+    /// The synthetic transformer's shape of these flags (the bench).
+    pub fn shape(&self) -> Result<(Option<String>, ModelShape), Failure> {
+        if self.config.is_some() {
+            return Err(Failure::usage(
+                "--config: the synthetic transformer takes a preset or a shape, not a config.json",
+            ));
+        }
+        if let Some(name) = &self.model {
+            let presets = self.presets()?;
+            let p = presets.get(name).context("invalid --model")?;
+            let shape = p.shape().map_err(Failure::usage_owned)?;
+            return Ok((Some(p.preset.clone()), shape));
         }
         if self.layers.is_none() {
-            return Err(super::Failure::usage(
-                "give a model: --model PRESET, or its shape (--layers, --hidden, --heads, \
-                 --intermediate, --vocab and optionally --kv-heads, --head-dim, \
-                 --tied-embeddings, --attention-bias)",
-            ));
+            return Err(Self::no_model());
         }
         let need = |v: Option<u64>| v.expect("clap requires the shape flags together");
         let (hidden, heads) = (need(self.hidden), need(self.heads));
@@ -198,66 +273,219 @@ impl ModelArgs {
     }
 }
 
+/// The module a LoRA target names (`q` → `q_proj`).
+fn target_module(t: &str) -> String {
+    match t.parse::<LinearTarget>() {
+        Ok(target) => target.module().to_string(),
+        Err(_) => t.to_string(),
+    }
+}
+
 impl BudgetArgs {
-    /// The validated workload of these flags.
-    pub fn workload(&self) -> Result<Workload, super::Failure> {
-        let (preset, shape) = self.model.shape()?;
-        let mode = self.mode.expect("clap requires --mode");
-        let weights = match (mode, self.weights) {
-            (ModeArg::Qlora, WeightsArg::Dense) => WeightFormat::Nf4,
-            (ModeArg::Qlora, _) => {
-                return Err(super::Failure::usage(
-                    "--mode qlora stores the weights in NF4; leave --weights out",
-                ))
-            }
-            (_, WeightsArg::Dense) => WeightFormat::Dense,
-            (_, WeightsArg::Int8) => WeightFormat::Int8,
-            (_, WeightsArg::Int4) => WeightFormat::Int4 {
-                group_size: self.group_size,
-            },
+    /// Refuses the flags that do not apply to the mode, naming them.
+    fn check_flags(&self, mode: ModeArg) -> Result<(), Failure> {
+        let trains = mode != ModeArg::Inference;
+        let lora = matches!(mode, ModeArg::Lora | ModeArg::Qlora);
+        let misplaced = [
+            (
+                self.generated.is_some() && trains,
+                "--generated",
+                "inference",
+            ),
+            (self.rank.is_some() && !lora, "--rank", "lora"),
+            (self.targets.is_some() && !lora, "--targets", "lora"),
+            (
+                self.optimizer.is_some() && mode != ModeArg::Full,
+                "--optimizer",
+                "full",
+            ),
+            (
+                self.optimizer_impl.is_some() && !trains,
+                "--optimizer-impl",
+                "lora or full",
+            ),
+            (
+                self.checkpointing && !trains,
+                "--checkpointing",
+                "lora or full",
+            ),
+            (
+                self.autocast.is_some() && !trains,
+                "--autocast",
+                "lora or full",
+            ),
+        ];
+        if let Some((_, flag, modes)) = misplaced.iter().find(|(wrong, _, _)| *wrong) {
+            return Err(Failure::usage_owned(format!(
+                "{flag} applies to --mode {modes} only"
+            )));
+        }
+        if self.autocast.is_some() && self.dtype.is_some_and(|d| d != Dtype::Float32) {
+            return Err(Failure::usage(
+                "--autocast trains float32 weights: leave --dtype out (or give float32)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The validated workload of these flags, and the checkpoint's headers of a model folder.
+    pub fn workload(&self) -> Result<(Workload, Option<Checkpoint>), Failure> {
+        let mode_arg = self.mode.expect("clap requires --mode");
+        self.check_flags(mode_arg)?;
+        let (source, model, checkpoint) = self.model.model()?;
+        let autocast = self.autocast.map(|a| match a {
+            AutocastArg::Bfloat16 => Dtype::Bfloat16,
+            AutocastArg::Float16 => Dtype::Float16,
+        });
+        let dtype = match (self.dtype, autocast) {
+            (Some(d), _) => d,
+            (None, Some(_)) => Dtype::Float32,
+            (None, None) => Dtype::Bfloat16,
         };
-        let mode = match mode {
+        let mode = match mode_arg {
             ModeArg::Inference => Mode::Inference {
-                generated: self.generated,
-                kv_cache: self.kv_cache.unwrap_or(KvFormat::of(self.dtype)),
+                generated: self.generated.unwrap_or(1),
             },
             ModeArg::Lora | ModeArg::Qlora => {
-                let mut targets = self.targets.clone();
+                let mut targets: Vec<String> = self
+                    .targets
+                    .clone()
+                    .unwrap_or_else(|| vec!["q".into(), "v".into()])
+                    .iter()
+                    .map(|t| target_module(t))
+                    .collect();
                 targets.sort();
                 targets.dedup();
                 Mode::Lora {
-                    rank: self.rank,
+                    rank: self.rank.unwrap_or(16),
                     targets,
                 }
             }
             ModeArg::Full => Mode::Full {
-                optimizer: self.optimizer,
+                optimizer: self.optimizer.unwrap_or(Optimizer::Adamw),
             },
         };
         let workload = Workload {
-            preset,
-            shape,
+            source,
+            model,
             mode,
-            dtype: self.dtype,
-            weights,
+            dtype,
+            weights: if mode_arg == ModeArg::Qlora {
+                WeightFormat::Nf4
+            } else {
+                WeightFormat::Dense
+            },
             batch: self.batch,
             context: self.context.expect("clap requires --context"),
             checkpointing: self.checkpointing,
-            flash_attention: self.flash_attention,
+            optimizer_impl: self.optimizer_impl.unwrap_or(OptimizerImpl::Foreach),
+            autocast,
+            allocator: if self.expandable_segments {
+                AllocatorSetting::ExpandableSegments
+            } else {
+                AllocatorSetting::Default
+            },
         };
-        workload
+        let workload = workload
             .validated()
-            .context("invalid model or workload flags")
+            .context("invalid model or workload flags")?;
+        Ok((workload, checkpoint))
     }
 
-    /// The budget of these flags.
-    pub fn budget(&self) -> Result<Budget, super::Failure> {
-        let workload = self.workload()?;
+    fn settings(&self) -> Result<BudgetSettings, Failure> {
         let reserve = crate::units::gib_to_bytes(self.reserve_gib)
-            .ok_or_else(|| super::Failure::usage("--reserve-gib is too large"))?;
-        let settings = BudgetSettings::for_gpu(self.compute_capability, reserve);
-        Ok(budget::budget(&workload, settings))
+            .ok_or_else(|| Failure::usage("--reserve-gib is too large"))?;
+        Ok(BudgetSettings::for_gpu(self.compute_capability, reserve))
     }
+}
+
+/// The largest batch (or context) of each GPU model of the catalog, per allocator setting.
+#[derive(Debug, Clone, Serialize)]
+pub struct Largest {
+    pub size: Size,
+    pub rows: Vec<LargestRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LargestRow {
+    pub model: String,
+    pub memory_per_gpu: crate::units::Bytes,
+    /// With the workload's allocator setting.
+    pub largest: Option<u64>,
+    /// With `expandable_segments:True` (when the workload's setting is the default), where it
+    /// differs.
+    pub with_expandable_segments: Option<u64>,
+}
+
+impl std::fmt::Display for Largest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.size {
+            Size::Batch => "batch",
+            Size::Context => "context",
+        };
+        writeln!(f, "The largest {what} on one GPU of each model:")?;
+        let rows: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.model.clone(),
+                    r.memory_per_gpu.gib_text(),
+                    r.largest.map_or("none fits".into(), |n| n.to_string()),
+                    r.with_expandable_segments
+                        .map_or(String::new(), |n| format!("{n} with expandable segments")),
+                ]
+            })
+            .collect();
+        write!(
+            f,
+            "{}",
+            crate::markup::Table::new(&["GPU", "memory", what, ""], rows).with_gap(2)
+        )
+    }
+}
+
+/// The largest `size` per GPU model of `catalog`.
+fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Size) -> Largest {
+    let limit = crate::budget::workload::MAX_TOKENS;
+    let mut rows: Vec<LargestRow> = Vec::new();
+    for row in catalog.rows.iter().filter(|r| r.gpus_per_lot == 1) {
+        if rows.iter().any(|r| r.model == row.model) {
+            continue;
+        }
+        let memory = fit::memory_bytes(row);
+        let largest = fit::largest(w, settings, memory, size, w.allocator, limit);
+        let with_expandable_segments = (w.allocator == AllocatorSetting::Default)
+            .then(|| {
+                fit::largest(
+                    w,
+                    settings,
+                    memory,
+                    size,
+                    AllocatorSetting::ExpandableSegments,
+                    limit,
+                )
+            })
+            .flatten()
+            .filter(|n| Some(*n) != largest);
+        rows.push(LargestRow {
+            model: row.model.clone(),
+            memory_per_gpu: crate::units::Bytes(memory),
+            largest,
+            with_expandable_segments,
+        });
+    }
+    Largest { size, rows }
+}
+
+/// One JSON document for a budget with what was asked of it.
+#[derive(Serialize)]
+struct Document<'a> {
+    budget: &'a Budget,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<&'a crate::budget::FitPlan>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    largest: Option<&'a Largest>,
 }
 
 pub fn run(a: &BudgetArgs) -> Outcome {
@@ -265,14 +493,22 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         let mut all = Vec::new();
         for path in &a.against {
             let report = crate::budget::BenchReport::load(path)?;
-            let v = crate::budget::verify::verify(&report, BudgetSettings::h200())
-                .context(format!("cannot check {}", path.display()))?;
+            let v = crate::budget::verify::verify(
+                &report,
+                crate::budget::synthetic::terms::BudgetSettings::h200(),
+            )
+            .context(format!("cannot check {}", path.display()))?;
             all.push(v);
         }
         super::print(&crate::budget::verify::Verifications(all), a.json)?;
         return Ok(ExitCode::SUCCESS);
     }
     if a.list_models {
+        if a.output.is_some() || a.fit || a.plot.is_some() {
+            return Err(Failure::usage(
+                "--list-models takes no --output, --fit or --plot",
+            ));
+        }
         let presets = a.model.presets()?;
         super::print(&presets, a.json)?;
         return Ok(ExitCode::SUCCESS);
@@ -280,34 +516,95 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     for out in [&a.output, &a.plot].into_iter().flatten() {
         crate::files::check_new_file(out)?;
     }
-    let b = a.budget()?;
-    super::print(&b, a.json)?;
-    if let Some(out) = &a.output {
-        crate::files::write_new_json(out, &b)?;
-        super::say(format_args!("Budget written to {}", out.display()))?;
+    if a.output.is_some() && a.output == a.plot {
+        return Err(Failure::usage("--output and --plot name the same file"));
     }
-    if !a.fit && a.plot.is_none() {
+    let (workload, checkpoint) = a.workload()?;
+    let settings = a.settings()?;
+    let b = Budget {
+        checkpoint,
+        ..budget::budget(&workload, &settings)
+    };
+    // Everything is computed and checked before anything is written.
+    let catalog = if a.fit || a.plot.is_some() {
+        Some(Catalog::load(a.plan.catalog.as_deref())?)
+    } else {
+        None
+    };
+    let plan = match (&catalog, a.fit) {
+        (Some(c), true) => Some(budget::plan(&b, c, a.plan.max_gpus)?),
+        _ => None,
+    };
+    let size = if a.max_batch {
+        Some(Size::Batch)
+    } else if a.max_context {
+        Some(Size::Context)
+    } else {
+        None
+    };
+    let largest = match (&catalog, size) {
+        (Some(c), Some(size)) => Some(largest(&workload, &settings, c, size)),
+        _ => None,
+    };
+    let chart = match (&catalog, &a.plot) {
+        (Some(c), Some(_)) => Some(crate::plot::budget_chart(&b, c)),
+        _ => None,
+    };
+    let budget_json = serde_json::to_vec_pretty(&b).expect("a budget serializes");
+    let mut written = Vec::new();
+    if let Some(out) = &a.output {
+        crate::files::write_new_file(out, &budget_json)?;
+        written.push(out.clone());
+    }
+    if let (Some(chart), Some(plot)) = (&chart, &a.plot) {
+        if let Err(e) = chart.write_new(plot) {
+            // Together or not at all: the budget file just written goes.
+            for w in &written {
+                let _ = std::fs::remove_file(w);
+            }
+            return Err(e.into());
+        }
+        written.push(plot.clone());
+    }
+    if a.json {
+        super::print_json(&Document {
+            budget: &b,
+            plan: plan.as_ref(),
+            largest: largest.as_ref(),
+        })?;
+        for w in &written {
+            super::note(format_args!("Written to {}", w.display()))?;
+        }
         return Ok(ExitCode::SUCCESS);
     }
-    // Read once for the plan and the chart.
-    let catalog = Catalog::load(a.plan.catalog.as_deref())?;
-    if a.fit {
-        plan_and_print(&b, &catalog, a.plan.max_gpus, a.json)?;
+    super::print(&b, false)?;
+    if let Some(p) = &plan {
+        super::print(p, false)?;
     }
-    if let Some(plot) = &a.plot {
-        crate::plot::budget_chart(&b, &catalog).write_new(plot)?;
-        super::say(format_args!("Chart written to {}", plot.display()))?;
+    if let Some(l) = &largest {
+        super::print(l, false)?;
+    }
+    for w in &written {
+        super::say(format_args!("Written to {}", w.display()))?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Plans `budget` over `catalog` and prints the plan.
+/// Plans `budget` over `catalog` and prints the plan (one JSON document: the budget and its
+/// plan).
 pub fn plan_and_print(
     b: &Budget,
     catalog: &Catalog,
     max_gpus: u64,
     json: bool,
-) -> Result<(), super::Failure> {
+) -> Result<(), Failure> {
     let p = budget::plan(b, catalog, max_gpus)?;
-    super::print(&p, json)
+    if json {
+        return super::print_json(&Document {
+            budget: b,
+            plan: Some(&p),
+            largest: None,
+        });
+    }
+    super::print(&p, false)
 }

@@ -59,6 +59,12 @@ where
 
 impl Failure {
     /// A flag combination refused by this layer (exit 64).
+    pub fn usage_owned(message: String) -> Failure {
+        Failure {
+            status: Status::Usage,
+            error: anyhow::anyhow!(message),
+        }
+    }
     pub fn usage(message: &'static str) -> Failure {
         Failure {
             status: Status::Usage,
@@ -182,6 +188,21 @@ fn write_stdout(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Re
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// Prints `value` as one pretty JSON document on stdout.
+pub fn print_json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
+    write_stdout(|out| {
+        serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+        writeln!(out)
+    })
+}
+
+/// Prints a message for the person on stderr (stdout holds a JSON document).
+pub fn note(line: impl Display) -> Result<(), Failure> {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+    Ok(())
 }
 
 /// Prints a line on stdout (see [`write_stdout`] for a closed pipe).

@@ -4,6 +4,7 @@
 //! the order `named_parameters()` yields them ([`tensors`]).
 
 pub mod config;
+pub mod folder;
 pub mod tensors;
 
 pub use config::{ConfigError, MAX_LAYERS};

@@ -4,84 +4,10 @@
 //! frees each node's incoming gradients when it returns and its saved tensors right after, and
 //! adds gradients that meet at one input in place when the first is not shared.
 
-use super::ops::Rule;
-use super::tensor::{Role, Tensor};
+use super::tensor::{Grad, Leaf, Meta, Node, NodeRef, Role, Rule, Tensor};
 use std::cell::RefCell;
 use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
-
-/// A recorded operation.
-pub struct Node {
-    /// Creation order: later nodes run first.
-    pub seq: u64,
-    pub rule: Rule,
-    /// What the operation saved for backward (released once the node has run).
-    pub saved: Vec<Tensor>,
-    /// Where the gradient of each differentiable input goes (none for inputs that need none).
-    pub next: Vec<Option<Grad>>,
-    /// Shape, strides and element type of each input, for the gradients the node makes.
-    pub inputs: Vec<Meta>,
-    /// The checkpointed layer whose recomputation gives this node its saved tensors (they were
-    /// not kept in the forward pass).
-    pub frame: Option<usize>,
-}
-
-/// Shape, strides and element type of a tensor.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Meta {
-    pub shape: Vec<u64>,
-    pub strides: Vec<u64>,
-    pub elem: super::tensor::Elem,
-}
-
-impl Meta {
-    pub fn of(t: &Tensor) -> Meta {
-        Meta {
-            shape: t.shape.clone(),
-            strides: t.strides.clone(),
-            elem: t.elem,
-        }
-    }
-}
-
-pub type NodeRef = Rc<RefCell<Node>>;
-
-/// A trained parameter: its gradient accumulates here.
-pub struct Leaf {
-    pub meta: Meta,
-    pub grad: RefCell<Option<Tensor>>,
-}
-
-/// Where a tensor's gradient goes: the node that made it (and which output it is), or the
-/// parameter it is.
-#[derive(Clone)]
-pub enum Grad {
-    Node(NodeRef, usize),
-    Leaf(Rc<Leaf>),
-}
-
-pub type GradFn = Grad;
-
-impl Grad {
-    fn key(&self) -> usize {
-        match self {
-            Grad::Node(n, _) => Rc::as_ptr(n) as *const () as usize,
-            Grad::Leaf(l) => Rc::as_ptr(l) as *const () as usize,
-        }
-    }
-    fn slot(&self) -> usize {
-        match self {
-            Grad::Node(_, i) => *i,
-            Grad::Leaf(_) => 0,
-        }
-    }
-    fn seq(&self) -> u64 {
-        match self {
-            Grad::Node(n, _) => n.borrow().seq,
-            Grad::Leaf(_) => u64::MAX,
-        }
-    }
-}
 
 /// What recorded nodes do with the tensors they save.
 #[derive(Default)]

@@ -84,6 +84,18 @@ impl Cache {
         k: &Tensor,
         v: &Tensor,
     ) -> (Tensor, Tensor) {
+        p.in_role(super::tensor::Role::KvCache, |p| {
+            self.update_layer(p, layer, k, v)
+        })
+    }
+
+    fn update_layer(
+        &mut self,
+        p: &mut Process,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> (Tensor, Tensor) {
         // The first update starts from empty tensors of the keys' type: the values are cast
         // to it by the concatenation.
         let key_elem = k.elem;

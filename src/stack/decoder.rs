@@ -9,6 +9,14 @@ use super::tensor::{Elem, Tensor};
 use crate::model::{Attention, Mlp, Model, QkNorm};
 use std::collections::HashMap;
 
+/// Which implementation runs the experts (transformers' `grouped_mm` for prefill and
+/// training, `batched_mm` for decode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertsPath {
+    Grouped,
+    Batched,
+}
+
 /// A LoRA adapter on one linear layer (PEFT: float32 `A [r, in]` and `B [out, r]`).
 pub struct Adapter {
     pub a: Tensor,
@@ -50,7 +58,7 @@ pub struct Decoder<'a> {
     /// Gradient checkpointing: each layer recomputed in backward.
     pub checkpointing: bool,
     /// How mixtures of experts run (`generate` switches to batched products for its decode).
-    pub experts_path: super::experts::ExpertsPath,
+    pub experts_path: ExpertsPath,
 }
 
 /// The rotary embedding of one forward: `cos` and `sin`, or DeepSeek-V2's complex frequencies.
@@ -303,7 +311,15 @@ impl Decoder<'_> {
 
     /// A projection viewed as heads and transposed (`[b, heads, t, d]`), its per-head norm
     /// (`{prefix}.{norm}`) applied before the transpose (Qwen3) or after it (Gemma 3).
-    fn projected_heads(&mut self, prefix: &str, x: &Tensor, heads: u64, d: u64, qk_norm: QkNorm, norm: &str) -> Tensor {
+    fn projected_heads(
+        &mut self,
+        prefix: &str,
+        x: &Tensor,
+        heads: u64,
+        d: u64,
+        qk_norm: QkNorm,
+        norm: &str,
+    ) -> Tensor {
         let (b, t) = (x.shape[0], x.shape[1]);
         let proj = self.linear(prefix, x);
         let viewed = self.p().reshape(&proj, &[b, t, heads, d]);
@@ -369,7 +385,13 @@ impl Decoder<'_> {
         let m = self.model;
         let a = format!("model.layers.{layer}.self_attn");
         let (d, (b, t)) = (m.head_dim, (x.shape[0], x.shape[1]));
-        let fused = matches!(m.attention, Attention::Standard { fused_qkv: true, .. });
+        let fused = matches!(
+            m.attention,
+            Attention::Standard {
+                fused_qkv: true,
+                ..
+            }
+        );
         // Phi-3's fused projection stays referenced by its local to the return.
         let mut fused_output = None;
         let (q, k, v) = if fused {
@@ -378,8 +400,10 @@ impl Decoder<'_> {
             (q, k, v)
         } else {
             let q = self.projected_heads(&format!("{a}.q_proj"), x, m.heads, d, qk_norm, "q_norm");
-            let k = self.projected_heads(&format!("{a}.k_proj"), x, m.kv_heads, d, qk_norm, "k_norm");
-            let v = self.projected_heads(&format!("{a}.v_proj"), x, m.kv_heads, d, QkNorm::None, "");
+            let k =
+                self.projected_heads(&format!("{a}.k_proj"), x, m.kv_heads, d, qk_norm, "k_norm");
+            let v =
+                self.projected_heads(&format!("{a}.v_proj"), x, m.kv_heads, d, QkNorm::None, "");
             (q, k, v)
         };
         let cos4 = self.p().unsqueeze(cos, 1);
@@ -405,7 +429,9 @@ impl Decoder<'_> {
             Some(mask) => {
                 let k_all = self.repeat_kv(&keys);
                 let v_all = self.repeat_kv(&values);
-                let out = self.process.cudnn_attention(&q_embed, &k_all, &v_all, Some(mask));
+                let out = self
+                    .process
+                    .cudnn_attention(&q_embed, &k_all, &v_all, Some(mask));
                 drop(k_all);
                 drop(v_all);
                 out
@@ -486,13 +512,20 @@ impl Decoder<'_> {
         let input_norm = weight("input_layernorm");
         let post_attention = weight("post_attention_layernorm");
         let sandwich = gemma.then(|| {
-            (weight("pre_feedforward_layernorm"), weight("post_feedforward_layernorm"))
+            (
+                weight("pre_feedforward_layernorm"),
+                weight("post_feedforward_layernorm"),
+            )
         });
         let residual = hidden.clone();
         let normed = self.norm(&residual, &input_norm);
         let mut attn = match (&m.attention, rope) {
-            (Attention::Latent(l), _) => self.latent_attention(layer, &normed, rope, mask, cache, *l),
-            (_, Rope::Real(cos, sin)) => self.attention(layer, &normed, cos, sin, mask, cache, qk_norm),
+            (Attention::Latent(l), _) => {
+                self.latent_attention(layer, &normed, rope, mask, cache, *l)
+            }
+            (_, Rope::Real(cos, sin)) => {
+                self.attention(layer, &normed, cos, sin, mask, cache, qk_norm)
+            }
             (_, Rope::Complex(_)) => unreachable!("complex frequencies are DeepSeek-V2's"),
         };
         drop(normed);
@@ -577,7 +610,11 @@ impl Decoder<'_> {
             };
             hidden = if self.checkpointing {
                 // The checkpoint holds the layer's arguments: its input, mask and rotary.
-                let mut inputs = vec![hidden.clone(), mask.clone().unwrap_or_else(|| self.process.empty(&[0], Elem::U8))];
+                let mut inputs = vec![
+                    hidden.clone(),
+                    mask.clone()
+                        .unwrap_or_else(|| self.process.empty(&[0], Elem::U8)),
+                ];
                 inputs.extend(rope.tensors());
                 self.process.begin_checkpoint(layer, inputs);
                 let out = self.decoder_layer(layer, &hidden, rope, mask.as_ref(), None);

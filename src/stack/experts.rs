@@ -4,16 +4,9 @@
 //! and training path) or `batched_mm` (each token's experts' weights gathered; `generate`'s decode
 //! on a GPU), the weighted outputs summed per token; shared experts beside them.
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, ExpertsPath};
 use super::tensor::{Elem, Tensor};
 use crate::model::{Moe, Router};
-
-/// Which implementation runs the experts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertsPath {
-    Grouped,
-    Batched,
-}
 
 impl Decoder<'_> {
     /// The MoE block of layer `prefix` on `x [b, t, h]`.
@@ -93,10 +86,16 @@ impl Decoder<'_> {
                         // scores + correction, grouped top-2 sums, the top groups' mask.
                         let corrected = p.empty(&[tokens, e], Elem::F32);
                         let group_scores = p.empty(&[tokens, groups], Elem::F32);
-                        let (gv, gi) = (p.empty(&[tokens, groups, 2], Elem::F32), p.empty(&[tokens, groups, 2], Elem::I64));
+                        let (gv, gi) = (
+                            p.empty(&[tokens, groups, 2], Elem::F32),
+                            p.empty(&[tokens, groups, 2], Elem::I64),
+                        );
                         drop(gv);
                         drop(gi);
-                        let (tv, ti) = (p.empty(&[tokens, top_groups], Elem::F32), p.empty(&[tokens, top_groups], Elem::I64));
+                        let (tv, ti) = (
+                            p.empty(&[tokens, top_groups], Elem::F32),
+                            p.empty(&[tokens, top_groups], Elem::I64),
+                        );
                         drop(tv);
                         let mask = p.empty(&[tokens, groups], Elem::F32);
                         drop(ti);
@@ -131,7 +130,14 @@ impl Decoder<'_> {
     }
 
     /// The routed experts (`gate_up_proj [E, 2I, h]`, `down_proj [E, h, I]`).
-    fn experts(&mut self, prefix: &str, x: &Tensor, index: &Tensor, weights: &Tensor, moe: &Moe) -> Tensor {
+    fn experts(
+        &mut self,
+        prefix: &str,
+        x: &Tensor,
+        index: &Tensor,
+        weights: &Tensor,
+        moe: &Moe,
+    ) -> Tensor {
         let gate_up = self.weights_tensor(&format!("{prefix}.experts.gate_up_proj"));
         let down = self.weights_tensor(&format!("{prefix}.experts.down_proj"));
         match self.experts_path {
@@ -201,7 +207,20 @@ impl Decoder<'_> {
         drop(viewed);
         let out = p.to(&summed, x.elem);
         // The function's locals at its return.
-        for t in [ids_g, perm, selected, sample, histc_input, per_expert, offsets, sentinel, proj, restored, inv, summed] {
+        for t in [
+            ids_g,
+            perm,
+            selected,
+            sample,
+            histc_input,
+            per_expert,
+            offsets,
+            sentinel,
+            proj,
+            restored,
+            inv,
+            summed,
+        ] {
             drop(t);
         }
         out
@@ -257,7 +276,11 @@ impl Decoder<'_> {
 
     /// Shared experts: an MLP of their width (Qwen2-MoE's gated by `sigmoid(gate(x))`).
     fn shared_experts(&mut self, prefix: &str, x: &Tensor, gated: bool) -> Tensor {
-        let name = if gated { "shared_expert" } else { "shared_experts" };
+        let name = if gated {
+            "shared_expert"
+        } else {
+            "shared_experts"
+        };
         let out = self.mlp(&format!("{prefix}.{name}"), x);
         if !gated {
             return out;

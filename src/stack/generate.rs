@@ -47,12 +47,11 @@ pub fn generate(
     let mut unfinished = p.empty(&[b], Elem::I64);
     let mut ids = ids.clone();
     let mut mask = mask.clone();
-    let mut length = t;
     let mut next_logits: Option<Tensor> = None;
     let mut next_tokens: Option<Tensor> = None;
     // The last step's inputs (`model_inputs`), held until the next step's are made.
     let mut inputs: Option<(Tensor, Tensor, Tensor)> = None;
-    for step in 0..new_tokens {
+    for (step, length) in (0..new_tokens).zip(t..) {
         let out = if step == 0 {
             // _prefill: its own inputs (the ids cloned), gone when it returns.
             let input = d.process.clone_contiguous(&ids);
@@ -97,12 +96,11 @@ pub fn generate(
         if step == 0 {
             stages.prefill_done(d);
             // `_optimize_model_for_decode`: on a GPU, experts run as batched products.
-            d.experts_path = super::experts::ExpertsPath::Batched;
+            d.experts_path = super::decoder::ExpertsPath::Batched;
         }
         let p = &mut *d.process;
         next_tokens = Some(p.empty(&[b], Elem::I64));
         ids = p.empty(&[b, length + 1], Elem::I64);
-        length += 1;
         // unfinished & ~stopping_criteria(ids): max length reached, per sequence.
         let full = p.empty(&[b], Elem::Bool);
         let done = p.empty(&[b], Elem::Bool);
@@ -121,7 +119,7 @@ pub fn generate(
         drop(stop);
         drop(out);
     }
-    d.experts_path = super::experts::ExpertsPath::Grouped;
+    d.experts_path = super::decoder::ExpertsPath::Grouped;
     drop(inputs);
     drop(next_tokens);
     drop(prompt_positions);

@@ -78,7 +78,18 @@ impl Decoder<'_> {
         let out = self.linear(&format!("{a}.o_proj"), &attn);
         drop(attn);
         // The attention's locals at its return.
-        for t in [q_proj, q_nope, q_rot, compressed_kv, latent, k_rot, query, keys, values, expanded] {
+        for t in [
+            q_proj,
+            q_nope,
+            q_rot,
+            compressed_kv,
+            latent,
+            k_rot,
+            query,
+            keys,
+            values,
+            expanded,
+        ] {
             drop(t);
         }
         out
@@ -86,7 +97,13 @@ impl Decoder<'_> {
 
     /// `expand_kv`: the cached latent through `kv_b_proj` (`[b, H, S, nope + v]`), the keys
     /// assembled in a new tensor (the rotary key expanded to every head), the values a view.
-    fn expand_kv(&mut self, a: &str, latent: &Tensor, k_rot: &Tensor, m: Latent) -> (Tensor, Tensor, Tensor) {
+    fn expand_kv(
+        &mut self,
+        a: &str,
+        latent: &Tensor,
+        k_rot: &Tensor,
+        m: Latent,
+    ) -> (Tensor, Tensor, Tensor) {
         let heads = self.model.heads;
         let (b, s) = (latent.shape[0], latent.shape[2]);
         let kv = self.linear(&format!("{a}.kv_b_proj"), latent);

@@ -27,7 +27,13 @@ impl Masks {
 impl Decoder<'_> {
     /// The masks a model's forward creates for `q` new positions (`mask`: the 2-D attention
     /// mask `generate` passes; none in training).
-    pub(super) fn masks(&mut self, mask: Option<&Tensor>, cache: Option<&Cache>, b: u64, q: u64) -> Masks {
+    pub(super) fn masks(
+        &mut self,
+        mask: Option<&Tensor>,
+        cache: Option<&Cache>,
+        b: u64,
+        q: u64,
+    ) -> Masks {
         let m = self.model;
         let sliding_window = m.layers.iter().find_map(|l| l.window);
         let has_full = m.layers.iter().any(|l| l.window.is_none());
@@ -116,7 +122,14 @@ impl Decoder<'_> {
     /// `sdpa_mask` with the sliding-window overlay, the causal function and the padding: the
     /// index ranges, then each function's boolean `[q, kv]` combined in turn, the padding's
     /// `[b, 1, q, kv]` last.
-    fn sliding_mask(&mut self, padding: Option<&Tensor>, b: u64, q: u64, kv: u64, _window: u64) -> Tensor {
+    fn sliding_mask(
+        &mut self,
+        padding: Option<&Tensor>,
+        b: u64,
+        q: u64,
+        kv: u64,
+        _window: u64,
+    ) -> Tensor {
         let p = &mut *self.process;
         let batch = p.empty(&[b], Elem::I64);
         let head = p.empty(&[1], Elem::I64);

@@ -4,85 +4,8 @@
 //! backward functions make them (the last input's gradient first, then the engine's reduction
 //! of a broadcast gradient to its input's shape).
 
-use super::autograd::{self, Autograd, Backward, Meta, Node};
-use super::tensor::{view_strides, Elem, Role, Tape, Tensor};
-
-/// What a recorded node does in backward.
-#[derive(Clone, Debug)]
-pub enum Rule {
-    /// `mm(a, b)` (a linear layer's matrix product): saved a if b needs a gradient, b if a does.
-    Mm,
-    /// `addmm(bias, a, b)`.
-    Addmm,
-    /// A reshape (or an unsqueeze, a slice of a whole dimension): the gradient is reshaped back
-    /// (a copy where its layout allows no view).
-    View,
-    /// `transpose(a, b)`: the gradient transposed back (a view).
-    Transpose { a: usize, b: usize },
-    /// `slice` along a dimension: the gradient is written into zeros of the input's shape.
-    Slice,
-    /// `expand`: the gradient is summed back to the input's shape.
-    Expand,
-    /// Elementwise `a * b`.
-    Mul,
-    /// `a * scalar` or `a / scalar`.
-    Scale,
-    /// `a + b` (or `a - b`): gradients pass through (reduced where broadcast).
-    Add,
-    /// `a + scalar`: passes through.
-    AddScalar,
-    /// `-a`.
-    Neg,
-    /// `a.to(dtype)` from `from`.
-    ToCopy { from: Elem },
-    /// `a.pow(2)` (saves a).
-    Pow,
-    /// `a.mean(-1, keepdim)`.
-    Mean,
-    /// `rsqrt(a)` (saves the result).
-    Rsqrt,
-    /// `cat(tensors, dim)`: the gradient's slices.
-    Cat { dim: usize, sizes: Vec<u64> },
-    /// `silu(a)` (saves a).
-    Silu,
-    /// `gelu(a, approximate="tanh")` (saves a).
-    Gelu,
-    /// `tanh(a)` (saves the result).
-    Tanh,
-    /// `sigmoid(a)` (saves the result).
-    Sigmoid,
-    /// `softmax(a)` (saves the result).
-    Softmax,
-    /// `embedding(weight, ids)` (saves the ids).
-    Embedding { vocab: u64 },
-    /// cuDNN attention (saves q, k, v, the output and its statistics).
-    CudnnAttention,
-    /// `log_softmax` (saves the result).
-    LogSoftmax,
-    /// `nll_loss` (saves the targets and the total weight).
-    NllLoss,
-    /// `clone` / `contiguous`.
-    Clone,
-    /// `x[index]` along the first dimension (saves the index): the gradient scattered into
-    /// zeros of the input's shape.
-    IndexRows,
-    /// `grouped_mm(x, w)` per expert (saves both): gradients of x and of the 3-D weight.
-    GroupedMm,
-    /// `masked_fill` out of place: the gradient masked (a copy).
-    MaskedFill,
-    /// `sum(dim=1)`: the gradient expanded back (a view).
-    SumDim1,
-    /// `topk(values)`: the gradient scattered into zeros of the input's shape.
-    Topk,
-    /// `a /= b` in place (saves a copy of `a` and `b`).
-    DivInPlace,
-    /// `chunk(2, dim=-1)` or `split([first, rest], dim=-1)`: one node for both parts; their
-    /// gradients concatenated back.
-    Split,
-    /// A new tensor filled by copying parts into its slices (`new_empty` then `copy_`): the
-    /// gradient copied once, the parts' gradients views of it.
-    Assemble { sizes: Vec<u64> },
-}
+use super::autograd::{self, Autograd, Backward};
+use super::tensor::{view_strides, Elem, Grad, Leaf, Meta, Node, Role, Rule, Tape, Tensor};
 
 impl Rule {
     /// Outputs of the node (gradients it receives).
@@ -96,7 +19,7 @@ impl Rule {
 
 /// What a GPU gives the emulation that no shape does: workspace sizes (PyTorch 2.11's defaults
 /// for the GPU's architecture).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Kernels {
     /// The cuBLAS workspace of a thread's handle, allocated at its first matrix product.
     pub cublas_workspace: u64,
@@ -116,6 +39,9 @@ impl Kernels {
     }
 }
 
+/// Reruns a checkpointed layer's forward: (the process, the layer, its inputs).
+pub type RecomputeLayer = Box<dyn FnMut(&mut Process, usize, &[Tensor])>;
+
 /// The emulated process: its tape, autograd's state and what kernels keep between calls.
 pub struct Process {
     pub tape: Tape,
@@ -126,7 +52,7 @@ pub struct Process {
     /// the autocast region ends).
     autocast_cache: Vec<(usize, Tensor)>,
     /// Reruns a checkpointed layer's forward (`layer`, its inputs) during backward.
-    pub recompute_layer: Option<Box<dyn FnMut(&mut Process, usize, &[Tensor])>>,
+    pub recompute_layer: Option<RecomputeLayer>,
     pub kernels: Kernels,
     /// Whether the code runs on autograd's backward thread (its own cuBLAS handle).
     backward_thread: bool,
@@ -191,7 +117,7 @@ impl Process {
             return t.clone();
         }
         let key = std::rc::Rc::as_ptr(&t.storage) as usize;
-        let cacheable = weight && matches!(t.grad_fn, Some(autograd::Grad::Leaf(_)));
+        let cacheable = weight && matches!(t.grad_fn, Some(Grad::Leaf(_)));
         if cacheable {
             if let Some((_, c)) = self.autocast_cache.iter().find(|(k, _)| *k == key) {
                 return c.clone();
@@ -276,9 +202,10 @@ impl Process {
 
     /// Records `rule` before its output exists (an operation that saves its inputs saves them
     /// before its kernel runs); returns the output's `grad_fn`.
-    fn node_first(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>) -> Option<autograd::Grad> {
+    fn node_first(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>) -> Option<Grad> {
         let mut holder = self.tape.empty(&[0], Elem::U8);
-        self.autograd.record(rule, inputs, saved, &mut [&mut holder]);
+        self.autograd
+            .record(rule, inputs, saved, &mut [&mut holder]);
         self.stop_if_recomputed();
         holder.grad_fn.take()
     }
@@ -655,7 +582,13 @@ impl Process {
     /// Scaled dot-product attention through cuDNN (`q [b, H, s, d]`, `k`/`v [b, K, s_kv, d]`
     /// with `enable_gqa`): the output in q's layout; with autograd, the softmax statistics; the
     /// kernel's random-number state (two 8-byte tensors) and a 256-byte workspace.
-    pub fn cudnn_attention(&mut self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+    pub fn cudnn_attention(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Tensor {
         if self.autocast.is_some() {
             let kc = self.autocast_cast(k, false);
             let vc = self.autocast_cast(v, false);
@@ -742,7 +675,8 @@ impl Process {
         let mut a = x.restrided(shape.clone(), x.strides.clone());
         *shape.last_mut().expect("a dimension") = d - first;
         let mut b = x.restrided(shape, x.strides.clone());
-        self.autograd.record(Rule::Split, &[x], vec![], &mut [&mut a, &mut b]);
+        self.autograd
+            .record(Rule::Split, &[x], vec![], &mut [&mut a, &mut b]);
         (a, b)
     }
 
@@ -752,7 +686,8 @@ impl Process {
         let sizes: Vec<u64> = parts.iter().map(|t| t.size(-1)).collect();
         *shape.last_mut().expect("a dimension") = sizes.iter().sum();
         let mut out = self.empty(&shape, parts[0].elem);
-        self.autograd.record(Rule::Assemble { sizes }, parts, vec![], &mut [&mut out]);
+        self.autograd
+            .record(Rule::Assemble { sizes }, parts, vec![], &mut [&mut out]);
         out
     }
 
@@ -782,7 +717,12 @@ impl Process {
         let mut out = a.clone();
         if self.needs_grad(&[a, b]) {
             let original = self.empty(&a.shape, a.elem);
-            self.record(Rule::DivInPlace, &[a, b], vec![original, b.clone()], &mut out);
+            self.record(
+                Rule::DivInPlace,
+                &[a, b],
+                vec![original, b.clone()],
+                &mut out,
+            );
         }
         out
     }
@@ -814,7 +754,10 @@ impl Process {
         let mut out = self.empty(&[x.shape[0], w.shape[1]], x.elem.promote(w.elem));
         out.grad_fn = grad_fn;
         let scratch = self.empty(&[x.shape[0]], Elem::U8);
-        drop(self.tape.with_role(Role::Workspaces, || self.empty(&[67_584], Elem::U8)));
+        drop(
+            self.tape
+                .with_role(Role::Workspaces, || self.empty(&[67_584], Elem::U8)),
+        );
         drop(scratch);
         out
     }
@@ -848,13 +791,13 @@ impl Process {
     }
 
     /// A tensor that is a trained parameter (its gradient accumulates in `leaf`).
-    pub fn parameter(t: &Tensor) -> (Tensor, std::rc::Rc<autograd::Leaf>) {
-        let leaf = std::rc::Rc::new(autograd::Leaf {
+    pub fn parameter(t: &Tensor) -> (Tensor, std::rc::Rc<Leaf>) {
+        let leaf = std::rc::Rc::new(Leaf {
             meta: Meta::of(t),
             grad: Default::default(),
         });
         let mut p = t.clone();
-        p.grad_fn = Some(autograd::Grad::Leaf(leaf.clone()));
+        p.grad_fn = Some(Grad::Leaf(leaf.clone()));
         (p, leaf)
     }
 
@@ -906,13 +849,16 @@ impl Backward for Process {
                 return vec![None];
             }
             let meta = &node.inputs[0];
-            return vec![Some(self.empty(&meta.shape, grads.iter().flatten().next().expect("a gradient").elem))];
+            return vec![Some(self.empty(
+                &meta.shape,
+                grads.iter().flatten().next().expect("a gradient").elem,
+            ))];
         }
         let Some(Some(grad)) = grads.first() else {
             return vec![None; node.inputs.len()];
         };
         let want = |i: usize| node.next[i].is_some();
-        let is_leaf = |i: usize| matches!(node.next[i], Some(autograd::Grad::Leaf(_)));
+        let is_leaf = |i: usize| matches!(node.next[i], Some(Grad::Leaf(_)));
         let inputs = &node.inputs;
         let mut out: Vec<Option<Tensor>> = vec![None; inputs.len()];
         match &node.rule {
@@ -1093,7 +1039,11 @@ impl Backward for Process {
             Rule::GroupedMm => {
                 // The last input's gradient (the weight's) first.
                 if want(1) {
-                    let role = if is_leaf_through_view(node, 1) { Role::Gradients } else { Role::Activations };
+                    let role = if is_leaf_through_view(node, 1) {
+                        Role::Gradients
+                    } else {
+                        Role::Activations
+                    };
                     let w = &inputs[1];
                     out[1] = Some(self.in_role(role, |p| p.empty(&w.shape, w.elem)));
                 }
@@ -1156,7 +1106,10 @@ impl Backward for Process {
         );
         // Recomputation runs with grad mode on, on the backward thread.
         let enabled = std::mem::replace(&mut self.autograd.enabled, true);
-        let mut hook = self.recompute_layer.take().expect("a recomputation for checkpointed layers");
+        let mut hook = self
+            .recompute_layer
+            .take()
+            .expect("a recomputation for checkpointed layers");
         hook(self, layer, &inputs);
         self.recompute_layer = Some(hook);
         drop(inputs);
@@ -1194,8 +1147,8 @@ fn is_leaf_through_view(node: &Node, i: usize) -> bool {
     let mut edge = node.next[i].clone();
     while let Some(e) = edge {
         match e {
-            autograd::Grad::Leaf(_) => return true,
-            autograd::Grad::Node(n, _) => {
+            Grad::Leaf(_) => return true,
+            Grad::Node(n, _) => {
                 let n = n.borrow();
                 if !matches!(n.rule, Rule::View | Rule::Transpose { .. }) {
                     return false;

@@ -69,8 +69,8 @@ impl AdamW {
                         if fused {
                             s.push(p.empty(&[], Elem::F32));
                         }
-                        s.push(p.empty_like(&super::autograd::Meta::of(w)));
-                        s.push(p.empty_like(&super::autograd::Meta::of(w)));
+                        s.push(p.empty_like(&super::tensor::Meta::of(w)));
+                        s.push(p.empty_like(&super::tensor::Meta::of(w)));
                         s
                     })
                     .collect()

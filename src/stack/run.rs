@@ -8,7 +8,7 @@ use super::generate::{self, Stages};
 use super::ops::{Kernels, Process};
 use super::optimizer::{AdamW, OptimizerImpl};
 use super::tensor::{Elem, Event, Role, Tensor};
-use crate::allocator::{AllocatorConfig, OutOfMemory, Replay, TensorId};
+use crate::allocator::{AllocatorConfig, OutOfMemory};
 use crate::dtype::Dtype;
 use crate::model::{Model, Parameter, TensorRole};
 use crate::reading::Figures;
@@ -37,6 +37,13 @@ pub enum Work {
         checkpointing: bool,
         steps: u64,
     },
+}
+
+impl Work {
+    /// Whether the run trains (forward, backward and optimizer) rather than generates.
+    pub fn trains(&self) -> bool {
+        matches!(self, Work::Train { .. })
+    }
 }
 
 /// PEFT LoRA on the modules named `targets` (`q_proj`, `v_proj`…).
@@ -230,7 +237,7 @@ pub fn program(run: &Run) -> Program {
                 weights: &weights,
                 process: &mut p,
                 checkpointing: false,
-                experts_path: super::experts::ExpertsPath::Grouped,
+                experts_path: super::decoder::ExpertsPath::Grouped,
             };
             generate::generate(&mut d, &ids, &mask, *generated, &mut marks);
             marks.end(&p);
@@ -287,16 +294,18 @@ pub fn program(run: &Run) -> Program {
             if *checkpointing {
                 let model = std::rc::Rc::new(run.model.clone());
                 let w = weights.clone();
-                p.recompute_layer = Some(Box::new(move |p: &mut Process, layer, inputs: &[Tensor]| {
-                    let mut d = Decoder {
-                        model: &model,
-                        weights: &w,
-                        process: p,
-                        checkpointing: false,
-                        experts_path: super::experts::ExpertsPath::Grouped,
-                    };
-                    d.recompute(layer, inputs);
-                }));
+                p.recompute_layer = Some(Box::new(
+                    move |p: &mut Process, layer, inputs: &[Tensor]| {
+                        let mut d = Decoder {
+                            model: &model,
+                            weights: &w,
+                            process: p,
+                            checkpointing: false,
+                            experts_path: super::decoder::ExpertsPath::Grouped,
+                        };
+                        d.recompute(layer, inputs);
+                    },
+                ));
             }
             let mut adamw = AdamW::new(*optimizer);
             marks.begin(&p, "inputs");
@@ -310,13 +319,17 @@ pub fn program(run: &Run) -> Program {
                         weights: &weights,
                         process: &mut p,
                         checkpointing: *checkpointing,
-                        experts_path: super::experts::ExpertsPath::Grouped,
+                        experts_path: super::decoder::ExpertsPath::Grouped,
                     };
                     // The model builds a DynamicCache in training too, unless checkpointing
                     // turns `use_cache` off.
                     let mut cache = (!*checkpointing).then(|| {
                         super::cache::Cache::new(
-                            &run.model.layers.iter().map(|l| l.window).collect::<Vec<_>>(),
+                            &run.model
+                                .layers
+                                .iter()
+                                .map(|l| l.window)
+                                .collect::<Vec<_>>(),
                         )
                     });
                     d.process.autocast = run.autocast.map(Elem::of);
@@ -350,61 +363,116 @@ pub fn program(run: &Run) -> Program {
     }
 }
 
-/// What a replay of a program gives: each stage's figures, and the allocation refused when the
-/// device had no room for it.
+/// Bytes of the allocator's blocks held by each role at one moment (indexed like
+/// [`Role::ALL`]).
+pub type RoleBytes = [u64; Role::ALL.len()];
+
+/// What a replay of a program gives.
 #[derive(Debug, Clone)]
 pub struct Replayed {
+    /// Each stage's figures, as the GPU script reads them (peaks reset at the stage's start).
     pub stages: Vec<(String, Figures)>,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    /// When `reserved` first reached its peak: the stage, `allocated` then, and each role's
+    /// blocks.
+    pub peak_stage: String,
+    pub allocated_at_peak: u64,
+    pub roles_at_peak: RoleBytes,
+    /// The allocation the device had no room for, and its stage.
     pub out_of_memory: Option<(String, OutOfMemory)>,
+}
+
+fn role_index(role: Role) -> usize {
+    Role::ALL
+        .iter()
+        .position(|r| *r == role)
+        .expect("every role is listed")
 }
 
 impl Program {
     /// Replays the program through the allocator under `config`, on a device with `capacity`
     /// bytes for the allocator (`None`: unlimited).
     pub fn replay(&self, config: AllocatorConfig, capacity: Option<u64>) -> Replayed {
-        let mut replay = Replay::new(config);
-        replay.set_capacity(capacity);
-        let label = replay.label("tensor");
-        let mut ids: Vec<Option<TensorId>> = Vec::new();
-        let mut stages = Vec::new();
+        let mut allocator = crate::allocator::CachingAllocator::with_config(config);
+        allocator.set_capacity(capacity);
+        let label = allocator.label("tensor");
+        // Per allocation: its block, role and block size.
+        let mut blocks: Vec<Option<(crate::allocator::BlockId, usize, u64)>> =
+            Vec::with_capacity(self.events.len() / 2 + 1);
+        let mut roles: RoleBytes = [0; Role::ALL.len()];
+        let mut out = Replayed {
+            stages: Vec::with_capacity(self.stages.len()),
+            peak_allocated: 0,
+            peak_reserved: 0,
+            peak_stage: String::new(),
+            allocated_at_peak: 0,
+            roles_at_peak: roles,
+            out_of_memory: None,
+        };
+        let mut baseline = (0, 0);
         let mut next = self.stages.iter().peekable();
         let mut open: Option<&Stage> = None;
+        let figures = |a: &crate::allocator::CachingAllocator, baseline: (u64, u64)| {
+            let st = a.stats();
+            Figures {
+                allocated_baseline_bytes: baseline.0,
+                allocated_end_bytes: st.allocated.current,
+                peak_allocated_bytes: st.allocated.peak,
+                reserved_baseline_bytes: baseline.1,
+                reserved_end_bytes: st.reserved.current,
+                peak_reserved_bytes: st.reserved.peak,
+            }
+        };
         for (i, e) in self.events.iter().enumerate() {
             if open.is_some_and(|s| s.end == i) {
-                stages.push((
-                    open.take().expect("open").name.clone(),
-                    replay.span_figures(),
-                ));
+                let s = open.take().expect("open");
+                out.stages
+                    .push((s.name.clone(), figures(&allocator, baseline)));
             }
             if open.is_none() && next.peek().is_some_and(|s| s.begin == i) {
                 open = next.next();
-                replay.begin_span();
+                let st = allocator.stats();
+                baseline = (st.allocated.current, st.reserved.current);
+                allocator.reset_peaks();
             }
             match *e {
-                Event::Alloc { bytes, .. } => match replay.alloc_labelled(label, bytes) {
-                    Ok(id) => ids.push(id),
-                    Err(oom) => {
+                Event::Alloc { bytes, role } => match allocator.malloc(bytes, 0, label) {
+                    Some(block) => {
+                        let size = allocator.block_size(block).unwrap_or(0);
+                        let r = role_index(role);
+                        roles[r] += size;
+                        blocks.push(Some((block, r, size)));
+                        let st = allocator.stats();
+                        out.peak_allocated = out.peak_allocated.max(st.allocated.current);
+                        if st.reserved.current > out.peak_reserved {
+                            out.peak_reserved = st.reserved.current;
+                            out.allocated_at_peak = st.allocated.current;
+                            out.roles_at_peak = roles;
+                            out.peak_stage = open.map_or_else(String::new, |s| s.name.clone());
+                        }
+                    }
+                    None => {
                         let stage = open.map_or("setup".to_string(), |s| s.name.clone());
-                        return Replayed {
-                            stages,
-                            out_of_memory: Some((stage, oom)),
-                        };
+                        out.out_of_memory = Some((stage, OutOfMemory { bytes }));
+                        return out;
                     }
                 },
                 Event::Free { alloc } => {
-                    if let Some(Some(id)) = ids.get(alloc as usize) {
-                        replay.free(*id);
+                    if let Some(Some((block, r, size))) =
+                        blocks.get_mut(alloc as usize).map(Option::take)
+                    {
+                        roles[r] -= size;
+                        allocator.free(block);
                     }
                 }
             }
         }
         if let Some(s) = open {
-            stages.push((s.name.clone(), replay.span_figures()));
+            out.stages
+                .push((s.name.clone(), figures(&allocator, baseline)));
         }
-        Replayed {
-            stages,
-            out_of_memory: None,
-        }
+        out
     }
 }
 
@@ -472,7 +540,11 @@ impl Run {
             ),
         };
         // Under autocast the weights are float32.
-        let dtype = if autocast.is_some() { Dtype::Float32 } else { dtype };
+        let dtype = if autocast.is_some() {
+            Dtype::Float32
+        } else {
+            dtype
+        };
         let optimizer: OptimizerImpl = text("optimizer_impl", "foreach")?
             .parse()
             .map_err(|_| field("optimizer_impl", "foreach, fused or for-loop"))?;

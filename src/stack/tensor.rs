@@ -1,8 +1,9 @@
 //! Tensors as the emulation sees them: a shape, strides and an element type over a storage the
 //! tape allocated. A storage is freed on the tape when the last tensor viewing it is dropped, as
-//! Python frees a tensor when its last reference goes; views share their base's storage.
+//! Python frees a tensor when its last reference goes; views share their base's storage. Each
+//! tensor made under autograd points into the graph recorded on it (its `grad_fn`): the nodes,
+//! their backward rules and saved tensors, and the parameters' gradient slots.
 
-use super::autograd::GradFn;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -217,7 +218,7 @@ pub struct Tensor {
     pub strides: Vec<u64>,
     pub elem: Elem,
     /// The node that made it and which of its outputs it is, when autograd recorded it.
-    pub grad_fn: Option<GradFn>,
+    pub grad_fn: Option<Grad>,
     /// A view of another tensor's storage (autograd never adds into a view in place).
     pub is_view: bool,
 }
@@ -391,11 +392,157 @@ mod tests {
         );
         assert_eq!(
             view_strides(&[2, 5, 3], &[15, 1, 5], &[2, 5, 3, 1]),
-            Some(vec![15, 1, 5, 1])
+            Some(vec![15, 1, 5, 5])
         );
-        assert_eq!(
-            view_strides(&[2, 5, 3], &[15, 1, 5], &[10, 3]),
-            Some(vec![1, 5]).filter(|_| false).or(None)
-        );
+        // Merging the first two dimensions of that layout needs a copy.
+        assert_eq!(view_strides(&[2, 5, 3], &[15, 1, 5], &[10, 3]), None);
+    }
+}
+
+/// What a recorded node does in backward.
+#[derive(Clone, Debug)]
+pub enum Rule {
+    /// `mm(a, b)` (a linear layer's matrix product): saved a if b needs a gradient, b if a does.
+    Mm,
+    /// `addmm(bias, a, b)`.
+    Addmm,
+    /// A reshape (or an unsqueeze, a slice of a whole dimension): the gradient is reshaped back
+    /// (a copy where its layout allows no view).
+    View,
+    /// `transpose(a, b)`: the gradient transposed back (a view).
+    Transpose { a: usize, b: usize },
+    /// `slice` along a dimension: the gradient is written into zeros of the input's shape.
+    Slice,
+    /// `expand`: the gradient is summed back to the input's shape.
+    Expand,
+    /// Elementwise `a * b`.
+    Mul,
+    /// `a * scalar` or `a / scalar`.
+    Scale,
+    /// `a + b` (or `a - b`): gradients pass through (reduced where broadcast).
+    Add,
+    /// `a + scalar`: passes through.
+    AddScalar,
+    /// `-a`.
+    Neg,
+    /// `a.to(dtype)` from `from`.
+    ToCopy { from: Elem },
+    /// `a.pow(2)` (saves a).
+    Pow,
+    /// `a.mean(-1, keepdim)`.
+    Mean,
+    /// `rsqrt(a)` (saves the result).
+    Rsqrt,
+    /// `cat(tensors, dim)`: the gradient's slices.
+    Cat { dim: usize, sizes: Vec<u64> },
+    /// `silu(a)` (saves a).
+    Silu,
+    /// `gelu(a, approximate="tanh")` (saves a).
+    Gelu,
+    /// `tanh(a)` (saves the result).
+    Tanh,
+    /// `sigmoid(a)` (saves the result).
+    Sigmoid,
+    /// `softmax(a)` (saves the result).
+    Softmax,
+    /// `embedding(weight, ids)` (saves the ids).
+    Embedding { vocab: u64 },
+    /// cuDNN attention (saves q, k, v, the output and its statistics).
+    CudnnAttention,
+    /// `log_softmax` (saves the result).
+    LogSoftmax,
+    /// `nll_loss` (saves the targets and the total weight).
+    NllLoss,
+    /// `clone` / `contiguous`.
+    Clone,
+    /// `x[index]` along the first dimension (saves the index): the gradient scattered into
+    /// zeros of the input's shape.
+    IndexRows,
+    /// `grouped_mm(x, w)` per expert (saves both): gradients of x and of the 3-D weight.
+    GroupedMm,
+    /// `masked_fill` out of place: the gradient masked (a copy).
+    MaskedFill,
+    /// `sum(dim=1)`: the gradient expanded back (a view).
+    SumDim1,
+    /// `topk(values)`: the gradient scattered into zeros of the input's shape.
+    Topk,
+    /// `a /= b` in place (saves a copy of `a` and `b`).
+    DivInPlace,
+    /// `chunk(2, dim=-1)` or `split([first, rest], dim=-1)`: one node for both parts; their
+    /// gradients concatenated back.
+    Split,
+    /// A new tensor filled by copying parts into its slices (`new_empty` then `copy_`): the
+    /// gradient copied once, the parts' gradients views of it.
+    Assemble { sizes: Vec<u64> },
+}
+
+/// A recorded operation.
+pub struct Node {
+    /// Creation order: later nodes run first.
+    pub seq: u64,
+    pub rule: Rule,
+    /// What the operation saved for backward (released once the node has run).
+    pub saved: Vec<Tensor>,
+    /// Where the gradient of each differentiable input goes (none for inputs that need none).
+    pub next: Vec<Option<Grad>>,
+    /// Shape, strides and element type of each input, for the gradients the node makes.
+    pub inputs: Vec<Meta>,
+    /// The checkpointed layer whose recomputation gives this node its saved tensors (they were
+    /// not kept in the forward pass).
+    pub frame: Option<usize>,
+}
+
+/// Shape, strides and element type of a tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub shape: Vec<u64>,
+    pub strides: Vec<u64>,
+    pub elem: Elem,
+}
+
+impl Meta {
+    pub fn of(t: &Tensor) -> Meta {
+        Meta {
+            shape: t.shape.clone(),
+            strides: t.strides.clone(),
+            elem: t.elem,
+        }
+    }
+}
+
+pub type NodeRef = Rc<RefCell<Node>>;
+
+/// A trained parameter: its gradient accumulates here.
+pub struct Leaf {
+    pub meta: Meta,
+    pub grad: RefCell<Option<Tensor>>,
+}
+
+/// Where a tensor's gradient goes: the node that made it (and which output it is), or the
+/// parameter it is.
+#[derive(Clone)]
+pub enum Grad {
+    Node(NodeRef, usize),
+    Leaf(Rc<Leaf>),
+}
+
+impl Grad {
+    pub(super) fn key(&self) -> usize {
+        match self {
+            Grad::Node(n, _) => Rc::as_ptr(n) as *const () as usize,
+            Grad::Leaf(l) => Rc::as_ptr(l) as *const () as usize,
+        }
+    }
+    pub(super) fn slot(&self) -> usize {
+        match self {
+            Grad::Node(_, i) => *i,
+            Grad::Leaf(_) => 0,
+        }
+    }
+    pub(super) fn seq(&self) -> u64 {
+        match self {
+            Grad::Node(n, _) => n.borrow().seq,
+            Grad::Leaf(_) => u64::MAX,
+        }
     }
 }

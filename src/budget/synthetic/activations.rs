@@ -6,8 +6,8 @@
 //! the derivation was checked against that transformer on an H200 (`docs/benchmarks.md`,
 //! "Budgets on the GPU"). Another implementation keeps other tensors: the terms are `estimated`.
 
-use super::shape::{LinearTarget, WeightTensor};
 use super::workload::{Mode, Workload};
+use crate::budget::shape::{LinearTarget, WeightTensor};
 use crate::measure::Dtype;
 
 /// The activation terms of a workload.

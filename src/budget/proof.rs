@@ -1,0 +1,236 @@
+//! The GPU proof of the budget, read back: runs of real Hugging Face workloads recorded on the
+//! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`), each replayed here as the
+//! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
+//! emulated cards' outcomes against the replay on an allocator limited to the card.
+
+use crate::allocator::AllocatorConfig;
+use crate::files::{Input, JsonError};
+use crate::stack::run::{program, Run};
+use serde::{Deserialize, Serialize};
+
+/// The tag of a proof report.
+pub const SCHEMA: &str = "iteragpu-lab/hf-proof/1";
+/// The report recorded on the H200, shipped with the program.
+pub const RECORDED: &str = include_str!("../../data/hf-proof-h200.json");
+
+/// One stage of a recorded run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedStage {
+    pub stage: String,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub reserved_after: u64,
+    /// `total − free − reserved` after the stage (the emulated card's memory included).
+    pub outside_after: u64,
+}
+
+/// The memory an emulated card's process took beyond the card.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Card {
+    pub card_bytes: u64,
+    pub taken_bytes: u64,
+}
+
+/// One recorded run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub name: String,
+    /// `grid` (run with others) or `card` (alone, on an emulated card).
+    pub kind: String,
+    /// For a card: `fits` or `oom`, the planner's verdict.
+    pub expect: Option<String>,
+    pub spec: serde_json::Value,
+    /// `ok` or `oom`.
+    pub outcome: String,
+    /// The stage that ran out of memory.
+    #[serde(default)]
+    pub oom_stage: Option<String>,
+    pub card: Option<Card>,
+    pub stages: Vec<RecordedStage>,
+}
+
+/// A proof report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub source: String,
+    pub records: Vec<Record>,
+}
+
+impl crate::files::Tagged for Report {
+    const SCHEMA: &'static str = SCHEMA;
+    const KIND: Input = Input::BenchReport;
+    fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
+/// One stage compared.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageCheck {
+    pub stage: String,
+    pub measured_allocated: u64,
+    pub predicted_allocated: u64,
+    pub measured_reserved: u64,
+    pub predicted_reserved: u64,
+}
+
+impl StageCheck {
+    /// The relative errors (predicted − measured) / measured, in percent.
+    pub fn errors(&self) -> (f64, f64) {
+        let e = |p: u64, m: u64| (p as f64 - m as f64) / (m.max(1) as f64) * 100.0;
+        (
+            e(self.predicted_allocated, self.measured_allocated),
+            e(self.predicted_reserved, self.measured_reserved),
+        )
+    }
+}
+
+/// One run compared.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunCheck {
+    pub name: String,
+    pub kind: String,
+    pub stages: Vec<StageCheck>,
+    /// The whole run's peaks: measured, predicted.
+    pub peak_allocated: (u64, u64),
+    pub peak_reserved: (u64, u64),
+    /// What the process held outside the allocator at its end (card runs: alone on the GPU).
+    pub outside: Option<u64>,
+    /// For a card: the outcome measured and the replay's on the card (`ok`, or `oom in STAGE`).
+    pub card_outcome: Option<(String, String)>,
+}
+
+/// Why a report was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ProofError {
+    #[error(transparent)]
+    File(#[from] JsonError),
+    #[error("{file}: record {record}: {message}")]
+    Record {
+        file: String,
+        record: String,
+        message: String,
+    },
+}
+
+impl Report {
+    /// Parses a report and checks its records: a known kind and outcome, stages with peaks of
+    /// `allocated` not above those of `reserved`, a card for every card run.
+    pub fn parse(bytes: &[u8], file: &str) -> Result<Report, ProofError> {
+        let r: Report = crate::files::parse_tagged(bytes, file)?;
+        for rec in &r.records {
+            let bad = |message: &str| ProofError::Record {
+                file: file.into(),
+                record: crate::text::printable(&rec.name).into_owned(),
+                message: message.into(),
+            };
+            if !matches!(rec.kind.as_str(), "grid" | "card") {
+                return Err(bad("kind: not grid or card"));
+            }
+            if !matches!(rec.outcome.as_str(), "ok" | "oom") {
+                return Err(bad("outcome: not ok or oom"));
+            }
+            if rec.kind == "card" && (rec.card.is_none() || rec.expect.is_none()) {
+                return Err(bad(
+                    "card: a card run names its card and the verdict expected",
+                ));
+            }
+            if let Some(s) = rec
+                .stages
+                .iter()
+                .find(|s| s.peak_allocated > s.peak_reserved)
+            {
+                return Err(bad(&format!(
+                    "stages: {} peaks allocated above reserved",
+                    s.stage
+                )));
+            }
+        }
+        Ok(r)
+    }
+
+    /// The shipped report.
+    pub fn recorded() -> Report {
+        Report::parse(RECORDED.as_bytes(), "data/hf-proof-h200.json")
+            .expect("the recorded proof is valid")
+    }
+}
+
+/// Replays one record as the budget does and compares it.
+pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
+    let run = Run::from_spec(&rec.spec)?;
+    let expandable = rec
+        .spec
+        .get("expandable")
+        .and_then(|e| e.as_bool())
+        .unwrap_or(false);
+    let config = AllocatorConfig {
+        expandable_segments: expandable,
+        ..Default::default()
+    };
+    let prog = program(&run);
+    let unlimited = prog.replay(config, None);
+    let outside = rec.card.as_ref().and_then(|c| {
+        rec.stages
+            .last()
+            .map(|s| s.outside_after.saturating_sub(c.taken_bytes))
+    });
+    // On a card: the replay on an allocator limited to the card less what the process holds
+    // outside it.
+    let on_card = rec.card.as_ref().map(|c| {
+        let trains = run.work.trains();
+        let outside = super::outside::OutsideAllocator::h200().for_mode(trains);
+        prog.replay(config, Some(c.card_bytes.saturating_sub(outside)))
+    });
+    let figures = match &on_card {
+        Some(r) => &r.stages,
+        None => &unlimited.stages,
+    };
+    let stages: Vec<StageCheck> = rec
+        .stages
+        .iter()
+        .zip(figures)
+        .map(|(m, (_, p))| StageCheck {
+            stage: m.stage.clone(),
+            measured_allocated: m.peak_allocated,
+            predicted_allocated: p.peak_allocated_bytes,
+            measured_reserved: m.peak_reserved,
+            predicted_reserved: p.peak_reserved_bytes,
+        })
+        .collect();
+    let max = |f: &dyn Fn(&StageCheck) -> u64| stages.iter().map(f).max().unwrap_or(0);
+    Ok(RunCheck {
+        name: rec.name.clone(),
+        kind: rec.kind.clone(),
+        peak_allocated: (
+            max(&|s| s.measured_allocated),
+            max(&|s| s.predicted_allocated),
+        ),
+        peak_reserved: (
+            max(&|s| s.measured_reserved),
+            max(&|s| s.predicted_reserved),
+        ),
+        outside,
+        card_outcome: on_card.map(|r| {
+            let measured = match &rec.oom_stage {
+                Some(stage) => format!("{} in {stage}", rec.outcome),
+                None => rec.outcome.clone(),
+            };
+            let predicted = match &r.out_of_memory {
+                Some((stage, _)) => format!("oom in {stage}"),
+                None => "ok".to_string(),
+            };
+            (measured, predicted)
+        }),
+        stages,
+    })
+}
+
+impl RunCheck {
+    /// The whole run's relative errors in percent: (allocated, reserved).
+    pub fn peak_errors(&self) -> (f64, f64) {
+        let e = |(m, p): (u64, u64)| (p as f64 - m as f64) / (m.max(1) as f64) * 100.0;
+        (e(self.peak_allocated), e(self.peak_reserved))
+    }
+}

@@ -1,0 +1,104 @@
+//! The budget against the GPU: every run of `data/hf-proof-h200.json` (real transformers
+//! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated
+//! with `torch.cuda.set_per_process_memory_fraction`) replayed as the budget replays it. Each
+//! stage's peaks agree within the budget's margin, and on every emulated card the replay runs
+//! out of memory exactly where the GPU did.
+
+use iteragpu_lab::budget::outside::OutsideAllocator;
+use iteragpu_lab::budget::proof::{check, Report};
+use iteragpu_lab::budget::terms::MARGIN_PPM;
+use iteragpu_lab::units::Bytes;
+
+#[test]
+fn every_recorded_run_is_predicted_within_the_margin() {
+    let report = Report::recorded();
+    assert!(
+        report.records.len() >= 20,
+        "the proof holds {} runs",
+        report.records.len()
+    );
+    let margin = MARGIN_PPM as f64 / 10_000.0;
+    let mut worst_reserved: f64 = 0.0;
+    let mut outside_measured = [0u64; 2];
+    let mut summary = vec![
+        "| run | peak reserved, measured | predicted | error | on the card |".to_string(),
+        "|---|---:|---:|---:|---|".to_string(),
+    ];
+    for rec in &report.records {
+        let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
+        assert_eq!(c.stages.len(), rec.stages.len(), "{}: stages", rec.name);
+        for s in &c.stages {
+            let (a, r) = s.errors();
+            println!(
+                "{:<60} {:<10} allocated {a:+.3} % reserved {r:+.3} %",
+                rec.name, s.stage
+            );
+            // Allocated: what the software asks for, predicted tensor by tensor.
+            assert!(
+                a.abs() < 0.5,
+                "{} {}: allocated off by {a:.3} %",
+                rec.name,
+                s.stage
+            );
+            // Reserved within a stage: where the blocks land after a step of training can
+            // differ (the worst, a step's forward after a full optimizer step, 4.1 %)...
+            assert!(
+                r.abs() < 5.0,
+                "{} {}: reserved off by {r:.3} %",
+                rec.name,
+                s.stage
+            );
+        }
+        // ...the run's peak, the figure a verdict rests on, within the budget's margin.
+        let (a, r) = c.peak_errors();
+        println!(
+            "{:<60} peak       allocated {a:+.3} % reserved {r:+.3} %",
+            rec.name
+        );
+        worst_reserved = worst_reserved.max(r.abs());
+        let (measured_reserved, predicted_reserved) = c.peak_reserved;
+        let card = match &c.card_outcome {
+            Some((measured, predicted)) => format!("{measured} (predicted {predicted})"),
+            None => String::new(),
+        };
+        summary.push(format!(
+            "| {} | {} ({}) | {} | {r:+.3} % | {card} |",
+            rec.name,
+            Bytes(measured_reserved).grouped(),
+            Bytes(measured_reserved).gib_text(),
+            Bytes(predicted_reserved).grouped(),
+        ));
+        assert!(
+            r.abs() < margin,
+            "{}: peak reserved off by {r:.3} %",
+            rec.name
+        );
+        if let Some((measured, predicted)) = &c.card_outcome {
+            assert_eq!(measured, predicted, "{}: outcome on the card", rec.name);
+            assert_eq!(
+                rec.expect.as_deref() == Some("fits"),
+                measured == "ok",
+                "{}: the planner's verdict held",
+                rec.name
+            );
+        }
+        if let Some(outside) = c.outside {
+            let trains = rec.spec["mode"] != "inference";
+            let m = &mut outside_measured[trains as usize];
+            *m = (*m).max(outside);
+        }
+    }
+    // What the budget counts outside the allocator is the largest the card runs measured.
+    let h200 = OutsideAllocator::h200();
+    assert_eq!(
+        outside_measured,
+        [h200.inference_bytes, h200.training_bytes]
+    );
+    println!("{}", summary.join("\n"));
+    println!("worst error on a run's peak reserved: {worst_reserved:.3} %");
+    println!(
+        "outside the allocator, largest measured: inference {}, training {}",
+        Bytes(outside_measured[0]).grouped(),
+        Bytes(outside_measured[1]).grouped()
+    );
+}

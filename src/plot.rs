@@ -144,14 +144,7 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
             .iter()
             .map(|s| (s.name.to_string(), s.color, Swatch::Bar))
             .collect();
-        legend_column(&legend_area, &entries);
-        legend_area
-            .draw(&Text::new(
-                "a bar absent: 0 bytes",
-                (8, 60 + 22 * series.len() as i32 + 8),
-                ("sans-serif", 12).into_font(),
-            ))
-            .expect("drawing to memory");
+        legend_column(&legend_area, &entries, &["a bar absent: 0 bytes"]);
     })
 }
 
@@ -162,8 +155,17 @@ enum Swatch {
     Line,
 }
 
-/// A legend in its own column beside the plot, one entry a line from the top.
-fn legend_column(area: &DrawingArea<SVGBackend, Shift>, entries: &[(String, RGBColor, Swatch)]) {
+/// A legend in its own column beside the plot, one entry a line from the top, then `notes`.
+fn legend_column(
+    area: &DrawingArea<SVGBackend, Shift>,
+    entries: &[(String, RGBColor, Swatch)],
+    notes: &[&str],
+) {
+    for (k, note) in notes.iter().enumerate() {
+        let y = 60 + 22 * entries.len() as i32 + 8 + 16 * k as i32;
+        area.draw(&Text::new(*note, (8, y), ("sans-serif", 12).into_font()))
+            .expect("drawing to memory");
+    }
     for (k, (name, color, swatch)) in entries.iter().enumerate() {
         let y = 60 + 22 * k as i32;
         match swatch {
@@ -633,21 +635,14 @@ pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
             let label = format!("{name}: {} usable", Bytes(*usable).gib_text());
             entries.push((label, color, Swatch::Line));
         }
-        legend_column(&legend_area, &entries);
-        legend_area
-            .draw(&Text::new(
+        legend_column(
+            &legend_area,
+            &entries,
+            &[
                 "usable: the card less what lives outside",
-                (8, 60 + 22 * entries.len() as i32 + 8),
-                ("sans-serif", 12).into_font(),
-            ))
-            .expect("drawing to memory");
-        legend_area
-            .draw(&Text::new(
                 "the allocator and the reserve",
-                (8, 60 + 22 * entries.len() as i32 + 24),
-                ("sans-serif", 12).into_font(),
-            ))
-            .expect("drawing to memory");
+            ],
+        );
     })
 }
 
@@ -813,7 +808,7 @@ pub fn budget_chart(b: &crate::budget::Budget, catalog: &crate::catalog::Catalog
         for (gib, _, names) in &off_scale {
             entries.push((format!("  {gib:.2} GiB: {names}"), WHITE, Swatch::Line));
         }
-        legend_column(&legend_area, &entries);
+        legend_column(&legend_area, &entries, &[]);
     })
 }
 

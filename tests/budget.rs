@@ -180,13 +180,16 @@ fn a_model_folder_is_read_with_its_checkpoint_headers() {
     let dir = tempfile::tempdir().unwrap();
     model_folder(dir.path(), false);
     let args = ["--mode", "inference", "--context", "64"];
-    let out = mm()
-        .args(["budget", "--config"])
-        .arg(dir.path())
-        .args(args)
-        .assert()
-        .success();
-    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let budget_text = || {
+        let out = mm()
+            .args(["budget", "--config"])
+            .arg(dir.path())
+            .args(args)
+            .assert()
+            .success();
+        String::from_utf8(out.get_output().stdout.clone()).unwrap()
+    };
+    let text = budget_text();
     assert!(
         text.contains("the checkpoint (model.safetensors in 1 file) holds 21 tensors"),
         "{text}"
@@ -197,13 +200,7 @@ fn a_model_folder_is_read_with_its_checkpoint_headers() {
     );
     // One tensor fewer: said, and the budget is the config's.
     model_folder(dir.path(), true);
-    let out = mm()
-        .args(["budget", "--config"])
-        .arg(dir.path())
-        .args(args)
-        .assert()
-        .success();
-    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let text = budget_text();
     assert!(
         text.contains("where the config describes 106 816 parameters"),
         "{text}"

@@ -1,8 +1,8 @@
 //! The budget against the GPU: every run of `data/hf-proof-h200.json` (real transformers
-//! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated
-//! with `torch.cuda.set_per_process_memory_fraction`) replayed as the budget replays it. Each
-//! stage's peaks agree within the budget's margin, and on every emulated card the replay runs
-//! out of memory exactly where the GPU did.
+//! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated by
+//! taking the memory beyond it with one `cudaMalloc` outside PyTorch's allocator) replayed as the
+//! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
+//! card the replay runs out of memory exactly where the GPU did.
 
 use iteragpu_lab::budget::outside::OutsideAllocator;
 use iteragpu_lab::budget::proof::{check, Report};

@@ -172,15 +172,9 @@ impl<'a> OneGpu<'a> {
     /// the allocator and the reserve.
     pub fn usable(&self, memory: u64) -> u64 {
         let b = self.budget;
-        let reserve: u64 = b
-            .terms
-            .iter()
-            .filter(|t| t.place == Place::Reserve)
-            .map(|t| t.at_peak.0)
-            .sum();
         memory
             .saturating_sub(b.outside_allocator.0)
-            .saturating_sub(reserve)
+            .saturating_sub(b.held_at_peak(Place::Reserve))
     }
 
     /// Whether the run holds on a card of `memory` bytes, and on what basis.

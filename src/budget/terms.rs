@@ -547,6 +547,14 @@ impl crate::files::Tagged for Budget {
 }
 
 impl Budget {
+    /// What the terms of `place` hold at the peak.
+    pub fn held_at_peak(&self, place: Place) -> u64 {
+        self.terms
+            .iter()
+            .filter(|t| t.place == place)
+            .fold(0u64, |s, t| s.saturating_add(t.at_peak.0))
+    }
+
     /// Reads a budget written by `mesure_memoire budget --output`.
     pub fn load(path: &std::path::Path) -> Result<Budget, JsonError> {
         let bytes = crate::files::read_capped(path, crate::files::Input::Budget)?;
@@ -581,18 +589,8 @@ impl Budget {
                 b.total.0
             )));
         }
-        let outside: u64 = b
-            .terms
-            .iter()
-            .filter(|t| t.place == Place::OutsideAllocator)
-            .map(|t| t.at_peak.0)
-            .sum();
-        let reserve: u64 = b
-            .terms
-            .iter()
-            .filter(|t| t.place == Place::Reserve)
-            .map(|t| t.at_peak.0)
-            .sum();
+        let outside = b.held_at_peak(Place::OutsideAllocator);
+        let reserve = b.held_at_peak(Place::Reserve);
         if outside != b.outside_allocator.0
             || b.peak_reserved
                 .0

@@ -7,6 +7,7 @@ use super::constants::GpuConstants;
 use super::workload::{Mode, Optimizer, WeightFormat, Workload};
 use crate::allocator::Workspaces;
 use crate::budget::shape::{LinearTarget, WeightTensor};
+pub use crate::budget::terms::{Place, Split};
 use crate::files::JsonError;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
@@ -35,27 +36,6 @@ impl TermStatus {
             TermStatus::Hypothesis => "hypothesis",
         }
     }
-}
-
-/// How a term divides when the workload is spread over `n` GPUs (the fit planner's rule).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Split {
-    /// Divided evenly, rounded up (weights, gradients, optimizer states: ZeRO-3 / FSDP sharding).
-    Sharded,
-    /// Divided by KV heads: each GPU holds ⌈kv_heads / n⌉ heads (tensor parallelism).
-    KvHeads,
-    /// Whole on every GPU (activations of the GPU's batch, workspaces, the CUDA context).
-    PerGpu,
-}
-
-/// Whether a term lives inside the caching allocator (`allocated`) or beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Place {
-    Allocator,
-    OutsideAllocator,
-    Reserve,
 }
 
 /// One line of the budget.

@@ -460,9 +460,12 @@ const TEMPORARY_RANDOM: usize = 16;
 
 /// A new temporary file in the folder of `path`, named after it
 /// (`.NAME.XXXXXXXXXXXXXXXX.iteragpu-tmp`), so that a leftover from a killed writer is
-/// recognisable (see [`remove_leftovers`]). It is created with `O_EXCL`: never an existing file.
+/// recognisable (see [`remove_leftovers`]). It is created with `O_EXCL`: never an existing file,
+/// and with the permissions the umask gives (0666 less the umask, as other tools create files).
 fn temporary_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
     tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o666))
         .prefix(&leftover_prefix(path))
         .rand_bytes(TEMPORARY_RANDOM)
         .suffix(TEMPORARY_SUFFIX)

@@ -252,6 +252,29 @@ fn refusals_name_what_is_wrong() {
 }
 
 #[test]
+fn a_saved_budget_has_the_permissions_the_umask_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    for (umask, mode) in [("022", 0o644), ("027", 0o640)] {
+        let file = dir.path().join(format!("budget-{umask}.json"));
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+            .arg(assert_cmd::cargo::cargo_bin("mesure_memoire"))
+            .args(["budget", "--model", "qwen2.5-0.5b", "--mode", "inference"])
+            .args(["--context", "64", "--output"])
+            .arg(&file)
+            .current_dir(common::ROOT)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        use std::os::unix::fs::PermissionsExt;
+        let got = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(got, mode, "umask {umask}: {got:o}");
+    }
+}
+
+#[test]
 fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("budget.json");

@@ -1,8 +1,11 @@
 //! Mutation fuzzing of every parser of untrusted input: the catalog (`Catalog::parse`), the results
 //! grid (`grid::check_bytes`), a measurement file (`Measurement::from_bytes`, then what `plot` does
 //! with it), the bundle's manifest and zip (`bundle::verify` of a folder and of a zip), and the
-//! allocator snapshot text (`allocator::snapshot::parse`), and a lesson record
-//! (`LessonRecord::from_bytes`, then what the notebook draws from it).
+//! allocator snapshot text (`allocator::snapshot::parse`), a lesson record
+//! (`LessonRecord::from_bytes`, then what the notebook draws from it), a saved budget
+//! (`Budget::from_bytes`, then its text), a presets file (`Presets::parse`, then each row's
+//! model), a model's `config.json` (`model::config::parse`, then its parameters) and a
+//! safetensors file's header (`Checkpoint::add_header`).
 //!
 //! Each parser runs on the seed files of `tests/corpus/<parser>/` as they are, then on mutations
 //! of them made by a seeded generator (bit flips, byte changes, insertions of random bytes and of
@@ -17,6 +20,7 @@
 //! `scripts/fuzz` runs it long, in release mode.
 
 use iteragpu_lab::allocator::snapshot;
+use iteragpu_lab::budget::{Budget, Presets};
 use iteragpu_lab::catalog::Catalog;
 use iteragpu_lab::lesson::{LessonRecord, LessonView};
 use iteragpu_lab::measure::Measurement;
@@ -579,5 +583,70 @@ fn zip() {
                 false
             }
         }
+    });
+}
+
+#[test]
+fn budget() {
+    fuzz("budget", |bytes| {
+        match Budget::from_bytes(bytes, "fuzz.json") {
+            // What `calcul_forfaits --fit` prints of a budget file before planning it.
+            Ok(b) => {
+                let _ = b.to_string();
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        }
+    });
+}
+
+#[test]
+fn presets() {
+    fuzz("presets", |bytes| match Presets::parse(bytes, "fuzz.csv") {
+        Ok(p) => {
+            let _ = p.to_string();
+            p.rows.iter().all(|row| row.model().is_ok())
+        }
+        Err(e) => {
+            let _ = e.to_string();
+            false
+        }
+    });
+}
+
+#[test]
+fn model_config() {
+    fuzz(
+        "model-config",
+        |bytes| match iteragpu_lab::model::config::parse(bytes) {
+            Ok(model) => {
+                let _ = model.parameter_count();
+                model.check_runnable().is_ok()
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        },
+    );
+}
+
+#[test]
+fn safetensors() {
+    // A whole file: its 8-byte header length, the header, then the tensors' data.
+    fuzz("safetensors", |bytes| {
+        let mut c = iteragpu_lab::model::folder::Checkpoint::empty();
+        let Some((length, rest)) = bytes.split_first_chunk::<8>() else {
+            return false;
+        };
+        let n = u64::from_le_bytes(*length);
+        if n > rest.len() as u64 {
+            return false;
+        }
+        let (header, data) = rest.split_at(n as usize);
+        c.add_header(header, data.len() as u64).is_ok()
     });
 }

@@ -410,9 +410,17 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
             );
         }
     }
+    // In training the forward also builds a cache (transformers' `use_cache`, on unless
+    // checkpointing turns it off): a temporary of the step there, the KV cache term in inference.
+    let training_cache = if w.mode.trains() {
+        role(roles, Role::KvCache)
+    } else {
+        0
+    };
     let temporaries = role(roles, Role::Activations)
         + role(roles, Role::Inputs)
-        + role(roles, Role::OptimizerStep);
+        + role(roles, Role::OptimizerStep)
+        + training_cache;
     push(
         "activations",
         "Activations and temporaries",
@@ -420,7 +428,8 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
             "what the run holds at its peak ({}) besides the terms above: {}",
             r.peak_stage,
             if w.mode.trains() {
-                "activations kept for backward, temporaries, the inputs and the optimizer step's"
+                "activations kept for backward, temporaries, the inputs, the cache the forward \
+                 builds (use_cache) and the optimizer step's"
             } else {
                 "the inputs, the forward's temporaries and the logits"
             }

@@ -137,6 +137,37 @@ fn a_budget_adds_up_and_its_file_refuses_edits() {
     assert!(e.contains("workload: batch must be between 1 and"), "{e}");
 }
 
+#[test]
+fn every_mode_adds_up_and_reads_back() {
+    // With and without recomputation (training without it keeps the forward's cache).
+    let lora = Mode::Lora {
+        rank: 8,
+        targets: vec!["q_proj".into(), "v_proj".into()],
+    };
+    let full = Mode::Full {
+        optimizer: Optimizer::Adamw,
+    };
+    for (mode, checkpointing) in [
+        (generate(4), false),
+        (lora.clone(), false),
+        (lora, true),
+        (full.clone(), false),
+        (full, true),
+    ] {
+        let w = Workload {
+            checkpointing,
+            ..preset("qwen2.5-0.5b", mode, 1, 128)
+        }
+        .validated()
+        .unwrap();
+        let b = budget(&w, &BudgetSettings::h200());
+        let at_peak: u64 = b.terms.iter().map(|t| t.at_peak.0).sum();
+        assert_eq!(at_peak, b.total.0, "{}", b.title());
+        let text = serde_json::to_string(&b).unwrap();
+        Budget::from_bytes(text.as_bytes(), "b.json").unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 fn catalog() -> Catalog {
     let csv = "model,display_name,gpus_per_lot,memory_per_gpu_gib,duration_days,lot_price_usd_cents,snapshot_date,price_status
 small,Small,1,24,3,1000,2026-11-30,illustrative

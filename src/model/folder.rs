@@ -147,13 +147,7 @@ pub fn checkpoint(folder: &Path) -> Result<Option<Checkpoint>, FolderError> {
     } else {
         return Ok(None);
     };
-    let mut c = Checkpoint {
-        files: Vec::new(),
-        tensors: 0,
-        elements: 0,
-        bytes_by_dtype: BTreeMap::new(),
-        bytes: 0,
-    };
+    let mut c = Checkpoint::empty();
     for f in files {
         header(&f, &mut c)?;
         c.files.push(
@@ -165,6 +159,69 @@ pub fn checkpoint(folder: &Path) -> Result<Option<Checkpoint>, FolderError> {
 }
 
 impl Checkpoint {
+    /// No file read yet.
+    pub fn empty() -> Checkpoint {
+        Checkpoint {
+            files: Vec::new(),
+            tensors: 0,
+            elements: 0,
+            bytes_by_dtype: BTreeMap::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds the tensors of one safetensors header (its JSON, untrusted) once every tensor is
+    /// checked against the `data_len` bytes that follow the header in its file: a known dtype,
+    /// bytes equal to its shape's, offsets contiguous from 0 to `data_len`.
+    pub fn add_header(&mut self, header: &[u8], data_len: u64) -> Result<(), String> {
+        let meta: safetensors::tensor::Metadata =
+            serde_json::from_slice(header).map_err(|e| format!("header: {e}"))?;
+        // (start, end, name, dtype, elements)
+        let mut spans: Vec<(u64, u64, String, String, u64)> = Vec::new();
+        for (name, info) in meta.tensors() {
+            let shown = crate::text::printable(&name).to_string();
+            let elements = info
+                .shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+                .ok_or_else(|| format!("tensor {shown}: its shape overflows"))?;
+            let bytes = elements
+                .checked_mul(info.dtype.size() as u64)
+                .ok_or_else(|| format!("tensor {shown}: its size overflows"))?;
+            let (start, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+            if end < start || end - start != bytes {
+                return Err(format!(
+                    "tensor {shown}: offsets {start}..{end} do not hold its {bytes} bytes"
+                ));
+            }
+            spans.push((start, end, shown, format!("{:?}", info.dtype), elements));
+        }
+        spans.sort();
+        let mut at = 0u64;
+        for (start, end, name, _, _) in &spans {
+            if *start != at {
+                return Err(format!(
+                    "tensor {name}: starts at {start}, not at {at} (overlapping or a gap)"
+                ));
+            }
+            at = *end;
+        }
+        if at != data_len {
+            return Err(format!(
+                "its tensors end {at} bytes after the header, the file holds {data_len}"
+            ));
+        }
+        // Contiguous within the file: every sum below is at most the file's length.
+        for (start, end, _, dtype, elements) in spans {
+            let by_dtype = self.bytes_by_dtype.entry(dtype).or_default();
+            *by_dtype = by_dtype.saturating_add(end - start);
+            self.bytes = self.bytes.saturating_add(end - start);
+            self.elements = self.elements.saturating_add(elements);
+            self.tensors += 1;
+        }
+        Ok(())
+    }
+
     /// What the checkpoint says of the model the config describes: equal element counts, or
     /// how far apart they are (a quantized or a different checkpoint).
     pub fn agreement(&self, model: &Model) -> String {
@@ -222,48 +279,5 @@ fn header(path: &Path, c: &mut Checkpoint) -> Result<(), FolderError> {
     }
     let mut text = vec![0u8; n as usize];
     f.read_exact(&mut text).map_err(io)?;
-    let meta: safetensors::tensor::Metadata =
-        serde_json::from_slice(&text).map_err(|e| bad(format!("header: {e}")))?;
-    let mut spans: Vec<(u64, u64, String)> = Vec::new();
-    for (name, info) in meta.tensors() {
-        let shown = crate::text::printable(&name).to_string();
-        let elements = info
-            .shape
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
-            .ok_or_else(|| bad(format!("tensor {shown}: its shape overflows")))?;
-        let bytes = elements
-            .checked_mul(info.dtype.size() as u64)
-            .ok_or_else(|| bad(format!("tensor {shown}: its size overflows")))?;
-        let (start, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
-        if end < start || end - start != bytes {
-            return Err(bad(format!(
-                "tensor {shown}: offsets {start}..{end} do not hold its {bytes} bytes"
-            )));
-        }
-        spans.push((start, end, shown.clone()));
-        *c.bytes_by_dtype
-            .entry(format!("{:?}", info.dtype))
-            .or_default() += bytes;
-        c.bytes += bytes;
-        c.elements += elements;
-        c.tensors += 1;
-    }
-    spans.sort();
-    let mut at = 0u64;
-    for (start, end, name) in &spans {
-        if *start != at {
-            return Err(bad(format!(
-                "tensor {name}: starts at {start}, not at {at} (overlapping or a gap)"
-            )));
-        }
-        at = *end;
-    }
-    if 8 + n + at != len {
-        return Err(bad(format!(
-            "its tensors end at byte {}, the file has {len}",
-            8 + n + at
-        )));
-    }
-    Ok(())
+    c.add_header(&text, len - 8 - n).map_err(bad)
 }

@@ -19,6 +19,11 @@
 #![deny(unsafe_code)]
 
 pub mod allocator;
+#[deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 pub mod budget;
 pub mod bundle;
 pub mod catalog;
@@ -37,6 +42,11 @@ pub mod grid;
 pub mod lesson;
 pub mod markup;
 pub mod measure;
+#[deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 pub mod model;
 pub mod money;
 pub mod notebook;
@@ -44,6 +54,11 @@ pub mod plot;
 pub mod quote;
 pub mod reading;
 pub mod shown;
+#[deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 pub mod stack;
 pub mod status;
 pub mod sweep;

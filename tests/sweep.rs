@@ -6,8 +6,8 @@ mod common;
 
 use assert_cmd::Command;
 use common::{
-    json_of, mesure_memoire as mm, stand_in_companion, with_flag, OUTPUT_EXISTS, SEED_SMALL,
-    UNAVAILABLE, USAGE,
+    json_of, mesure_memoire as mm, stand_in_companion, with_flag, DATA_ERROR, OUTPUT_EXISTS,
+    SEED_SMALL, UNAVAILABLE, USAGE,
 };
 use predicates::str::contains;
 
@@ -273,4 +273,98 @@ fn the_recorded_sweep_draws_its_chart() {
         .arg(&svg)
         .assert()
         .code(OUTPUT_EXISTS);
+}
+
+/// The shipped H200 sweep copied into `dir`.
+fn recorded_sweep_in(dir: &std::path::Path) {
+    for f in ["sweep.csv", "sweep.json"] {
+        let from = std::path::Path::new(common::ROOT).join("data/exemple-balayage-h200");
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+}
+
+/// A sweep folder read back is untrusted: its files never followed through a link, one row per
+/// point, figures the caching allocator can give, measurement files inside the folder.
+#[test]
+fn a_sweep_folder_read_back_is_checked_row_by_row() {
+    let plot = |dir: &std::path::Path| {
+        let svg = dir.join("chart.svg");
+        let _ = std::fs::remove_file(&svg);
+        mm().args(["plot", "--sweep"])
+            .arg(dir)
+            .arg("--output")
+            .arg(&svg)
+            .assert()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    recorded_sweep_in(dir.path());
+    plot(dir.path()).success();
+    let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();
+    let first_row = csv.lines().nth(1).unwrap();
+    for (edited, said) in [
+        (format!("{csv}{first_row}\n"), "two rows for batch = 32"),
+        (
+            csv.replacen(",17818486784,17819500544,", ",1,17819500544,", 1),
+            "its row for batch = 32: a peak below the phase's start or end",
+        ),
+        (
+            csv.replacen("point-batch-32.json", "../point-batch-32.json", 1),
+            "is not a file of the folder",
+        ),
+    ] {
+        assert_ne!(edited, csv, "{said}");
+        std::fs::write(dir.path().join("sweep.csv"), &edited).unwrap();
+        plot(dir.path()).code(DATA_ERROR).stderr(contains(said));
+    }
+    // A link to a file outside the folder is neither read nor rewritten.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("sweep.csv"), &csv).unwrap();
+    std::fs::remove_file(dir.path().join("sweep.csv")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("sweep.csv"),
+        dir.path().join("sweep.csv"),
+    )
+    .unwrap();
+    plot(dir.path())
+        .code(DATA_ERROR)
+        .stderr(contains("is a symbolic link"));
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("sweep.csv")).unwrap(),
+        csv
+    );
+}
+
+/// `--resume` continues a sweep only with the sizes and passes it was made with.
+#[test]
+fn a_sweep_is_resumed_only_as_it_was_made() {
+    let dir = tempfile::tempdir().unwrap();
+    recorded_sweep_in(dir.path());
+    let before = std::fs::read(dir.path().join("sweep.csv")).unwrap();
+    mm().args([
+        "sweep",
+        "--vary",
+        "batch",
+        "--from",
+        "32",
+        "--to",
+        "1024",
+        "--geometric",
+    ])
+    .args(["--context", "8192", "--width", "1024", "--hidden", "16384"])
+    .args([
+        "--dtype",
+        "bfloat16",
+        "--warmup",
+        "1",
+        "--repeats",
+        "3",
+        "--resume",
+    ])
+    .arg("--output")
+    .arg(dir.path())
+    .assert()
+    .code(DATA_ERROR)
+    .stderr(contains("the sweep was made over batch"))
+    .stderr(contains("repeats 2; this one differs"));
+    assert_eq!(std::fs::read(dir.path().join("sweep.csv")).unwrap(), before);
 }

@@ -388,9 +388,9 @@ mod tests {
     fn maps_compare_by_segment_and_block_not_by_address() {
         let sizes = [1 << 20, 3 << 20, 512, 25 << 20];
         let mut measured = replayed(&sizes);
-        for (n, seg) in measured.iter_mut().enumerate() {
+        for (n, seg) in (0u32..).zip(measured.iter_mut()) {
             seg.address += 1 << 40;
-            seg.stream = n as u32;
+            seg.stream = n;
         }
         measured.reverse();
         let same = compare_maps("weights", &measured, &replayed(&sizes));

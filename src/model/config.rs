@@ -432,7 +432,15 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
                     range: "above 0, at most 1".into(),
                 });
             }
-            rotary_dim = ((head_dim as f64) * factor) as u64;
+            // `int(head_dim * factor)`: with the factor in (0, 1], in [0, head_dim].
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "the product lies in [0, head_dim]"
+            )]
+            {
+                rotary_dim = ((head_dim as f64) * factor) as u64;
+            }
         }
         Attention::Standard {
             q_bias,
@@ -450,8 +458,9 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
     let windows = windows_of(model_type, f, layers)?;
     let dense_layers = dense_layers_of(model_type, f, layers)?;
     let layers = (0..layers)
-        .map(|i| Layer {
-            window: windows[i as usize],
+        .zip(windows)
+        .map(|(i, window)| Layer {
+            window,
             mlp: if moe.is_some() && !dense_layers.contains(&i) {
                 Mlp::Experts
             } else {
@@ -592,7 +601,7 @@ fn windows_of(
     layers: u64,
 ) -> Result<Vec<Option<u64>>, ConfigError> {
     use ModelType as T;
-    let n = layers as usize;
+    let n = usize::try_from(layers).expect("at most MAX_LAYERS layers");
     let sliding = |window: Option<u64>, is_sliding: &dyn Fn(u64) -> bool| -> Vec<Option<u64>> {
         (0..layers)
             .map(|i| window.filter(|_| is_sliding(i)))

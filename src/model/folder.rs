@@ -277,7 +277,7 @@ fn header(path: &Path, c: &mut Checkpoint) -> Result<(), FolderError> {
             "header length {n} is larger than the file ({len} bytes) or than {limit}"
         )));
     }
-    let mut text = vec![0u8; n as usize];
+    let mut text = vec![0u8; usize::try_from(n).expect("a header within its limit")];
     f.read_exact(&mut text).map_err(io)?;
     c.add_header(&text, len - 8 - n).map_err(bad)
 }

@@ -269,11 +269,13 @@ impl Tensor {
     }
 
     pub fn axis(&self, d: isize) -> usize {
-        if d < 0 {
-            (self.dim() as isize + d) as usize
+        let axis = if d < 0 {
+            self.dim().checked_sub(d.unsigned_abs())
         } else {
-            d as usize
-        }
+            Some(d.unsigned_abs())
+        };
+        axis.filter(|&a| a < self.dim())
+            .unwrap_or_else(|| panic!("dimension {d} of a {}-d tensor", self.dim()))
     }
 
     pub fn tape(&self) -> &Tape {
@@ -326,7 +328,8 @@ pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -
         return Some(contiguous_strides(new_shape));
     }
     let mut new_strides = vec![0; new_shape.len()];
-    let mut view_d = new_shape.len() as isize - 1;
+    // The next view dimension to fill, counted from 1 (0: all filled).
+    let mut view_left = new_shape.len();
     let mut chunk_base_stride = *old_strides.last().expect("non-empty");
     let mut tensor_numel = 1u64;
     let mut view_numel = 1u64;
@@ -336,10 +339,10 @@ pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -
             || (old_shape[tensor_d - 1] != 1
                 && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)
         {
-            while view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d as usize] == 1) {
-                new_strides[view_d as usize] = view_numel * chunk_base_stride;
-                view_numel *= new_shape[view_d as usize];
-                view_d -= 1;
+            while view_left > 0 && (view_numel < tensor_numel || new_shape[view_left - 1] == 1) {
+                new_strides[view_left - 1] = view_numel * chunk_base_stride;
+                view_numel *= new_shape[view_left - 1];
+                view_left -= 1;
             }
             if view_numel != tensor_numel {
                 return None;
@@ -351,7 +354,7 @@ pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -
             }
         }
     }
-    if view_d != -1 {
+    if view_left != 0 {
         return None;
     }
     Some(new_strides)

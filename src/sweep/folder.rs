@@ -207,13 +207,67 @@ impl Sweep {
         if !resume {
             return Err(SweepError::Exists(folder.to_path_buf()));
         }
+        let invalid = |path: &Path, message: String| SweepError::Invalid {
+            file: path.display().to_string(),
+            message,
+        };
+        // The sweep's files are read and rewritten in its folder only: never through a link.
+        for name in [CSV_FILE, SUMMARY_FILE] {
+            let path = folder.join(name);
+            if path
+                .symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_symlink())
+            {
+                return Err(invalid(
+                    &path,
+                    "is a symbolic link: a sweep's files are read and rewritten only inside its \
+                     folder"
+                        .into(),
+                ));
+            }
+        }
+        // Continued only with the fixed sizes and passes it was made with.
+        let summary_path = folder.join(SUMMARY_FILE);
+        if summary_path.exists() {
+            let made: SweepSummary = files::load_tagged(&summary_path)?;
+            let (was, now) = (
+                dimension.apply(&made.configuration, from),
+                dimension.apply(base, from),
+            );
+            if made.dimension != dimension || !same_measurement(&was, &now) {
+                return Err(invalid(
+                    &summary_path,
+                    format!(
+                        "the sweep was made over {} with batch {}, context {}, width {}, hidden \
+                         {}, {}, warm-up {}, repeats {}; this one differs",
+                        made.dimension,
+                        was.batch,
+                        was.context,
+                        was.width,
+                        was.hidden(),
+                        was.dtype,
+                        was.warmup,
+                        was.repeats
+                    ),
+                ));
+            }
+        }
         let bytes = files::read_capped(&csv_path, files::Input::Sweep)?;
         let mut reader = csv::Reader::from_reader(bytes.as_slice());
         for row in reader.deserialize::<SweepRow>() {
-            let row = row.map_err(|e| SweepError::Invalid {
-                file: csv_path.display().to_string(),
-                message: e.to_string(),
-            })?;
+            let row = row.map_err(|e| invalid(&csv_path, e.to_string()))?;
+            if let Some(problem) = row.problem() {
+                return Err(invalid(
+                    &csv_path,
+                    format!("its row for {} = {}: {problem}", row.dimension, row.value),
+                ));
+            }
+            if sweep.rows.iter().any(|r| r.value == row.value) {
+                return Err(invalid(
+                    &csv_path,
+                    format!("two rows for {} = {}", row.dimension, row.value),
+                ));
+            }
             let expected = dimension.apply(base, row.value);
             if row.dimension != dimension
                 || row.batch != expected.batch
@@ -222,13 +276,13 @@ impl Sweep {
                 || row.hidden != expected.hidden()
                 || row.dtype != expected.dtype.name()
             {
-                return Err(SweepError::Invalid {
-                    file: csv_path.display().to_string(),
-                    message: format!(
+                return Err(invalid(
+                    &csv_path,
+                    format!(
                         "its row for {} = {} is of another sweep (dimension or fixed sizes differ)",
                         row.dimension, row.value
                     ),
-                });
+                ));
             }
             sweep.rows.push(row);
         }
@@ -443,7 +497,59 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     }
 }
 
+/// Whether two configurations measure the same network the same way (the device aside).
+fn same_measurement(a: &MeasureConfig, b: &MeasureConfig) -> bool {
+    (
+        a.batch,
+        a.context,
+        a.width,
+        a.hidden(),
+        a.dtype,
+        a.warmup,
+        a.repeats,
+    ) == (
+        b.batch,
+        b.context,
+        b.width,
+        b.hidden(),
+        b.dtype,
+        b.warmup,
+        b.repeats,
+    )
+}
+
 impl SweepRow {
+    /// What no sweep writes: figures the caching allocator cannot give (a peak below the
+    /// phase's start or end, reserved below allocated), or a measurement file outside the folder.
+    fn problem(&self) -> Option<String> {
+        let f = [
+            self.allocated_baseline_bytes,
+            self.allocated_end_bytes,
+            self.peak_allocated_bytes,
+            self.reserved_baseline_bytes,
+            self.reserved_end_bytes,
+            self.peak_reserved_bytes,
+        ];
+        if let [Some(a0), Some(a1), Some(ap), Some(r0), Some(r1), Some(rp)] = f {
+            if ap < a0.max(a1) || rp < r0.max(r1) {
+                return Some("a peak below the phase's start or end".into());
+            }
+            if r0 < a0 || r1 < a1 || rp < ap {
+                return Some("reserved below allocated".into());
+            }
+        } else if self.status == PointStatus::Ok {
+            return Some("a measured point without its six figures".into());
+        }
+        let m = &self.measurement_file;
+        if m.contains(['/', '\\']) || m.starts_with('.') {
+            return Some(format!(
+                "measurement file `{}` is not a file of the folder",
+                crate::text::printable(m)
+            ));
+        }
+        None
+    }
+
     /// The row of `value` for `config`, with no outcome, figure or time yet.
     pub fn blank(dimension: Dimension, value: u64, config: &MeasureConfig) -> SweepRow {
         SweepRow {

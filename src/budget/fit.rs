@@ -356,57 +356,126 @@ impl FitPlan {
     }
 }
 
-/// The largest value of a workload's size (`batch` or `context`) that holds on one GPU of
-/// `memory` bytes, with each allocator setting; `None` when even 1 does not.
-pub fn largest(
-    workload: &Workload,
-    settings: &super::BudgetSettings,
-    memory: u64,
+/// The largest values of a workload's size (`batch` or `context`) that hold on one GPU, for
+/// several GPU sizes and allocator settings. Each size is replayed once per setting whatever the
+/// card (its peaks decide most cards at once); only a card between a size's peak of `allocated`
+/// and its peak of `reserved` needs a replay limited to it, kept for the other searches.
+pub struct SizeSearch<'a> {
+    workload: &'a Workload,
+    settings: &'a super::BudgetSettings,
     size: Size,
-    setting: AllocatorSetting,
     limit: u64,
-) -> Option<u64> {
-    let fits = |n: u64| -> bool {
-        let mut w = workload.clone();
-        w.allocator = setting;
-        match size {
+    /// Per (size, setting): the unlimited replay's peaks of allocated and reserved.
+    peaks: HashMap<(u64, AllocatorSetting), (u64, u64)>,
+    /// Per (size, setting, usable bytes): whether the limited replay completed.
+    limited: HashMap<(u64, AllocatorSetting, u64), bool>,
+    /// The last size's program (one at a time: a program holds every event of its run).
+    program: Option<(u64, Program)>,
+}
+
+impl<'a> SizeSearch<'a> {
+    /// A search over `size` from 1 to `limit`.
+    pub fn new(
+        workload: &'a Workload,
+        settings: &'a super::BudgetSettings,
+        size: Size,
+        limit: u64,
+    ) -> SizeSearch<'a> {
+        SizeSearch {
+            workload,
+            settings,
+            size,
+            limit,
+            peaks: HashMap::new(),
+            limited: HashMap::new(),
+            program: None,
+        }
+    }
+
+    /// The workload at size `n`, if valid.
+    fn at(&self, n: u64) -> Option<Workload> {
+        let mut w = self.workload.clone();
+        match self.size {
             Size::Batch => w.batch = n,
             Size::Context => w.context = n,
         }
-        let Ok(w) = w.validated() else {
+        w.validated().ok()
+    }
+
+    /// The program of size `n` (built again unless it was the last one).
+    fn program(&mut self, n: u64, w: &Workload) -> &Program {
+        if self.program.as_ref().is_none_or(|(m, _)| *m != n) {
+            self.program = Some((n, program(&w.run(self.settings.kernels))));
+        }
+        &self.program.as_ref().expect("just built").1
+    }
+
+    /// Whether size `n` holds on a card of `memory` bytes under `setting`: the same verdict as
+    /// [`OneGpu::verdict`] on that size's budget.
+    pub fn fits(&mut self, n: u64, memory: u64, setting: AllocatorSetting) -> bool {
+        let Some(w) = self.at(n) else {
             return false;
         };
-        let b = super::budget(&w, settings);
-        let mut one = OneGpu::new(&b);
-        one.verdict(memory, setting).0
-    };
-    if !fits(1) {
-        return None;
-    }
-    // Double to a failing size, then halve.
-    let (mut good, mut bad) = (1u64, None);
-    while bad.is_none() {
-        let next = good.saturating_mul(2).min(limit);
-        if next == good {
-            break;
+        let usable = memory
+            .saturating_sub(self.settings.outside.for_mode(w.mode.trains()))
+            .saturating_sub(self.settings.reserve_bytes);
+        let (peak_allocated, peak_reserved) = match self.peaks.get(&(n, setting)) {
+            Some(p) => *p,
+            None => {
+                let r = self.program(n, &w).replay(allocator_config(setting), None);
+                let p = (r.peak_allocated, r.peak_reserved);
+                self.peaks.insert((n, setting), p);
+                p
+            }
+        };
+        if peak_reserved <= usable {
+            return true;
         }
-        if fits(next) {
-            good = next;
-        } else {
-            bad = Some(next);
+        if peak_allocated > usable {
+            return false;
         }
+        if let Some(&fits) = self.limited.get(&(n, setting, usable)) {
+            return fits;
+        }
+        let fits = self
+            .program(n, &w)
+            .replay(allocator_config(setting), Some(usable))
+            .out_of_memory
+            .is_none();
+        self.limited.insert((n, setting, usable), fits);
+        fits
     }
-    if let Some(mut bad) = bad {
-        while bad - good > 1 {
-            let mid = good + (bad - good) / 2;
-            if fits(mid) {
-                good = mid;
+
+    /// The largest size that holds on one GPU of `memory` bytes under `setting`; `None` when
+    /// even 1 does not. Doubles to a failing size, then halves.
+    pub fn largest(&mut self, memory: u64, setting: AllocatorSetting) -> Option<u64> {
+        if !self.fits(1, memory, setting) {
+            return None;
+        }
+        let (mut good, mut bad) = (1u64, None);
+        while bad.is_none() {
+            let next = good.saturating_mul(2).min(self.limit);
+            if next == good {
+                break;
+            }
+            if self.fits(next, memory, setting) {
+                good = next;
             } else {
-                bad = mid;
+                bad = Some(next);
             }
         }
+        if let Some(mut bad) = bad {
+            while bad - good > 1 {
+                let mid = good + (bad - good) / 2;
+                if self.fits(mid, memory, setting) {
+                    good = mid;
+                } else {
+                    bad = mid;
+                }
+            }
+        }
+        Some(good)
     }
-    Some(good)
 }
 
 /// The size `--max-batch` or `--max-context` searches.

@@ -246,22 +246,18 @@ fn the_largest_batch_fits_and_one_more_does_not() {
     let w = preset("llama-3.2-1b", generate(64), 1, 4096);
     let settings = BudgetSettings::h200();
     let memory = 24 << 30;
-    let n = fit::largest(
-        &w,
-        &settings,
-        memory,
-        Size::Batch,
-        AllocatorSetting::Default,
-        1 << 12,
-    )
-    .unwrap();
-    let fits = |batch: u64| {
-        let b = budget(&Workload { batch, ..w.clone() }, &settings);
-        fit::OneGpu::new(&b)
-            .verdict(memory, AllocatorSetting::Default)
-            .0
-    };
-    assert!(n > 1 && fits(n) && !fits(n + 1), "{n}");
+    let mut search = fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12);
+    // One search serves several cards: its replays kept between them decide as a budget does.
+    for memory in [memory, 12 << 30, memory] {
+        let n = search.largest(memory, AllocatorSetting::Default).unwrap();
+        let fits = |batch: u64| {
+            let b = budget(&Workload { batch, ..w.clone() }, &settings);
+            fit::OneGpu::new(&b)
+                .verdict(memory, AllocatorSetting::Default)
+                .0
+        };
+        assert!(n > 1 && fits(n) && !fits(n + 1), "{n}");
+    }
 }
 
 #[test]

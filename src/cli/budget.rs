@@ -447,25 +447,16 @@ impl std::fmt::Display for Largest {
 
 /// The largest `size` per GPU model of `catalog`.
 fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Size) -> Largest {
-    let limit = crate::budget::workload::MAX_TOKENS;
+    let mut search = fit::SizeSearch::new(w, settings, size, crate::budget::workload::MAX_TOKENS);
     let mut rows: Vec<LargestRow> = Vec::new();
     for row in catalog.rows.iter().filter(|r| r.gpus_per_lot == 1) {
         if rows.iter().any(|r| r.model == row.model) {
             continue;
         }
         let memory = fit::memory_bytes(row);
-        let largest = fit::largest(w, settings, memory, size, w.allocator, limit);
+        let largest = search.largest(memory, w.allocator);
         let with_expandable_segments = (w.allocator == AllocatorSetting::Default)
-            .then(|| {
-                fit::largest(
-                    w,
-                    settings,
-                    memory,
-                    size,
-                    AllocatorSetting::ExpandableSegments,
-                    limit,
-                )
-            })
+            .then(|| search.largest(memory, AllocatorSetting::ExpandableSegments))
             .flatten()
             .filter(|n| Some(*n) != largest);
         rows.push(LargestRow {

@@ -117,14 +117,7 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < n {
-                    labels[i as usize].clone()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&|x| category(labels, *x))
             .y_desc("MiB (logarithmic: each line is 10 times the one below)")
             .draw()
             .expect("drawing to memory");
@@ -146,6 +139,15 @@ fn grouped_bars(title: &str, labels: &[String], series: &[Series]) -> Svg {
             .collect();
         legend_column(&legend_area, &entries, &["a bar absent: 0 bytes"]);
     })
+}
+
+/// The label of the category at `x` on an axis of one category per whole number.
+fn category(labels: &[String], x: f64) -> String {
+    let i = x.round();
+    match labels.get(i as usize) {
+        Some(label) if (x - i).abs() < 1e-6 && i >= 0.0 => label.clone(),
+        _ => String::new(),
+    }
 }
 
 /// How a legend entry is drawn: a bar's swatch or a line's.
@@ -568,6 +570,7 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
 pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
     let gib = |x: u64| x as f64 / GIB;
     let n = b.stages.len().max(1);
+    let stages: Vec<String> = b.stages.iter().map(|s| s.stage.clone()).collect();
     let top = b
         .stages
         .iter()
@@ -598,14 +601,7 @@ pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(n)
-            .x_label_formatter(&|x| {
-                let i = x.round();
-                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < b.stages.len() {
-                    b.stages[i as usize].stage.clone()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&|x| category(&stages, *x))
             .y_desc("GiB (2^30 bytes)")
             .draw()
             .expect("drawing to memory");

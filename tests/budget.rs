@@ -227,7 +227,7 @@ fn a_model_folder_is_read_with_its_checkpoint_headers() {
 
 #[test]
 fn refusals_name_what_is_wrong() {
-    let cases: [(&str, &str); 9] = [
+    let cases: &[(&str, &str)] = &[
         ("--model llama-9 --mode inference", "unknown model preset \"llama-9\"; known: llama-2-7b"),
         ("--model llama-2-7b --mode qlora", "QLoRA (bitsandbytes NF4) is not replayed yet"),
         (
@@ -239,12 +239,26 @@ fn refusals_name_what_is_wrong() {
         ("--model llama-2-7b --mode inference --rank 4", "--rank applies to --mode lora only"),
         ("--model llama-2-7b --mode inference --dtype float32", "float32 attention"),
         ("--model llama-2-7b --mode inference --batch 16777217", "batch must be between 1 and 16777216"),
+        ("--model llama-2-7b --mode inference --generated 16385", "generated must be between 1 and 16384"),
+        (
+            "--layers 4096 --hidden 16777216 --heads 65536 --intermediate 16777216 --vocab 16777216 --mode full --context 1",
+            "`parameter count` = 8 071 013 619 657 080 832 is out of range (at most 2^50",
+        ),
+        (
+            "--layers 4096 --hidden 64 --heads 1 --intermediate 64 --vocab 16777216 --mode inference --batch 4 --context 16777215",
+            "is above 2^56 B = 64 PiB: no GPU holds it",
+        ),
         ("--model llama-2-7b --mode inference --max-batch", "--fit"),
     ];
-    for (flags, message) in cases {
+    for &(flags, message) in cases {
+        let context = if flags.contains("--context") {
+            &[][..]
+        } else {
+            &["--context", "8"][..]
+        };
         mm().arg("budget")
             .args(flags.split(' '))
-            .args(["--context", "8"])
+            .args(context)
             .assert()
             .code(USAGE)
             .stderr(contains(message));

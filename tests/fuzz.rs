@@ -4,8 +4,10 @@
 //! allocator snapshot text (`allocator::snapshot::parse`), a lesson record
 //! (`LessonRecord::from_bytes`, then what the notebook draws from it), a saved budget
 //! (`Budget::from_bytes`, then its text), a presets file (`Presets::parse`, then each row's
-//! model), a model's `config.json` (`model::config::parse`, then its parameters) and a
-//! safetensors file's header (`Checkpoint::add_header`).
+//! model), a model's `config.json` (`model::config::parse`, then its parameters), a
+//! safetensors file's header (`Checkpoint::add_header`), a transformer bench report
+//! (`BenchReport::from_bytes`, then what `budget --against` does with it) and a sweep folder's
+//! `sweep.csv` (`Sweep::load`, then its text and chart).
 //!
 //! Each parser runs on the seed files of `tests/corpus/<parser>/` as they are, then on mutations
 //! of them made by a seeded generator (bit flips, byte changes, insertions of random bytes and of
@@ -648,5 +650,50 @@ fn safetensors() {
         }
         let (header, data) = rest.split_at(n as usize);
         c.add_header(header, data.len() as u64).is_ok()
+    });
+}
+
+#[test]
+fn bench_report() {
+    fuzz(
+        "bench-report",
+        |bytes| match iteragpu_lab::budget::BenchReport::from_bytes(bytes, "fuzz.json") {
+            Ok(r) => {
+                let settings = iteragpu_lab::budget::synthetic::terms::BudgetSettings::h200();
+                if let Ok(v) = iteragpu_lab::budget::verify::verify(&r, settings) {
+                    let _ = v.to_string();
+                }
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        },
+    );
+}
+
+#[test]
+fn sweep() {
+    // Each input is the `sweep.csv` of a folder holding the recorded sweep's summary.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        Path::new(ROOT).join("data/exemple-balayage-h200/sweep.json"),
+        dir.path().join("sweep.json"),
+    )
+    .unwrap();
+    fuzz("sweep", move |bytes| {
+        std::fs::write(dir.path().join("sweep.csv"), bytes).unwrap();
+        match iteragpu_lab::sweep::Sweep::load(dir.path()) {
+            Ok(s) => {
+                let _ = s.to_string();
+                let _ = iteragpu_lab::plot::sweep_chart(&s);
+                true
+            }
+            Err(e) => {
+                let _ = e.to_string();
+                false
+            }
+        }
     });
 }

@@ -425,24 +425,26 @@ impl BenchReport {
         }
     }
 
-    /// The stage named `name`.
     /// Reads a report written by `mesure_memoire transformer`, checking its schema and its run.
     pub fn load(path: &std::path::Path) -> Result<BenchReport, crate::files::JsonError> {
         let r: BenchReport = crate::files::load_tagged(path)?;
-        let invalid = |message: String| {
-            crate::files::JsonError::invalid(
-                &path.display().to_string(),
-                crate::files::Input::BenchReport,
-                message,
-            )
-        };
-        r.run
-            .clone()
-            .validated()
-            .map_err(|e| invalid(e.to_string()))?;
-        Ok(r)
+        r.checked(&path.display().to_string())
     }
 
+    /// [`load`](Self::load) of a report's bytes, `file` naming it in errors.
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<BenchReport, crate::files::JsonError> {
+        let r: BenchReport = crate::files::parse_tagged(bytes, file)?;
+        r.checked(file)
+    }
+
+    fn checked(self, file: &str) -> Result<BenchReport, crate::files::JsonError> {
+        self.run.clone().validated().map_err(|e| {
+            crate::files::JsonError::invalid(file, crate::files::Input::BenchReport, e.to_string())
+        })?;
+        Ok(self)
+    }
+
+    /// The stage named `name`.
     pub fn stage(&self, name: &str) -> Option<&StageReading> {
         self.stages.iter().find(|s| s.stage == name)
     }

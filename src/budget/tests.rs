@@ -138,6 +138,28 @@ fn a_budget_adds_up_and_its_file_refuses_edits() {
 }
 
 #[test]
+fn a_model_as_deep_as_a_config_may_describe_trains() {
+    // Autograd's graph as deep as 4 096 layers is built and freed without exhausting the stack.
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 64,
+        "num_hidden_layers": crate::model::config::MAX_LAYERS, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "max_position_embeddings": 64, "tie_word_embeddings": false
+    });
+    let w = Workload {
+        model: crate::model::config::from_value(&config).unwrap(),
+        mode: Mode::Full {
+            optimizer: Optimizer::Adamw,
+        },
+        context: 1,
+        ..Workload::preset("llama-3.2-1b").unwrap()
+    }
+    .validated()
+    .unwrap();
+    let b = budget(&w, &BudgetSettings::h200());
+    assert!(b.peak_reserved.0 > 0 && b.stages.iter().any(|s| s.stage == "step2.optimizer"));
+}
+
+#[test]
 fn every_mode_adds_up_and_reads_back() {
     // With and without recomputation (training without it keeps the forward's cache).
     let lora = Mode::Lora {

@@ -112,6 +112,14 @@ pub struct Workload {
 pub const MAX_TOKENS: u64 = 1 << 24;
 /// The most tokens a budget's replay runs (batch × positions): a bound on its work.
 pub const MAX_BATCH_TOKENS: u64 = 1 << 26;
+/// The most tokens `generate` may add: each is a decode step the replay runs through every
+/// layer, so its work grows with this count (`docs/benchmarks.md` gives the time at this bound).
+pub const MAX_GENERATED: u64 = 1 << 14;
+
+/// The most bytes the tokens of a step may make across the layers (tokens × the widest row ×
+/// 4 B × layers): 2^56, 64 PiB, far beyond any GPU, so that what a replay holds (a few tens of
+/// such rows a layer at most, with the weights) stays below 2^64.
+pub const MAX_STEP_BYTES: u64 = 1 << 56;
 
 /// Why a workload is refused; the messages name the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -174,17 +182,13 @@ impl Workload {
             Mode::Inference { generated } => generated,
             _ => 0,
         };
-        for (field, value, min) in [
-            ("batch", self.batch, 1),
-            ("context", self.context, 1),
-            ("generated", generated, 0),
+        for (field, value, min, max) in [
+            ("batch", self.batch, 1, MAX_TOKENS),
+            ("context", self.context, 1, MAX_TOKENS),
+            ("generated", generated, 0, MAX_GENERATED),
         ] {
-            if value < min || value > MAX_TOKENS {
-                return Err(WorkloadError::Range {
-                    field,
-                    value,
-                    max: MAX_TOKENS,
-                });
+            if value < min || value > max {
+                return Err(WorkloadError::Range { field, value, max });
             }
         }
         let tokens = self
@@ -196,7 +200,19 @@ impl Workload {
                 value: self.batch.saturating_mul(self.context + generated),
                 max: MAX_BATCH_TOKENS,
             })?;
-        let _ = tokens;
+        let step_bytes = tokens
+            .checked_mul(self.model.widest())
+            .and_then(|b| b.checked_mul(4))
+            .and_then(|b| b.checked_mul(self.model.layers.len() as u64))
+            .filter(|&b| b <= MAX_STEP_BYTES);
+        if step_bytes.is_none() {
+            return Err(WorkloadError::Unsupported(format!(
+                "batch × tokens ({tokens}) × the widest row a token makes ({}) × 4 B × {} layers \
+                 is above 2^56 B = 64 PiB: no GPU holds it, and its replay would overflow",
+                self.model.widest(),
+                self.model.layers.len()
+            )));
+        }
         if let Mode::Lora { rank, targets } = &self.mode {
             if *rank == 0 || *rank > crate::model::config::MAX_SIZE {
                 return Err(WorkloadError::Range {

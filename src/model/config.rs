@@ -261,12 +261,35 @@ pub fn from_value(value: &Value) -> Result<Model, ConfigError> {
         if model.quantization.is_none() {
             model.quantization = quantization_of(&top)?;
         }
-        return Ok(model);
+        return bounded(model);
     }
     let model_type: ModelType = name
         .parse()
         .map_err(|_| ConfigError::UnknownType(crate::text::printable(name).to_string()))?;
-    build(model_type, &top)
+    bounded(build(model_type, &top)?)
+}
+
+/// The most parameters a model may have: 2^50, a thousand times the largest published models,
+/// so that every byte count of its budget (at most 16 B a parameter, and their sums) stays far
+/// below 2^64.
+pub const MAX_PARAMETERS: u64 = 1 << 50;
+
+/// `model`, if its parameter count (counted without overflow) is at most [`MAX_PARAMETERS`].
+fn bounded(model: Model) -> Result<Model, ConfigError> {
+    let count = model.parameters().iter().try_fold(0u64, |sum, p| {
+        p.shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|n| sum.checked_add(n))
+    });
+    match count {
+        Some(n) if n <= MAX_PARAMETERS => Ok(model),
+        _ => Err(ConfigError::Range {
+            field: "parameter count".into(),
+            value: count.map_or("more than 2^64".into(), crate::units::grouped),
+            range: format!("at most 2^50 = {}", crate::units::grouped(MAX_PARAMETERS)),
+        }),
+    }
 }
 
 fn dtype_of(f: &Fields) -> Result<Option<Dtype>, ConfigError> {

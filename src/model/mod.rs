@@ -211,6 +211,29 @@ impl Model {
         self.kv_heads * self.head_dim
     }
 
+    /// The widest row a token makes in a step: the hidden state, the MLP's or an expert's inner
+    /// width (times the experts each token goes through), the queries, keys and values, the
+    /// router's scores or the logits.
+    pub fn widest(&self) -> u64 {
+        let experts = self.moe.as_ref().map_or(0, |m| {
+            m.top_k
+                .saturating_mul(m.intermediate)
+                .saturating_mul(2)
+                .max(m.experts)
+        });
+        [
+            self.hidden,
+            self.intermediate * 2,
+            self.q_dim(),
+            self.kv_dim() * 2,
+            self.vocab,
+            experts,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+
     /// What transformers builds but cannot run: key/value heads that do not divide the query
     /// heads (transformers counts the parameters of such a model, its attention then fails).
     pub fn check_runnable(&self) -> Result<(), ConfigError> {

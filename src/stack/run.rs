@@ -206,8 +206,26 @@ fn cast(p: &mut Process, t: Tensor) -> Tensor {
     c
 }
 
-/// The program of `run`.
+/// The stack the emulation runs on. Autograd's graph is a chain of reference-counted nodes as
+/// long as the model is deep, dropped recursively as PyTorch's own graph is freed; 256 MiB holds
+/// the deepest model a configuration may describe (`model::config::MAX_LAYERS` layers) in a
+/// debug build, and is only reserved, not used, by shallower ones.
+const EMULATION_STACK: usize = 256 << 20;
+
+/// The program of `run`, emulated on a thread of its own with [`EMULATION_STACK`].
 pub fn program(run: &Run) -> Program {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("emulation".into())
+            .stack_size(EMULATION_STACK)
+            .spawn_scoped(s, || emulate(run))
+            .expect("a thread for the emulation")
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+fn emulate(run: &Run) -> Program {
     let mut p = Process::new(run.kernels);
     let mut marks = Marks {
         stages: Vec::new(),

@@ -240,6 +240,8 @@ fn refusals_name_what_is_wrong() {
         ("--model llama-2-7b --mode inference --dtype float32", "float32 attention"),
         ("--model llama-2-7b --mode inference --batch 16777217", "batch must be between 1 and 16777216"),
         ("--model llama-2-7b --mode inference --generated 16385", "generated must be between 1 and 16384"),
+        ("--model mixtral-8x7b --experts 100000000 --mode inference", "cannot be used with"),
+        ("--model llama-2-7b --tied-embeddings --mode inference", "cannot be used with"),
         (
             "--layers 4096 --hidden 16777216 --heads 65536 --intermediate 16777216 --vocab 16777216 --mode full --context 1",
             "`parameter count` = 8 071 013 619 657 080 832 is out of range (at most 2^50",
@@ -378,6 +380,56 @@ fn presets_are_listed_with_their_parameter_counts() {
         .stdout(contains("llama-3.1-70b"))
         .stdout(contains("70 553 706 496"))
         .stdout(contains("deepseek-v2-lite"));
+}
+
+#[test]
+fn a_presets_file_is_refused_naming_its_line() {
+    let shipped = std::fs::read_to_string(format!("{}/data/modeles.csv", common::ROOT)).unwrap();
+    let mut lines = shipped.lines();
+    let (header, first, second) = (
+        lines.next().unwrap(),
+        lines.next().unwrap(),
+        lines.next().unwrap(),
+    );
+    let renamed = |name: &str| first.replacen("llama-2-7b", name, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("presets.csv");
+    for (text, said) in [
+        (String::new(), "line 1: holds no preset"),
+        (format!("{header}\n"), "line 1: holds no preset"),
+        (
+            format!("{header}\n{}\n", renamed(" llama-2-7b")),
+            "line 2: preset name ` llama-2-7b`",
+        ),
+        (
+            format!("{header}\n{}\n", renamed("Llama-2-7B")),
+            "line 2: preset name `Llama-2-7B`",
+        ),
+        (
+            format!("{header}\n{}\n", renamed("llama\u{1b}[31m")),
+            "preset name `llama\\u{1b}[31m`",
+        ),
+        // A blank line does not shift the line named.
+        (
+            format!("{header}\n{first}\n\n{first}\n"),
+            "line 4: preset \"llama-2-7b\" appears twice",
+        ),
+        (
+            format!(
+                "{header}\n{second}\n{}\n",
+                first.replacen(",6738415616,", ",6738415617,", 1)
+            ),
+            "line 3: preset llama-2-7b: parameters 6738415617 differs",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        mm().args(["budget", "--list-models", "--models"])
+            .arg(&file)
+            .assert()
+            .code(DATA_ERROR)
+            .stdout("")
+            .stderr(contains(said));
+    }
 }
 
 /// The synthetic transformer's runs recorded on the H200 (`scripts/gpu/budget-proof.py`).

@@ -144,11 +144,11 @@ pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
         .fold(0u64, |s, (_, b)| s.saturating_add(b))
 }
 
-/// The catalog memory of a GPU in bytes (GiB × 2^30, rounded down).
+/// The catalog memory of a GPU in bytes (GiB × 2^30, rounded down; beyond 2^64 − 1, that).
 pub fn memory_bytes(row: &CatalogRow) -> u64 {
-    (row.memory_per_gpu_gib * rust_decimal::Decimal::from(GIB))
-        .floor()
-        .to_u64()
+    row.memory_per_gpu_gib
+        .checked_mul(rust_decimal::Decimal::from(GIB))
+        .and_then(|bytes| bytes.floor().to_u64())
         .unwrap_or(u64::MAX)
 }
 

@@ -147,20 +147,59 @@ impl Presets {
         Self::parse(&bytes, &path.display().to_string())
     }
 
+    /// Reads a presets file: the columns of `data/modeles.csv`, at least one row, each preset
+    /// named as it is typed after `--model` (lowercase letters, digits, `.`, `-`, `_`) and once,
+    /// each parameter count the one its configuration gives. Errors name the file's line.
     pub fn parse(bytes: &[u8], file: &str) -> Result<Presets, PresetError> {
+        let invalid = |line: u64, message: String| PresetError::Invalid {
+            file: file.into(),
+            line,
+            message,
+        };
+        // The line where what starts at a position begins, counted in the file itself: the csv
+        // reader's own count, and its position, pass over blank lines.
+        let line_at = |p: &csv::Position| {
+            let from = usize::try_from(p.byte()).map_or(bytes.len(), |b| b.min(bytes.len()));
+            let blank = bytes[from..]
+                .iter()
+                .take_while(|&&b| b == b'\n' || b == b'\r')
+                .count();
+            bytes[..from + blank]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count() as u64
+                + 1
+        };
+        let position = |e: &csv::Error| e.position().map_or(0, line_at);
         let mut reader = csv::Reader::from_reader(bytes);
+        let headers = reader
+            .headers()
+            .map_err(|e| invalid(position(&e), e.to_string()))?
+            .clone();
         let mut rows: Vec<Preset> = Vec::new();
-        for record in reader.deserialize::<Preset>() {
-            let line = |e: &csv::Error| e.position().map_or(0, |p| p.line());
-            let row = record.map_err(|e| PresetError::Invalid {
-                file: file.into(),
-                line: line(&e),
-                message: match e.kind() {
-                    csv::ErrorKind::Deserialize { err, .. } => err.to_string(),
-                    _ => e.to_string(),
-                },
+        for record in reader.records() {
+            let record = record.map_err(|e| invalid(position(&e), e.to_string()))?;
+            let line = record.position().map_or(0, line_at);
+            let row: Preset = record.deserialize(Some(&headers)).map_err(|e| {
+                invalid(
+                    line,
+                    match e.kind() {
+                        csv::ErrorKind::Deserialize { err, .. } => err.to_string(),
+                        _ => e.to_string(),
+                    },
+                )
             })?;
-            let line = rows.len() as u64 + 2;
+            let shown = crate::text::printable(&row.preset).to_string();
+            let typed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c);
+            if row.preset.is_empty() || !row.preset.chars().all(typed) {
+                return Err(invalid(
+                    line,
+                    format!(
+                        "preset name `{shown}`: lowercase letters, digits, `.`, `-` and `_` \
+                         only, as it is typed after --model"
+                    ),
+                ));
+            }
             if rows.iter().any(|r| r.preset == row.preset) {
                 return Err(PresetError::Duplicate {
                     file: file.into(),
@@ -168,20 +207,23 @@ impl Presets {
                     preset: row.preset,
                 });
             }
-            let invalid = |message: String| PresetError::Invalid {
-                file: file.into(),
-                line,
-                message: format!("preset {}: {message}", crate::text::printable(&row.preset)),
-            };
-            let model = row.model().map_err(|e| invalid(e.to_string()))?;
+            let model = row
+                .model()
+                .map_err(|e| invalid(line, format!("preset {shown}: {e}")))?;
             if model.parameter_count() != row.parameters {
-                return Err(invalid(format!(
-                    "parameters {} differs from the {} its configuration counts",
-                    row.parameters,
-                    model.parameter_count()
-                )));
+                return Err(invalid(
+                    line,
+                    format!(
+                        "preset {shown}: parameters {} differs from the {} its configuration counts",
+                        row.parameters,
+                        model.parameter_count()
+                    ),
+                ));
             }
             rows.push(row);
+        }
+        if rows.is_empty() {
+            return Err(invalid(1, "holds no preset".into()));
         }
         Ok(Presets {
             file: file.into(),

@@ -264,6 +264,26 @@ fn the_planner_replays_one_gpu_and_splits_over_more() {
 }
 
 #[test]
+fn a_catalog_gpu_of_absurd_memory_is_planned_without_overflow() {
+    let b = budget(
+        &preset("qwen2.5-0.5b", generate(4), 1, 64),
+        &BudgetSettings::h200(),
+    );
+    let huge = "99999999999999999999999999";
+    let csv = format!(
+        "model,display_name,gpus_per_lot,memory_per_gpu_gib,duration_days,lot_price_usd_cents,snapshot_date,price_status
+huge,Huge,1,{huge},3,1000,2026-11-30,illustrative
+huge,Huge,1,{huge},7,2000,2026-11-30,illustrative
+huge,Huge,1,{huge},30,7000,2026-11-30,illustrative
+"
+    );
+    let catalog = Catalog::parse(csv.as_bytes(), "huge.csv").unwrap();
+    assert_eq!(fit::memory_bytes(&catalog.rows[0]), u64::MAX);
+    let plan = fit::plan(&b, &catalog, 8).unwrap();
+    assert_eq!(plan.cheapest().unwrap().model, "huge");
+}
+
+#[test]
 fn the_largest_batch_fits_and_one_more_does_not() {
     let w = preset("llama-3.2-1b", generate(64), 1, 4096);
     let settings = BudgetSettings::h200();

@@ -24,10 +24,10 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
     /// A model preset (see `budget --list-models`), e.g. llama-3.1-8b.
-    #[arg(long, conflicts_with_all = ["config", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
+    #[arg(long, conflicts_with_all = ["config", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied_embeddings", "attention_bias", "experts", "experts_per_token"])]
     pub model: Option<String>,
     /// A model's config.json, or the folder that holds it.
-    #[arg(long, conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"])]
+    #[arg(long, conflicts_with_all = ["layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied_embeddings", "attention_bias", "experts", "experts_per_token"])]
     pub config: Option<PathBuf>,
     /// Presets file with the columns of data/modeles.csv [default: the shipped presets].
     #[arg(long)]
@@ -187,7 +187,6 @@ impl ModelArgs {
         )
     }
 
-    /// The model and where it comes from.
     /// The model, where it comes from, and its checkpoint's headers when read from a folder.
     pub fn model(&self) -> Result<(String, Model, Option<Checkpoint>), Failure> {
         if let Some(name) = &self.model {

@@ -120,15 +120,22 @@ impl Figures {
         }))
     }
 
-    /// Whether every peak is at least its end and its baseline, as the allocator guarantees.
+    /// Whether these are figures the caching allocator can give: every peak at least its end
+    /// and its baseline, `reserved` at least `allocated` at each reading.
     pub fn is_consistent(&self) -> bool {
         self.peak_allocated_bytes >= self.allocated_end_bytes
             && self.peak_allocated_bytes >= self.allocated_baseline_bytes
             && self.peak_reserved_bytes >= self.reserved_end_bytes
             && self.peak_reserved_bytes >= self.reserved_baseline_bytes
+            && self.reserved_baseline_bytes >= self.allocated_baseline_bytes
             && self.reserved_end_bytes >= self.allocated_end_bytes
             && self.peak_reserved_bytes >= self.peak_allocated_bytes
     }
+
+    /// What a file that holds these figures is told when they are not consistent.
+    pub const INCONSISTENT: &'static str =
+        "figures the caching allocator cannot give (a peak below its start or end, or reserved \
+         below allocated)";
 }
 
 impl Residual {

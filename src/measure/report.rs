@@ -161,12 +161,45 @@ impl Measurement {
     /// Reads a measurement file written by `measure` (a regular file of at most
     /// [`crate::files::Input::Measurement`]'s limit) and checks its schema tag.
     pub fn load(path: &Path) -> Result<Measurement, crate::files::JsonError> {
-        crate::files::load_tagged(path)
+        let m: Measurement = crate::files::load_tagged(path)?;
+        m.checked(&path.display().to_string())
     }
 
     /// Parses measurement bytes read from `file` and checks the schema tag.
     pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Measurement, crate::files::JsonError> {
-        crate::files::parse_tagged(bytes, file)
+        let m: Measurement = crate::files::parse_tagged(bytes, file)?;
+        m.checked(file)
+    }
+
+    /// The measurement, if it is one `measure` can write: at least one phase, each with figures
+    /// the caching allocator can give and times that are durations.
+    fn checked(self, file: &str) -> Result<Measurement, crate::files::JsonError> {
+        let invalid = |message: String| {
+            crate::files::JsonError::invalid(file, crate::files::Input::Measurement, message)
+        };
+        if self.phases.is_empty() {
+            return Err(invalid("`phases`: none".into()));
+        }
+        for (i, p) in self.phases.iter().enumerate() {
+            if !p.figures.is_consistent() {
+                return Err(invalid(format!(
+                    "`phases[{i}]` ({}): {}",
+                    p.phase.name(),
+                    crate::reading::Figures::INCONSISTENT
+                )));
+            }
+            for (field, ms) in [
+                ("host_wall_time_ms", p.host_wall_time_ms),
+                ("gpu_event_time_ms", p.gpu_event_time_ms),
+            ] {
+                if !(ms.is_finite() && ms >= 0.0) {
+                    return Err(invalid(format!(
+                        "`phases[{i}].{field}` = {ms}: not a duration"
+                    )));
+                }
+            }
+        }
+        Ok(self)
     }
 
     /// The measured GPU's name, as the environment recorded it.

@@ -519,26 +519,27 @@ fn same_measurement(a: &MeasureConfig, b: &MeasureConfig) -> bool {
 }
 
 impl SweepRow {
+    /// The six figures, when the row holds them all.
+    pub fn figures(&self) -> Option<Figures> {
+        Some(Figures {
+            allocated_baseline_bytes: self.allocated_baseline_bytes?,
+            allocated_end_bytes: self.allocated_end_bytes?,
+            peak_allocated_bytes: self.peak_allocated_bytes?,
+            reserved_baseline_bytes: self.reserved_baseline_bytes?,
+            reserved_end_bytes: self.reserved_end_bytes?,
+            peak_reserved_bytes: self.peak_reserved_bytes?,
+        })
+    }
+
     /// What no sweep writes: figures the caching allocator cannot give (a peak below the
     /// phase's start or end, reserved below allocated), or a measurement file outside the folder.
     fn problem(&self) -> Option<String> {
-        let f = [
-            self.allocated_baseline_bytes,
-            self.allocated_end_bytes,
-            self.peak_allocated_bytes,
-            self.reserved_baseline_bytes,
-            self.reserved_end_bytes,
-            self.peak_reserved_bytes,
-        ];
-        if let [Some(a0), Some(a1), Some(ap), Some(r0), Some(r1), Some(rp)] = f {
-            if ap < a0.max(a1) || rp < r0.max(r1) {
-                return Some("a peak below the phase's start or end".into());
+        match self.figures() {
+            Some(f) if !f.is_consistent() => return Some(Figures::INCONSISTENT.into()),
+            None if self.status == PointStatus::Ok => {
+                return Some("a measured point without its six figures".into())
             }
-            if r0 < a0 || r1 < a1 || rp < ap {
-                return Some("reserved below allocated".into());
-            }
-        } else if self.status == PointStatus::Ok {
-            return Some("a measured point without its six figures".into());
+            _ => {}
         }
         let m = &self.measurement_file;
         if m.contains(['/', '\\']) || m.starts_with('.') {

@@ -241,6 +241,7 @@ fn refusals_name_what_is_wrong() {
         ("--model llama-2-7b --mode inference --batch 16777217", "batch must be between 1 and 16777216"),
         ("--model llama-2-7b --mode inference --generated 16385", "generated must be between 1 and 16384"),
         ("--model mixtral-8x7b --experts 100000000 --mode inference", "cannot be used with"),
+        ("--model llama-2-7b --mode inference --reserve-gib 17179869183", "--reserve-gib 17179869183 is above 2^20 GiB"),
         ("--model llama-2-7b --tied-embeddings --mode inference", "cannot be used with"),
         (
             "--layers 4096 --hidden 16777216 --heads 65536 --intermediate 16777216 --vocab 16777216 --mode full --context 1",

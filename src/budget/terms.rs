@@ -130,6 +130,9 @@ pub struct Budget {
     pub checkpoint: Option<crate::model::folder::Checkpoint>,
 }
 
+/// The largest reserve `--reserve-gib` takes: 2^50 bytes (1 PiB), more than any GPU.
+pub const MAX_RESERVE_BYTES: u64 = 1 << 50;
+
 /// The inputs of a budget besides the workload.
 #[derive(Debug, Clone)]
 pub struct BudgetSettings {
@@ -513,7 +516,12 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
         Split::PerGpu,
         Place::Reserve,
     );
-    let total = r.peak_reserved + outside + settings.reserve_bytes;
+    // Bounded sizes keep these sums far below 2^64; saturating, an absurd reserve given to the
+    // library fits no card rather than wrapping into a small total.
+    let total = r
+        .peak_reserved
+        .saturating_add(outside)
+        .saturating_add(settings.reserve_bytes);
     let margin = r
         .peak_reserved
         .div_ceil(1_000_000)
@@ -540,7 +548,7 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
         margin: Bytes(margin),
         margin_source: MARGIN_SOURCE.into(),
         total: Bytes(total),
-        needed: Bytes(total + margin),
+        needed: Bytes(total.saturating_add(margin)),
         outside: settings.outside.clone(),
         kernels: settings.kernels,
         checkpoint: None,

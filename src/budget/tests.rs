@@ -322,3 +322,61 @@ fn float16_weights_and_autocast_are_the_dtype_they_say() {
         .title()
         .contains("float32 weights under bfloat16 autocast"));
 }
+
+#[test]
+fn random_workloads_are_refused_or_add_up() {
+    // Sizes drawn from 0 to 2^64 − 1 on a log scale (a seeded generator: the same run each
+    // time), through the arithmetic of a small model's workload: each is refused, or its budget's
+    // terms add up to its total without wrapping.
+    let mut state: u64 = 0x2026_1201;
+    let mut draw = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let bits = (state >> 58) as u32; // 0..=63
+        (state >> 1) & (u64::MAX >> (63 - bits))
+    };
+    let (mut refused, mut budgeted) = (0, 0);
+    for _ in 0..300 {
+        let mode = match draw() % 3 {
+            0 => Mode::Inference {
+                generated: draw() % 64,
+            },
+            1 => Mode::Lora {
+                rank: draw(),
+                targets: vec!["q_proj".into()],
+            },
+            _ => Mode::Full {
+                optimizer: Optimizer::Adamw,
+            },
+        };
+        let w = Workload {
+            mode,
+            batch: draw(),
+            context: draw(),
+            ..Workload::preset("qwen2.5-0.5b").unwrap()
+        };
+        let Ok(w) = w.validated() else {
+            refused += 1;
+            continue;
+        };
+        let settings = BudgetSettings {
+            reserve_bytes: draw() >> 8,
+            ..BudgetSettings::h200()
+        };
+        let b = budget(&w, &settings);
+        let sum = b
+            .terms
+            .iter()
+            .try_fold(0u64, |s, t| s.checked_add(t.at_peak.0))
+            .expect("the terms add up without wrapping");
+        assert_eq!(sum, b.total.0, "{}", b.title());
+        assert!(b.terms.iter().all(|t| t.at_peak.0 <= b.total.0));
+        assert!(b.needed.0 >= b.total.0 && b.peak_reserved.0 >= b.peak_allocated.0);
+        budgeted += 1;
+    }
+    assert!(
+        refused > 0 && budgeted > 0,
+        "{refused} refused, {budgeted} budgeted"
+    );
+}

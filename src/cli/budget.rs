@@ -393,7 +393,13 @@ impl BudgetArgs {
 
     fn settings(&self) -> Result<BudgetSettings, Failure> {
         let reserve = crate::units::gib_to_bytes(self.reserve_gib)
-            .ok_or_else(|| Failure::usage("--reserve-gib is too large"))?;
+            .filter(|&b| b <= crate::budget::terms::MAX_RESERVE_BYTES)
+            .ok_or_else(|| {
+                Failure::usage_owned(format!(
+                    "--reserve-gib {} is above 2^20 GiB (1 PiB), more than any GPU",
+                    self.reserve_gib
+                ))
+            })?;
         Ok(BudgetSettings::for_gpu(self.compute_capability, reserve))
     }
 }

@@ -22,6 +22,24 @@ pub fn first_unsafe(s: &str) -> Option<char> {
     s.chars().find(|c| is_unsafe(*c))
 }
 
+/// The first string of a JSON document (a key or a value) holding an unsafe character: its JSON
+/// pointer and the character.
+pub fn first_unsafe_in_json(v: &serde_json::Value) -> Option<(String, char)> {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => first_unsafe(s).map(|c| (String::new(), c)),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| first_unsafe_in_json(x).map(|(p, c)| (format!("/{i}{p}"), c))),
+        Value::Object(o) => o.iter().find_map(|(k, x)| {
+            let key = first_unsafe(k).map(|c| (format!("/{}", printable(k)), c));
+            key.or_else(|| first_unsafe_in_json(x).map(|(p, c)| (format!("/{k}{p}"), c)))
+        }),
+        _ => None,
+    }
+}
+
 /// `s` with every unsafe character written as a Rust escape (`\u{1b}`, `\0` shown as `\u{0}`).
 pub fn printable(s: &str) -> Cow<'_, str> {
     escape_except(s, |_| false)

@@ -347,6 +347,22 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("is not a budget file"));
+    // Text a budget prints comes from its file: a control character in it is refused.
+    let edited = text.replacen(
+        "\"source\": \"qwen2.5-7b\"",
+        "\"source\": \"qwen\\u001b[31m\"",
+        1,
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&bad, edited).unwrap();
+    cf().arg("--fit")
+        .arg(&bad)
+        .assert()
+        .code(DATA_ERROR)
+        .stdout("")
+        .stderr(contains(
+            "`/workload/source` holds the control character \\u{1b}",
+        ));
 }
 
 #[test]
@@ -482,6 +498,62 @@ fn a_report_that_is_not_a_bench_run_is_a_data_error() {
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("is not a transformer bench report"));
+}
+
+#[test]
+fn a_bench_report_of_absurd_sizes_is_refused_before_any_work() {
+    let recorded = format!("{}/{RECORDED_RUNS}/guide-7b-inf-2048.json", common::ROOT);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(recorded).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (pointer, value, said) in [
+        (
+            "/run/shape/layers",
+            1_000_000_000_000_000u64,
+            "layers = 1000000000000000 is above 4096",
+        ),
+        (
+            "/run/shape/experts",
+            100_000_000,
+            "experts = 100000000 is above 4096",
+        ),
+        (
+            "/run/shape/hidden",
+            1 << 40,
+            "hidden = 1099511627776 is above 16777216",
+        ),
+        (
+            "/run/generated",
+            1 << 40,
+            "generated = 1099511627776 is above 16384",
+        ),
+    ] {
+        let mut r = report.clone();
+        *r.pointer_mut(pointer).unwrap() = value.into();
+        let file = dir.path().join("report.json");
+        std::fs::write(&file, r.to_string()).unwrap();
+        mm().args(["budget", "--against"])
+            .arg(&file)
+            .timeout(std::time::Duration::from_secs(30))
+            .assert()
+            .code(DATA_ERROR)
+            .stderr(contains(said));
+    }
+    // The GPU's name, text from the file, reaches the terminal escaped.
+    let mut r = report.clone();
+    *r.pointer_mut("/environment/device/name").unwrap() = "NVIDIA\u{1b}[31m H200".into();
+    let file = dir.path().join("escape.json");
+    std::fs::write(&file, r.to_string()).unwrap();
+    let out = mm()
+        .args(["budget", "--against"])
+        .arg(&file)
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(
+        !text.contains('\u{1b}') && text.contains("NVIDIA\\u{1b}[31m H200"),
+        "{text}"
+    );
 }
 
 /// Every block of docs/budget-vs-guide.md that starts with `$ mesure_memoire …` or

@@ -172,6 +172,7 @@ impl BenchError {
             BenchError::Shape(ShapeError::Zero { field }) => Some(field),
             BenchError::Shape(ShapeError::Grouping { .. }) => Some("kv_heads"),
             BenchError::Shape(ShapeError::Routing { .. }) => Some("experts_per_token"),
+            BenchError::Shape(ShapeError::Range { field, .. }) => Some(field),
             BenchError::Shape(ShapeError::Overflow) | BenchError::TooLarge { .. } => None,
             BenchError::Zero { field }
             | BenchError::Unsupported { field, .. }
@@ -262,6 +263,17 @@ impl BenchRun {
 
     /// Every tensor the run makes, at its widest, fits in 2^62 elements and bytes (float32: 4 bytes).
     fn check_sizes(&self, s: &ModelShape) -> Result<(), BenchError> {
+        use crate::budget::workload::{MAX_GENERATED, MAX_TOKENS};
+        for (field, value, max) in [
+            ("batch", self.batch, MAX_TOKENS),
+            ("context", self.context, MAX_TOKENS),
+            ("generated", self.generated, MAX_GENERATED),
+            ("lora_rank", self.lora_rank, crate::model::config::MAX_SIZE),
+        ] {
+            if value > max {
+                return Err(BenchError::Shape(ShapeError::Range { field, value, max }));
+            }
+        }
         let positions = self.positions().ok_or(BenchError::TooLarge {
             what: "context + generated",
         })?;
@@ -687,27 +699,46 @@ mod tests {
 
     #[test]
     fn runs_too_large_to_count_are_refused() {
+        // Each size is bounded first, naming it...
         let huge = BenchRun {
             batch: 1 << 40,
             context: 1 << 20,
             ..inference()
         };
-        assert!(matches!(huge.validated(), Err(BenchError::TooLarge { .. })));
+        assert!(matches!(
+            huge.validated(),
+            Err(BenchError::Shape(ShapeError::Range { field: "batch", .. }))
+        ));
         let long = BenchRun {
             context: u64::MAX,
             generated: 1,
             ..inference()
         };
+        assert!(matches!(
+            long.validated(),
+            Err(BenchError::Shape(ShapeError::Range {
+                field: "context",
+                ..
+            }))
+        ));
+        // ...then the tensors the sizes make together.
+        let logits = BenchRun {
+            batch: 1 << 24,
+            context: 1 << 24,
+            shape: ModelShape {
+                vocab: 1 << 20,
+                ..inference().shape
+            },
+            ..inference()
+        };
         assert_eq!(
-            long.validated().unwrap_err(),
-            BenchError::TooLarge {
-                what: "context + generated"
-            }
+            logits.validated().unwrap_err(),
+            BenchError::TooLarge { what: "the logits" }
         );
         // The explicit attention's scores are the widest tensor: refused only without flash.
         let scores = BenchRun {
-            batch: 1,
-            context: 1 << 30,
+            batch: 1 << 12,
+            context: 1 << 24,
             generated: 0,
             ..inference()
         };

@@ -138,7 +138,16 @@ pub enum ShapeError {
     Routing { per_token: u64, experts: u64 },
     #[error("the model is too large to count in 64 bits")]
     Overflow,
+    #[error("{field} = {value} is above {max}")]
+    Range {
+        field: &'static str,
+        value: u64,
+        max: u64,
+    },
 }
+
+/// The most experts a layer may have: 4 096, sixteen times the most any published model has.
+pub const MAX_EXPERTS: u64 = 4096;
 
 impl ModelShape {
     /// Checks what the formulas rely on.
@@ -157,6 +166,19 @@ impl ModelShape {
             if v == 0 {
                 return Err(ShapeError::Zero { field });
             }
+            // Bounded before any work that loops over layers or experts.
+            let max = match field {
+                "layers" => crate::model::config::MAX_LAYERS,
+                "experts" | "experts_per_token" => MAX_EXPERTS,
+                _ => crate::model::config::MAX_SIZE,
+            };
+            if v > max {
+                return Err(ShapeError::Range {
+                    field,
+                    value: v,
+                    max,
+                });
+            }
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ShapeError::Grouping {
@@ -170,8 +192,19 @@ impl ModelShape {
                 experts: self.experts,
             });
         }
-        // Every later product fits if the total of the tensors does.
-        self.try_tensors().ok_or(ShapeError::Overflow)?;
+        // Every later product fits if the total of the tensors does, at most 2^50 parameters.
+        let parameters = self
+            .try_tensors()
+            .and_then(|t| t.iter().try_fold(0u64, |s, t| s.checked_add(t.elements)))
+            .ok_or(ShapeError::Overflow)?;
+        let max = crate::model::config::MAX_PARAMETERS;
+        if parameters > max {
+            return Err(ShapeError::Range {
+                field: "parameters",
+                value: parameters,
+                max,
+            });
+        }
         Ok(self)
     }
 
@@ -324,6 +357,27 @@ mod tests {
             vocab: u64::MAX / 2,
             ..llama2_7b()
         };
-        assert_eq!(huge.validated(), Err(ShapeError::Overflow));
+        assert_eq!(
+            huge.validated(),
+            Err(ShapeError::Range {
+                field: "vocab",
+                value: u64::MAX / 2,
+                max: 1 << 24
+            })
+        );
+        // Sizes within their bounds whose tensors together pass 2^50 parameters.
+        let many = ModelShape {
+            layers: 4096,
+            hidden: 1 << 20,
+            intermediate: 1 << 20,
+            ..llama2_7b()
+        };
+        assert!(matches!(
+            many.validated(),
+            Err(ShapeError::Range {
+                field: "parameters",
+                ..
+            })
+        ));
     }
 }

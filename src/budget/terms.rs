@@ -585,6 +585,15 @@ impl Budget {
         let invalid =
             |message: String| JsonError::invalid(file, crate::files::Input::Budget, message);
         let b: Budget = crate::files::parse_tagged(bytes, file)?;
+        // Text the budget prints comes from the file: none may reach a terminal as a control.
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
+        if let Some((pointer, c)) = crate::text::first_unsafe_in_json(&value) {
+            return Err(invalid(format!(
+                "`{pointer}` holds the control character {}",
+                c.escape_unicode()
+            )));
+        }
         b.workload
             .clone()
             .validated()

@@ -361,7 +361,7 @@ pub fn verify(report: &BenchReport, settings: BudgetSettings) -> Result<Verifica
     };
     Ok(Verification {
         run: run.summary(),
-        gpu: report.environment.gpu_name().into(),
+        gpu: crate::text::printable(report.environment.gpu_name()).to_string(),
         checks,
         maps,
         predicted_peak: Bytes(predicted_peak),

@@ -9,6 +9,7 @@ use super::terms::{allocator_config, Budget, Place, Split};
 use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
+use crate::stack::ops::Kernels;
 use crate::stack::run::{program, Program};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
@@ -172,49 +173,59 @@ impl<'a> OneGpu<'a> {
     /// the allocator and the reserve.
     pub fn usable(&self, memory: u64) -> u64 {
         let b = self.budget;
-        memory
-            .saturating_sub(b.outside_allocator.0)
-            .saturating_sub(b.held_at_peak(Place::Reserve))
+        usable(
+            memory,
+            b.outside_allocator.0,
+            b.held_at_peak(Place::Reserve),
+        )
     }
 
     /// Whether the run holds on a card of `memory` bytes, and on what basis.
     pub fn verdict(&mut self, memory: u64, setting: AllocatorSetting) -> (bool, Basis) {
         let usable = self.usable(memory);
         let b = self.budget;
-        if setting == b.workload.allocator && b.peak_reserved.0 <= usable {
-            return (true, Basis::PeakFits);
-        }
-        if b.peak_allocated.0 > usable {
-            return (false, Basis::ReplayOutOfMemory);
-        }
-        let key = (usable, setting);
-        if let Some(&fits) = self.verdicts.get(&key) {
-            return (
-                fits,
-                if fits {
-                    Basis::ReplayCompleted
-                } else {
-                    Basis::ReplayOutOfMemory
-                },
-            );
-        }
-        let program = self
-            .program
-            .get_or_insert_with(|| program(&b.workload.run(b.kernels)));
-        let fits = program
-            .replay(allocator_config(setting), Some(usable))
-            .out_of_memory
-            .is_none();
-        self.verdicts.insert(key, fits);
-        (
-            fits,
-            if fits {
-                Basis::ReplayCompleted
-            } else {
-                Basis::ReplayOutOfMemory
-            },
-        )
+        // The budget's peak of `reserved` is its own setting's; allocated is every setting's.
+        let peak_reserved = (setting == b.workload.allocator).then_some(b.peak_reserved.0);
+        let (verdicts, slot) = (&mut self.verdicts, &mut self.program);
+        one_gpu_verdict(b.peak_allocated.0, peak_reserved, usable, || {
+            *verdicts.entry((usable, setting)).or_insert_with(|| {
+                slot.get_or_insert_with(|| program(&b.workload.run(b.kernels)))
+                    .replay(allocator_config(setting), Some(usable))
+                    .out_of_memory
+                    .is_none()
+            })
+        })
     }
+}
+
+/// What the allocator may use on a card of `memory` bytes: the card less what lives outside
+/// the allocator and the reserve.
+pub fn usable(memory: u64, outside: u64, reserve: u64) -> u64 {
+    memory.saturating_sub(outside).saturating_sub(reserve)
+}
+
+/// The one-GPU rule: a run whose peak of `reserved` (when known for the setting) is within the
+/// usable memory fits; one whose peak of `allocated` is beyond it does not; between the two, the
+/// replay on an allocator limited to the usable memory decides (`replay_fits`).
+fn one_gpu_verdict(
+    peak_allocated: u64,
+    peak_reserved: Option<u64>,
+    usable: u64,
+    replay_fits: impl FnOnce() -> bool,
+) -> (bool, Basis) {
+    if peak_reserved.is_some_and(|r| r <= usable) {
+        return (true, Basis::PeakFits);
+    }
+    if peak_allocated > usable {
+        return (false, Basis::ReplayOutOfMemory);
+    }
+    let fits = replay_fits();
+    let basis = if fits {
+        Basis::ReplayCompleted
+    } else {
+        Basis::ReplayOutOfMemory
+    };
+    (fits, basis)
 }
 
 fn other(setting: AllocatorSetting) -> AllocatorSetting {
@@ -402,12 +413,17 @@ impl<'a> SizeSearch<'a> {
         w.validated().ok()
     }
 
-    /// The program of size `n` (built again unless it was the last one).
-    fn program(&mut self, n: u64, w: &Workload) -> &Program {
-        if self.program.as_ref().is_none_or(|(m, _)| *m != n) {
-            self.program = Some((n, program(&w.run(self.settings.kernels))));
+    /// The program of size `n` in `slot` (built again unless it was the last one).
+    fn program<'s>(
+        slot: &'s mut Option<(u64, Program)>,
+        n: u64,
+        w: &Workload,
+        kernels: Kernels,
+    ) -> &'s Program {
+        if slot.as_ref().is_none_or(|(m, _)| *m != n) {
+            *slot = Some((n, program(&w.run(kernels))));
         }
-        &self.program.as_ref().expect("just built").1
+        &slot.as_ref().expect("just built").1
     }
 
     /// Whether size `n` holds on a card of `memory` bytes under `setting`: the same verdict as
@@ -416,34 +432,28 @@ impl<'a> SizeSearch<'a> {
         let Some(w) = self.at(n) else {
             return false;
         };
-        let usable = memory
-            .saturating_sub(self.settings.outside.for_mode(w.mode.trains()))
-            .saturating_sub(self.settings.reserve_bytes);
-        let (peak_allocated, peak_reserved) = match self.peaks.get(&(n, setting)) {
-            Some(p) => *p,
-            None => {
-                let r = self.program(n, &w).replay(allocator_config(setting), None);
-                let p = (r.peak_allocated, r.peak_reserved);
-                self.peaks.insert((n, setting), p);
-                p
-            }
-        };
-        if peak_reserved <= usable {
-            return true;
-        }
-        if peak_allocated > usable {
-            return false;
-        }
-        if let Some(&fits) = self.limited.get(&(n, setting, usable)) {
-            return fits;
-        }
-        let fits = self
-            .program(n, &w)
-            .replay(allocator_config(setting), Some(usable))
-            .out_of_memory
-            .is_none();
-        self.limited.insert((n, setting, usable), fits);
-        fits
+        let usable = usable(
+            memory,
+            self.settings.outside.for_mode(w.mode.trains()),
+            self.settings.reserve_bytes,
+        );
+        let kernels = self.settings.kernels;
+        let slot = &mut self.program;
+        let &mut (peak_allocated, peak_reserved) =
+            self.peaks.entry((n, setting)).or_insert_with(|| {
+                let r = Self::program(slot, n, &w, kernels).replay(allocator_config(setting), None);
+                (r.peak_allocated, r.peak_reserved)
+            });
+        let limited = &mut self.limited;
+        one_gpu_verdict(peak_allocated, Some(peak_reserved), usable, || {
+            *limited.entry((n, setting, usable)).or_insert_with(|| {
+                Self::program(slot, n, &w, kernels)
+                    .replay(allocator_config(setting), Some(usable))
+                    .out_of_memory
+                    .is_none()
+            })
+        })
+        .0
     }
 
     /// The largest size that holds on one GPU of `memory` bytes under `setting`; `None` when

@@ -181,7 +181,7 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
     let on_card = rec.card.as_ref().map(|c| {
         let trains = run.work.trains();
         let outside = super::outside::OutsideAllocator::h200().for_mode(trains);
-        prog.replay(config, Some(c.card_bytes.saturating_sub(outside)))
+        prog.replay(config, Some(super::fit::usable(c.card_bytes, outside, 0)))
     });
     let figures = match &on_card {
         Some(r) => &r.stages,

@@ -15,7 +15,7 @@ impl Decoder<'_> {
         let (b, t, h) = (x.shape[0], x.shape[1], x.shape[2]);
         let flat = self.process.reshape(x, &[b * t, h]);
         let (logits, weights, index) = self.router(prefix, &flat, &moe);
-        let routed = self.experts(prefix, &flat, &index, &weights, &moe);
+        let routed = self.experts(prefix, &flat, &weights, &moe);
         let out = match moe.shared {
             Some(shared) if shared.intermediate > 0 => {
                 let shared_out = self.shared_experts(prefix, &flat, shared.gated);
@@ -130,28 +130,20 @@ impl Decoder<'_> {
     }
 
     /// The routed experts (`gate_up_proj [E, 2I, h]`, `down_proj [E, h, I]`).
-    fn experts(
-        &mut self,
-        prefix: &str,
-        x: &Tensor,
-        index: &Tensor,
-        weights: &Tensor,
-        moe: &Moe,
-    ) -> Tensor {
+    /// (The routing's expert ids set no size: only their count, `weights`' shape, matters.)
+    fn experts(&mut self, prefix: &str, x: &Tensor, weights: &Tensor, moe: &Moe) -> Tensor {
         let gate_up = self.weights_tensor(&format!("{prefix}.experts.gate_up_proj"));
         let down = self.weights_tensor(&format!("{prefix}.experts.down_proj"));
         match self.experts_path {
-            ExpertsPath::Grouped => self.grouped_experts(x, index, weights, &gate_up, &down, moe),
-            ExpertsPath::Batched => self.batched_experts(x, index, weights, &gate_up, &down, moe),
+            ExpertsPath::Grouped => self.grouped_experts(x, weights, &gate_up, &down, moe),
+            ExpertsPath::Batched => self.batched_experts(x, weights, &gate_up, &down, moe),
         }
     }
 
     /// `grouped_mm_experts_forward`.
-    #[allow(clippy::too_many_arguments)]
     fn grouped_experts(
         &mut self,
         x: &Tensor,
-        index: &Tensor,
         weights: &Tensor,
         gate_up: &Tensor,
         down: &Tensor,
@@ -161,7 +153,6 @@ impl Decoder<'_> {
         let (e, k) = (moe.experts, moe.top_k);
         let s = tokens * k;
         let p = &mut *self.process;
-        let _ = index;
         // expert_ids_g, perm = sort(expert_ids)
         let ids_g = p.empty(&[s], Elem::I64);
         let perm = p.empty(&[s], Elem::I64);
@@ -228,11 +219,9 @@ impl Decoder<'_> {
 
     /// `batched_mm_experts_forward`: each pair's experts' weights gathered (`[S, 2I, h]` and
     /// `[S, h, I]`), multiplied by `bmm`.
-    #[allow(clippy::too_many_arguments)]
     fn batched_experts(
         &mut self,
         x: &Tensor,
-        index: &Tensor,
         weights: &Tensor,
         gate_up: &Tensor,
         down: &Tensor,
@@ -242,7 +231,6 @@ impl Decoder<'_> {
         let k = moe.top_k;
         let s = tokens * k;
         let p = &mut *self.process;
-        let _ = (index, weights);
         let repeat = p.empty(&[s], Elem::I64);
         let selected = p.index_rows(x, &repeat);
         drop(repeat);

@@ -237,6 +237,10 @@ fn refusals_name_what_is_wrong() {
         ("--model llama-2-7b --mode lora --targets q,x", "LoRA targets [\"x\"]: the model has no linear layer named so"),
         ("--model llama-2-7b --mode full --generated 3", "--generated applies to --mode inference only"),
         ("--model llama-2-7b --mode inference --rank 4", "--rank applies to --mode lora only"),
+        (
+            "--model llama-2-7b --mode full --optimizer adamw-8bit --optimizer-impl fused",
+            "--optimizer-impl chooses torch.optim.AdamW's step: it does not apply to --optimizer adamw-8bit",
+        ),
         ("--model llama-2-7b --mode inference --dtype float32", "float32 attention"),
         ("--model llama-2-7b --mode inference --batch 16777217", "batch must be between 1 and 16777216"),
         ("--model llama-2-7b --mode inference --generated 16385", "generated must be between 1 and 16384"),

@@ -1,4 +1,5 @@
-//! The budget against the GPU: every run of `data/hf-proof-h200.json` (real transformers
+//! The budget against the GPU: every run of `data/hf-proof-h200.json` and
+//! `data/hf-proof-bitsandbytes-h200.json` (real transformers
 //! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated by
 //! taking the memory beyond it with one `cudaMalloc` outside PyTorch's allocator) replayed as the
 //! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
@@ -17,6 +18,35 @@ fn every_recorded_run_is_predicted_within_the_margin() {
         "the proof holds {} runs",
         report.records.len()
     );
+    let outside_measured = check_report(&report);
+    // What the budget counts outside the allocator is the largest the card runs measured.
+    let h200 = OutsideAllocator::h200();
+    assert_eq!(
+        outside_measured,
+        [h200.inference_bytes, h200.training_bytes]
+    );
+    println!(
+        "outside the allocator, largest measured: inference {}, training {}",
+        Bytes(outside_measured[0]).grouped(),
+        Bytes(outside_measured[1]).grouped()
+    );
+}
+
+#[test]
+fn every_recorded_run_of_8_bit_adamw_is_predicted_within_the_margin() {
+    let report = Report::recorded_bitsandbytes();
+    assert_eq!(report.records.len(), 3);
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["optimizer"] == "adamw-8bit"));
+    check_report(&report);
+}
+
+/// Replays every record of `report`, prints each stage's errors and the table of peaks, checks
+/// them, and returns the largest memory outside the allocator the card runs measured
+/// (inference, training).
+fn check_report(report: &Report) -> [u64; 2] {
     let margin = MARGIN_PPM as f64 / 10_000.0;
     let mut worst_reserved: f64 = 0.0;
     let mut outside_measured = [0u64; 2];
@@ -88,17 +118,7 @@ fn every_recorded_run_is_predicted_within_the_margin() {
             *m = (*m).max(outside);
         }
     }
-    // What the budget counts outside the allocator is the largest the card runs measured.
-    let h200 = OutsideAllocator::h200();
-    assert_eq!(
-        outside_measured,
-        [h200.inference_bytes, h200.training_bytes]
-    );
     println!("{}", summary.join("\n"));
     println!("worst error on a run's peak reserved: {worst_reserved:.3} %");
-    println!(
-        "outside the allocator, largest measured: inference {}, training {}",
-        Bytes(outside_measured[0]).grouped(),
-        Bytes(outside_measured[1]).grouped()
-    );
+    outside_measured
 }

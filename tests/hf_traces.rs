@@ -1,7 +1,7 @@
 //! The allocator model against real Hugging Face workloads: every allocation and free that
 //! PyTorch's allocator recorded on an H200 (`scripts/gpu/hf-record.py`; transformers 5.17 models
 //! of twelve architectures, `generate`, full training with AdamW, PEFT LoRA, checkpointing,
-//! autocast, expandable segments) replayed through the model gives each stage's peaks of
+//! autocast, expandable segments, bitsandbytes' QLoRA and 8-bit AdamW) replayed through the model gives each stage's peaks of
 //! `allocated` and `reserved` to the byte.
 
 use iteragpu_lab::allocator::trace::{Trace, TraceEvent};
@@ -84,10 +84,15 @@ fn every_recorded_stage_replays_to_the_byte() {
 }
 
 #[test]
-fn without_the_drivers_addresses_only_ties_differ() {
-    // The synthetic ascending addresses the budget's replay uses: the figures differ only where
-    // equal-sized free blocks tie (one run of the 75, by one 8 MiB block).
-    let mut off = Vec::new();
+fn at_falling_synthetic_addresses_the_peaks_stay_within_the_budgets_margin() {
+    // Without the driver's addresses the figures differ only where equal-sized free blocks tie
+    // differently. The budget's replay places each new segment below the previous one, as the
+    // driver did on the H200: every stage's peaks then stay within the budget's margin of the
+    // measured ones (or one small segment, 2 MiB, the allocator's unit in a run of a few MiB),
+    // and closer overall than with rising addresses.
+    let margin = iteragpu_lab::budget::terms::MARGIN_PPM as f64 / 1e6;
+    let mut total = [0i64; 2];
+    let mut worst: [(f64, String); 2] = Default::default();
     for (name, run) in recorded_runs() {
         let mut trace = Trace::from_record(&run).unwrap();
         for e in &mut trace.events {
@@ -95,15 +100,30 @@ fn without_the_drivers_addresses_only_ties_differ() {
                 *e = TraceEvent::Other;
             }
         }
-        let worst = differences(&run, &trace, AddressOrder::Ascending)
+        let stages = run["stages"].as_array().unwrap();
+        for (i, order) in [AddressOrder::Descending, AddressOrder::Ascending]
             .into_iter()
-            .map(|(_, a, r)| a.abs().max(r.abs()))
-            .max()
-            .unwrap();
-        if worst != 0 {
-            off.push((name, worst));
+            .enumerate()
+        {
+            for ((stage, a, r), s) in differences(&run, &trace, order).into_iter().zip(stages) {
+                total[i] += a.abs() + r.abs();
+                let measured = s["peak_reserved"].as_i64().unwrap().max(1) as f64;
+                let off = a.abs().max(r.abs());
+                let relative = if off <= 2 << 20 {
+                    0.0
+                } else {
+                    off as f64 / measured
+                };
+                if relative > worst[i].0 {
+                    worst[i] = (relative, format!("{name} {stage}"));
+                }
+            }
         }
     }
-    assert!(off.len() <= 1, "{off:?}");
-    assert!(off.iter().all(|(_, w)| *w <= 8 << 20), "{off:?}");
+    println!(
+        "falling addresses: {total:?} B off in all, the worst {:?}",
+        worst
+    );
+    assert!(worst[0].0 < margin, "{:?}", worst[0]);
+    assert!(total[0] < total[1], "{total:?}");
 }

@@ -114,6 +114,11 @@ def medium_set():
     add("lora", "qwen3-30b-a3b", 2, "lora", batch=2, context=1024, lora=qv)
     add("full-autocast-bf16", "llama-3.2-1b", 2, "full", batch=2, context=1024, autocast="bfloat16")
     add("full", "phi-3-mini", 2, "full", batch=2, context=1024)
+    # bitsandbytes (when importable): QLoRA (NF4, double quantization) and 8-bit AdamW.
+    add("qlora", "llama-3.1-8b", 2, "qlora", batch=2, context=1024, lora=qv)
+    add("qlora-checkpointing", "llama-3.1-8b", 2, "qlora", batch=2, context=1024, lora=allt, checkpointing=True)
+    add("qlora", "qwen2.5-7b", 2, "qlora", batch=1, context=2048, lora=qv)
+    add("full-adamw8bit", "llama-3.2-1b", 2, "full", batch=2, context=1024, optimizer="adamw-8bit")
     return out
 
 
@@ -133,6 +138,13 @@ def large_set():
     add("full-autocast-bf16-b4-1024", "llama-3.2-1b", "full", batch=4, context=1024, autocast="bfloat16",
         steps=2)
     add("lora-8layers-b2-1024", "mixtral-8x7b", "lora", n=8, batch=2, context=1024, lora=qv, steps=2)
+    # The sliding window's prefill past the window, every layer, traced (sizes only).
+    add("prefill-traced-b2-6144", "mistral-7b-v0.1", "inference", batch=2, context=6144, generated=1,
+        trace="sizes")
+    add("qlora-8layers-b2-2048", "qwen2.5-7b", "qlora", n=8, batch=2, context=2048, lora=qv, steps=2)
+    add("qlora-checkpointing-8layers-b4-1024", "llama-3.1-8b", "qlora", n=8, batch=4, context=1024, lora=qv,
+        checkpointing=True, steps=2)
+    add("full-adamw8bit-b4-1024", "llama-3.2-1b", "full", batch=4, context=1024, optimizer="adamw-8bit", steps=2)
     return out
 
 
@@ -140,14 +152,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="runs whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     deadline = time.time() + args.budget_s
     r = Report()
     r.say("# Hugging Face workloads recorded on the GPU")
     sets = [("Small, traced with stacks", small_set(), 12), ("Medium, traced", medium_set(), 3),
             ("Large, one at a time", large_set(), 1)]
-    sets = [(title, [s for s in specs if args.only in s["name"]], n) for title, specs, n in sets]
+    only = args.only.split(",")
+    sets = [(title, [s for s in specs if any(o in s["name"] for o in only)], n) for title, specs, n in sets]
     # One run first, alone: a script that cannot run here stops before the rest is tried.
     first = next(specs[0] for _, specs, _ in sets if specs)
     probe = run_all([first], args.out, say=r.say)[0]

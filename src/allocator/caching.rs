@@ -8,6 +8,7 @@ use super::address::{AddressOrder, AddressSpace};
 use super::size::{allocation_size, pool_of, round_size, should_split, Pool, MAX_REQUEST};
 use super::stats::{PoolStats, Stats};
 use super::view::{BlockView, SegmentView};
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashMap};
 
 /// The allocator's settings the model covers (`PYTORCH_CUDA_ALLOC_CONF`): PyTorch's defaults, or
@@ -90,7 +91,7 @@ pub struct CachingAllocator {
     /// `unmapped` of the small and large pools (expandable segments only).
     unmapped: [BTreeMap<UnmappedKey, usize>; 2],
     /// Every block by start address.
-    by_address: HashMap<u64, usize>,
+    by_address: FxHashMap<u64, usize>,
     /// Every segment by start address.
     segments: BTreeMap<u64, Segment>,
     /// Every segment's size by start address (what new segments must not overlap).
@@ -143,7 +144,7 @@ impl CachingAllocator {
             free_slots: Vec::new(),
             free: [BTreeMap::new(), BTreeMap::new()],
             unmapped: [BTreeMap::new(), BTreeMap::new()],
-            by_address: HashMap::new(),
+            by_address: FxHashMap::default(),
             segments: BTreeMap::new(),
             extents: BTreeMap::new(),
             stats: PoolStats::default(),

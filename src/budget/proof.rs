@@ -1,9 +1,9 @@
 //! The GPU proof of the budget, read back: runs of real Hugging Face workloads recorded on the
-//! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`), each replayed here as the
+//! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`) and, for bitsandbytes' 8-bit
+//! AdamW, by `scripts/gpu/hf-record.py` (`data/hf-proof-bitsandbytes-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
-use crate::allocator::AllocatorConfig;
 use crate::files::{Input, JsonError};
 use crate::stack::run::{program, Run};
 use serde::{Deserialize, Serialize};
@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA: &str = "iteragpu-lab/hf-proof/1";
 /// The report recorded on the H200, shipped with the program.
 pub const RECORDED: &str = include_str!("../../data/hf-proof-h200.json");
+/// The runs of bitsandbytes' 8-bit AdamW recorded on the H200 (`scripts/gpu/hf-record.py`).
+pub const RECORDED_BITSANDBYTES: &str = include_str!("../../data/hf-proof-bitsandbytes-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +157,15 @@ impl Report {
         Report::parse(RECORDED.as_bytes(), "data/hf-proof-h200.json")
             .expect("the recorded proof is valid")
     }
+
+    /// The shipped runs of bitsandbytes' 8-bit AdamW.
+    pub fn recorded_bitsandbytes() -> Report {
+        Report::parse(
+            RECORDED_BITSANDBYTES.as_bytes(),
+            "data/hf-proof-bitsandbytes-h200.json",
+        )
+        .expect("the recorded proof is valid")
+    }
 }
 
 /// Replays one record as the budget does and compares it.
@@ -165,10 +176,11 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
         .get("expandable")
         .and_then(|e| e.as_bool())
         .unwrap_or(false);
-    let config = AllocatorConfig {
-        expandable_segments: expandable,
-        ..Default::default()
-    };
+    let config = super::terms::allocator_config(if expandable {
+        super::workload::AllocatorSetting::ExpandableSegments
+    } else {
+        super::workload::AllocatorSetting::Default
+    });
     let prog = program(&run);
     let unlimited = prog.replay(config, None);
     let outside = rec.card.as_ref().and_then(|c| {

@@ -3,7 +3,7 @@
 
 use super::fit::{Basis, FitPlan, FitRow};
 use super::terms::{Budget, Split, Term};
-use super::workload::{AllocatorSetting, Mode, WeightFormat};
+use super::workload::{AllocatorSetting, Mode, Optimizer, WeightFormat};
 use crate::markup::{table, Html, Table};
 use crate::units::{grouped, Bytes, ROUNDING_RULE};
 use std::fmt;
@@ -48,9 +48,11 @@ impl Budget {
                 grouped(w.context)
             ),
             Mode::Full { optimizer } => format!(
-                "full training ({} {}), batch {}, sequence {}",
-                optimizer.name(),
-                w.optimizer_impl,
+                "full training ({}), batch {}, sequence {}",
+                match optimizer {
+                    Optimizer::Adamw => format!("{} {}", optimizer.name(), w.optimizer_impl),
+                    Optimizer::Adamw8bit => optimizer.name().to_string(),
+                },
                 w.batch,
                 grouped(w.context)
             ),

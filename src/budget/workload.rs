@@ -39,6 +39,11 @@ pub enum WeightFormat {
 pub enum Optimizer {
     /// `torch.optim.AdamW`: two moments in each parameter's dtype.
     Adamw,
+    /// bitsandbytes' `AdamW8bit`: two 8-bit moments with float32 scales per block of 256
+    /// (float32 moments for parameters under 4 096 elements).
+    #[serde(rename = "adamw-8bit")]
+    #[strum(serialize = "adamw-8bit")]
+    Adamw8bit,
 }
 
 impl Optimizer {
@@ -317,13 +322,18 @@ impl Workload {
                     rank: *rank,
                     targets: targets.clone(),
                 }),
-                optimizer: self.optimizer_impl,
+                optimizer: crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl),
                 checkpointing: self.checkpointing,
                 steps: 2,
             },
-            Mode::Full { .. } => Work::Train {
+            Mode::Full { optimizer } => Work::Train {
                 lora: None,
-                optimizer: self.optimizer_impl,
+                optimizer: match optimizer {
+                    Optimizer::Adamw => {
+                        crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl)
+                    }
+                    Optimizer::Adamw8bit => crate::stack::optimizer::Optimizer::AdamW8bit,
+                },
                 checkpointing: self.checkpointing,
                 steps: 2,
             },

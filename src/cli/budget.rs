@@ -111,7 +111,8 @@ pub struct BudgetArgs {
     /// their short forms q, k, v, o, gate, up, down (lora) [default: q,v].
     #[arg(long, value_delimiter = ',')]
     pub targets: Option<Vec<String>>,
-    /// The optimizer of full training [default: adamw, torch.optim.AdamW].
+    /// The optimizer of full training: adamw (torch.optim.AdamW) or adamw-8bit
+    /// (bitsandbytes.optim.AdamW8bit) [default: adamw].
     #[arg(long)]
     pub optimizer: Option<Optimizer>,
     /// AdamW's implementation (training): foreach (PyTorch's default on CUDA), fused or
@@ -318,6 +319,12 @@ impl BudgetArgs {
             return Err(Failure::usage_owned(format!(
                 "{flag} applies to --mode {modes} only"
             )));
+        }
+        if self.optimizer_impl.is_some() && self.optimizer == Some(Optimizer::Adamw8bit) {
+            return Err(Failure::usage(
+                "--optimizer-impl chooses torch.optim.AdamW's step: it does not apply to \
+                 --optimizer adamw-8bit",
+            ));
         }
         if self.autocast.is_some() && self.dtype.is_some_and(|d| d != Dtype::Float32) {
             return Err(Failure::usage(

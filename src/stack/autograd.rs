@@ -5,8 +5,9 @@
 //! adds gradients that meet at one input in place when the first is not shared.
 
 use super::tensor::{Grad, Leaf, Meta, Node, NodeRef, Role, Rule, Tensor};
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 /// What recorded nodes do with the tensors they save.
@@ -159,8 +160,8 @@ pub fn backward(process: &mut dyn Backward, root: &Tensor, grad: Tensor) {
         return;
     };
     // Dependencies: how many edges of the reachable graph lead to each node.
-    let mut deps: HashMap<usize, usize> = HashMap::new();
-    let mut seen: HashMap<usize, ()> = HashMap::new();
+    let mut deps: FxHashMap<usize, usize> = FxHashMap::default();
+    let mut seen: FxHashMap<usize, ()> = FxHashMap::default();
     let mut stack = vec![start.clone()];
     seen.insert(start.key(), ());
     while let Some(g) = stack.pop() {
@@ -173,7 +174,7 @@ pub fn backward(process: &mut dyn Backward, root: &Tensor, grad: Tensor) {
             }
         }
     }
-    let mut buffers: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
+    let mut buffers: FxHashMap<usize, Vec<Option<Tensor>>> = FxHashMap::default();
     let mut ready = BinaryHeap::new();
     let slots = |g: &Grad| match g {
         Grad::Node(n, _) => n.borrow().rule.outputs(),

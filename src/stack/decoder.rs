@@ -7,7 +7,8 @@ use super::cache::Cache;
 use super::ops::Process;
 use super::tensor::{Elem, Tensor};
 use crate::model::{Attention, Mlp, Model, QkNorm};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
+use smallvec::smallvec;
 
 /// Which implementation runs the experts (transformers' `grouped_mm` for prefill and
 /// training, `batched_mm` for decode).
@@ -25,9 +26,9 @@ pub struct Adapter {
 
 /// The model's tensors on the device.
 pub struct Weights {
-    pub by_name: HashMap<String, Tensor>,
+    pub by_name: FxHashMap<String, Tensor>,
     /// Adapters by the linear layer's prefix (`model.layers.0.self_attn.q_proj`).
-    pub adapters: HashMap<String, Adapter>,
+    pub adapters: FxHashMap<String, Adapter>,
 }
 
 impl Weights {
@@ -581,7 +582,7 @@ impl Decoder<'_> {
             let range = p.empty(&[t], Elem::I64);
             let shifted = p.empty(&[t], Elem::I64);
             drop(range);
-            shifted.restrided(vec![1, t], vec![t, 1])
+            shifted.restrided(smallvec![1, t], smallvec![t, 1])
         });
         let positions = positions.or(made_positions.as_ref()).expect("positions");
         let masks = self.masks(mask, cache.as_deref(), ids.shape[0], ids.shape[1]);

@@ -7,6 +7,7 @@ use super::cache::Cache;
 use super::decoder::Decoder;
 use super::tensor::{Elem, Tensor};
 use crate::model::ModelType;
+use smallvec::smallvec;
 
 /// One forward's masks, by attention kind (`None`: SDPA runs causal without a mask).
 #[derive(Default)]
@@ -169,7 +170,7 @@ impl Decoder<'_> {
                 drop(combined);
                 full
             }
-            None => combined.restrided(vec![b, 1, q, kv], vec![0, q * kv, kv, 1]),
+            None => combined.restrided(smallvec![b, 1, q, kv], smallvec![0, q * kv, kv, 1]),
         };
         drop(batch);
         drop(head);

@@ -5,7 +5,8 @@
 //! of a broadcast gradient to its input's shape).
 
 use super::autograd::{self, Autograd, Backward};
-use super::tensor::{view_strides, Elem, Grad, Leaf, Meta, Node, Role, Rule, Tape, Tensor};
+use super::tensor::{view_strides, Dims, Elem, Grad, Leaf, Meta, Node, Role, Rule, Tape, Tensor};
+use smallvec::smallvec;
 
 impl Rule {
     /// Outputs of the node (gradients it receives).
@@ -63,7 +64,7 @@ pub struct Process {
 }
 
 /// Broadcast shape of two shapes.
-fn broadcast(a: &[u64], b: &[u64]) -> Vec<u64> {
+fn broadcast(a: &[u64], b: &[u64]) -> Dims {
     let n = a.len().max(b.len());
     (0..n)
         .map(|i| {
@@ -164,9 +165,9 @@ impl Process {
     /// The output of an elementwise operation of `shape` and `elem` on `inputs`: laid out as
     /// the first input of the output's shape (TensorIterator keeps the inputs' memory order).
     fn elementwise(&self, shape: &[u64], elem: Elem, inputs: &[&Tensor]) -> Tensor {
-        match inputs.iter().find(|t| t.shape == shape) {
+        match inputs.iter().find(|t| t.shape[..] == *shape) {
             Some(first) => self.empty_like(&Meta {
-                shape: shape.to_vec(),
+                shape: Dims::from_slice(shape),
                 strides: first.strides.clone(),
                 elem,
             }),
@@ -252,7 +253,7 @@ impl Process {
         );
         match view_strides(&x.shape, &x.strides, shape) {
             Some(strides) => {
-                let mut v = x.restrided(shape.to_vec(), strides);
+                let mut v = x.restrided(Dims::from_slice(shape), strides);
                 self.record(Rule::View, &[x], vec![], &mut v);
                 v
             }
@@ -315,7 +316,7 @@ impl Process {
                 }
             })
             .collect();
-        let mut v = x.restrided(shape.to_vec(), strides);
+        let mut v = x.restrided(Dims::from_slice(shape), strides);
         self.record(Rule::Expand, &[x], vec![], &mut v);
         v
     }
@@ -822,8 +823,8 @@ impl Process {
 /// Dense strides of `shape` with its dimensions in the order of `strides` (largest stride
 /// outermost; ties keep the logical order), as PyTorch lays out `empty_like` and the output of
 /// an elementwise operation.
-fn ordered_strides(shape: &[u64], strides: &[u64]) -> Vec<u64> {
-    let mut order: Vec<usize> = (0..shape.len()).collect();
+fn ordered_strides(shape: &[u64], strides: &[u64]) -> Dims {
+    let mut order: smallvec::SmallVec<[usize; 6]> = (0..shape.len()).collect();
     // Dimensions of size 1 carry no order: they keep their place.
     order.sort_by(|&i, &j| {
         if shape[i] == 1 || shape[j] == 1 {
@@ -832,7 +833,7 @@ fn ordered_strides(shape: &[u64], strides: &[u64]) -> Vec<u64> {
             strides[j].cmp(&strides[i]).then(i.cmp(&j))
         }
     });
-    let mut out = vec![0; shape.len()];
+    let mut out: Dims = smallvec::smallvec![0; shape.len()];
     let mut expected = 1;
     for &i in order.iter().rev() {
         out[i] = expected;
@@ -1054,7 +1055,7 @@ impl Backward for Process {
             Rule::MaskedFill => out[0] = Some(self.empty(&grad.shape, grad.elem)),
             Rule::SumDim1 => {
                 let meta = &inputs[0];
-                out[0] = Some(grad.restrided(meta.shape.clone(), vec![meta.shape[2], 0, 1]));
+                out[0] = Some(grad.restrided(meta.shape.clone(), smallvec![meta.shape[2], 0, 1]));
             }
             Rule::DivInPlace => {
                 for i in [1, 0] {

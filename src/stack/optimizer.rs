@@ -1,7 +1,10 @@
-//! `torch.optim.AdamW` as PyTorch 2.11 ships it, for memory: the states created at the first
-//! step (two moments per parameter, and with `fused` a step counter on the device), and each
-//! implementation's temporaries (foreach: the square roots of every second moment at once;
-//! for-loop: one parameter's at a time; fused: none).
+//! The optimizers of training, for memory. `torch.optim.AdamW` as PyTorch 2.11 ships it: the
+//! states created at the first step (two moments per parameter, and with `fused` a step counter
+//! on the device), and each implementation's temporaries (foreach: the square roots of every
+//! second moment at once; for-loop: one parameter's at a time; fused: none). bitsandbytes
+//! 0.50's `AdamW8bit`: per parameter of at least 4 096 elements two 8-bit moments and their
+//! float32 scales per block of 256, two float32 moments for a smaller one, its two 256-entry
+//! quantization maps copied to the device once, and a step that allocates nothing.
 
 use super::ops::Process;
 use super::tensor::{Elem, Role, Tensor};
@@ -41,26 +44,86 @@ impl OptimizerImpl {
     }
 }
 
-/// AdamW's state for the trained parameters.
-pub struct AdamW {
-    implementation: OptimizerImpl,
-    /// Per parameter: (step counter on the device, first moment, second moment), made at the
-    /// first step.
-    states: Vec<Vec<Tensor>>,
+/// The optimizer a training run steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Optimizer {
+    /// `torch.optim.AdamW`, with its implementation of the step.
+    AdamW(OptimizerImpl),
+    /// `bitsandbytes.optim.AdamW8bit` (`min_8bit_size` 4 096, blocks of 256, not paged).
+    AdamW8bit,
 }
 
-impl AdamW {
-    pub fn new(implementation: OptimizerImpl) -> AdamW {
-        AdamW {
-            implementation,
+/// bitsandbytes' `min_8bit_size`: smaller parameters keep float32 moments.
+pub const MIN_8BIT_ELEMENTS: u64 = 4096;
+/// bitsandbytes' block of elements sharing one float32 scale of an 8-bit moment.
+pub const BLOCK_8BIT: u64 = 256;
+/// The bytes of one of bitsandbytes' quantization maps (256 float32 entries).
+pub const QMAP_BYTES: u64 = 256 * 4;
+
+/// The tensors `AdamW8bit` makes for a parameter of `elements`, in the order it makes them:
+/// (bytes, type).
+fn adamw_8bit_states(elements: u64) -> [(u64, Elem); 4] {
+    if elements < MIN_8BIT_ELEMENTS {
+        [
+            (elements, Elem::F32),
+            (elements, Elem::F32),
+            (0, Elem::F32),
+            (0, Elem::F32),
+        ]
+    } else {
+        let blocks = elements.div_ceil(BLOCK_8BIT);
+        [
+            (elements, Elem::U8),
+            (elements, Elem::U8),
+            (blocks, Elem::F32),
+            (blocks, Elem::F32),
+        ]
+    }
+}
+
+/// The bytes of `AdamW8bit`'s states for parameters of these element counts (maps included).
+pub fn adamw_8bit_state_bytes(elements: impl IntoIterator<Item = u64>) -> u64 {
+    let mut maps = 0;
+    let mut total = 0;
+    for n in elements {
+        if n >= MIN_8BIT_ELEMENTS {
+            maps = 2 * QMAP_BYTES;
+        }
+        total += adamw_8bit_states(n)
+            .iter()
+            .map(|(count, elem)| count * elem.size())
+            .sum::<u64>();
+    }
+    total + maps
+}
+
+/// An optimizer's state for the trained parameters.
+pub struct OptimizerState {
+    optimizer: Optimizer,
+    /// Per parameter: the tensors made at the first step (AdamW: the step counter on the device
+    /// when fused, the two moments; AdamW8bit: its moments and their scales).
+    states: Vec<Vec<Tensor>>,
+    /// AdamW8bit's quantization maps on the device.
+    maps: Vec<Tensor>,
+}
+
+impl OptimizerState {
+    pub fn new(optimizer: Optimizer) -> OptimizerState {
+        OptimizerState {
+            optimizer,
             states: Vec::new(),
+            maps: Vec::new(),
         }
     }
 
     /// `step()` over `params` (in the parameter group's order), whose gradients exist.
     pub fn step(&mut self, p: &mut Process, params: &[Tensor]) {
+        let implementation = match self.optimizer {
+            Optimizer::AdamW(implementation) => implementation,
+            Optimizer::AdamW8bit => return self.step_8bit(p, params),
+        };
         if self.states.is_empty() {
-            let fused = self.implementation == OptimizerImpl::Fused;
+            let fused = implementation == OptimizerImpl::Fused;
             self.states = p.in_role(Role::OptimizerStates, |p| {
                 params
                     .iter()
@@ -76,7 +139,7 @@ impl AdamW {
                     .collect()
             });
         }
-        p.in_role(Role::OptimizerStep, |p| match self.implementation {
+        p.in_role(Role::OptimizerStep, |p| match implementation {
             OptimizerImpl::Fused => {}
             OptimizerImpl::Foreach => {
                 let sqrt: Vec<Tensor> = params.iter().map(|w| p.empty(&w.shape, w.elem)).collect();
@@ -94,5 +157,46 @@ impl AdamW {
                 }
             }
         });
+    }
+
+    /// `AdamW8bit.step()`: the states of each parameter made as its turn comes at the first
+    /// step, the maps at the first 8-bit parameter's; the update kernels allocate nothing.
+    fn step_8bit(&mut self, p: &mut Process, params: &[Tensor]) {
+        if !self.states.is_empty() {
+            return;
+        }
+        p.in_role(Role::OptimizerStates, |p| {
+            for w in params {
+                if w.numel() >= MIN_8BIT_ELEMENTS && self.maps.is_empty() {
+                    // `name2qmap["dynamic"]` and `["udynamic"]` moved to the device.
+                    self.maps.push(p.empty(&[256], Elem::F32));
+                    self.maps.push(p.empty(&[256], Elem::F32));
+                }
+                let states = adamw_8bit_states(w.numel())
+                    .iter()
+                    .filter(|(count, _)| *count > 0)
+                    .map(|&(count, elem)| p.empty(&[count], elem))
+                    .collect();
+                self.states.push(states);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eight_bit_states_follow_bitsandbytes_rules() {
+        // 4 096 elements: 8-bit moments and 16 scales each; 4 095: float32 moments; 10^6
+        // elements: 3 907 blocks (the last one partial); the two maps once.
+        let bytes = adamw_8bit_state_bytes([4096, 4095, 1_000_000]);
+        assert_eq!(
+            bytes,
+            (2 * 4096 + 2 * 4 * 16) + 2 * 4 * 4095 + (2 * 1_000_000 + 2 * 4 * 3907) + 2 * 1024
+        );
+        // No parameter large enough: no maps.
+        assert_eq!(adamw_8bit_state_bytes([100]), 800);
     }
 }

@@ -6,13 +6,13 @@
 use super::decoder::{Adapter, Decoder, Weights};
 use super::generate::{self, Stages};
 use super::ops::{Kernels, Process};
-use super::optimizer::{AdamW, OptimizerImpl};
+use super::optimizer::{Optimizer, OptimizerImpl, OptimizerState};
 use super::tensor::{Elem, Event, Role, Tensor};
 use crate::allocator::{AllocatorConfig, OutOfMemory};
 use crate::dtype::Dtype;
 use crate::model::{Model, Parameter, TensorRole};
 use crate::reading::Figures;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// How the weights reach the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -33,7 +33,7 @@ pub enum Work {
     /// `steps` training steps on sequences of `context`.
     Train {
         lora: Option<Lora>,
-        optimizer: OptimizerImpl,
+        optimizer: Optimizer,
         checkpointing: bool,
         steps: u64,
     },
@@ -117,10 +117,15 @@ fn elem(dtype: Dtype) -> Elem {
 }
 
 /// Loads the weights (and buffers) in the order `loading` gives.
-fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> HashMap<String, Tensor> {
+fn load(
+    p: &mut Process,
+    model: &Model,
+    dtype: Dtype,
+    loading: Loading,
+) -> FxHashMap<String, Tensor> {
     let params = model.parameters();
     let e = elem(dtype);
-    let mut by_name = HashMap::new();
+    let mut by_name = FxHashMap::default();
     p.in_role(Role::Weights, |p| {
         let mut put = |p: &mut Process, t: &Parameter| {
             by_name.insert(t.name.clone(), p.empty(&t.shape, e));
@@ -169,7 +174,12 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> HashM
 
 /// PEFT's adapters: per targeted module, `A` then `B` made in the base's dtype on the device,
 /// then every adapter cast to float32 (each cast freeing its 16-bit original).
-fn adapters(p: &mut Process, model: &Model, lora: &Lora, dtype: Dtype) -> HashMap<String, Adapter> {
+fn adapters(
+    p: &mut Process,
+    model: &Model,
+    lora: &Lora,
+    dtype: Dtype,
+) -> FxHashMap<String, Adapter> {
     let e = elem(dtype);
     let targets: Vec<Parameter> = model
         .parameters()
@@ -190,7 +200,7 @@ fn adapters(p: &mut Process, model: &Model, lora: &Lora, dtype: Dtype) -> HashMa
                 (t.name.trim_end_matches(".weight").to_string(), a, b)
             })
             .collect();
-        let mut out = HashMap::new();
+        let mut out = FxHashMap::default();
         for (name, a, b) in first {
             let a32 = if e == Elem::F32 { a } else { cast(p, a) };
             let b32 = if e == Elem::F32 { b } else { cast(p, b) };
@@ -242,7 +252,7 @@ fn emulate(run: &Run) -> Program {
             p.autograd.enabled = false;
             let weights = Weights {
                 by_name,
-                adapters: HashMap::new(),
+                adapters: FxHashMap::default(),
             };
             marks.begin(&p, "inputs");
             let (ids, mask) = p.in_role(Role::Inputs, |p| {
@@ -268,7 +278,7 @@ fn emulate(run: &Run) -> Program {
             checkpointing,
             steps,
         } => {
-            let mut adapters = HashMap::new();
+            let mut adapters = FxHashMap::default();
             if let Some(lora) = lora {
                 marks.begin(&p, "adapters");
                 adapters = self::adapters(&mut p, &run.model, lora, run.dtype);
@@ -325,7 +335,7 @@ fn emulate(run: &Run) -> Program {
                     },
                 ));
             }
-            let mut adamw = AdamW::new(*optimizer);
+            let mut optimizer = OptimizerState::new(*optimizer);
             marks.begin(&p, "inputs");
             let ids = p.in_role(Role::Inputs, |p| p.empty(&[b, t], Elem::I64));
             marks.end(&p);
@@ -364,7 +374,7 @@ fn emulate(run: &Run) -> Program {
                 drop(loss);
                 marks.end(&p);
                 marks.begin(&p, &format!("step{step}.optimizer"));
-                adamw.step(&mut p, &trained);
+                optimizer.step(&mut p, &trained);
                 // zero_grad(set_to_none=True), in the group's order.
                 for leaf in &leaves {
                     leaf.grad.borrow_mut().take();
@@ -372,7 +382,7 @@ fn emulate(run: &Run) -> Program {
                 marks.end(&p);
             }
             drop(ids);
-            drop(adamw);
+            drop(optimizer);
         }
     }
     Program {
@@ -508,8 +518,8 @@ pub enum SpecError {
 
 impl Run {
     /// The workload a GPU proof script ran (`scripts/gpu/hf-run.py`'s specification: model_type,
-    /// config, mode, dtype, batch, context, generated, lora, optimizer_impl, checkpointing,
-    /// steps, loading), with the H200's kernels.
+    /// config, mode, dtype, batch, context, generated, lora, optimizer, optimizer_impl,
+    /// checkpointing, steps, loading), with the H200's kernels.
     pub fn from_spec(spec: &serde_json::Value) -> Result<Run, SpecError> {
         let field = |field: &'static str, message: &str| SpecError::Field {
             field,
@@ -563,9 +573,14 @@ impl Run {
         } else {
             dtype
         };
-        let optimizer: OptimizerImpl = text("optimizer_impl", "foreach")?
+        let implementation: OptimizerImpl = text("optimizer_impl", "foreach")?
             .parse()
             .map_err(|_| field("optimizer_impl", "foreach, fused or for-loop"))?;
+        let optimizer = match text("optimizer", "adamw")?.as_str() {
+            "adamw" => Optimizer::AdamW(implementation),
+            "adamw-8bit" => Optimizer::AdamW8bit,
+            _ => return Err(field("optimizer", "adamw or adamw-8bit")),
+        };
         let checkpointing = spec
             .get("checkpointing")
             .and_then(|c| c.as_bool())

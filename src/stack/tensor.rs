@@ -210,12 +210,16 @@ impl Drop for Storage {
     }
 }
 
+/// A tensor's sizes or strides, held inline (a tensor of more than six dimensions spills to the
+/// heap).
+pub type Dims = smallvec::SmallVec<[u64; 6]>;
+
 /// A tensor: a view of a storage, and where its gradient flows.
 #[derive(Clone)]
 pub struct Tensor {
     pub storage: Rc<Storage>,
-    pub shape: Vec<u64>,
-    pub strides: Vec<u64>,
+    pub shape: Dims,
+    pub strides: Dims,
     pub elem: Elem,
     /// The node that made it and which of its outputs it is, when autograd recorded it.
     pub grad_fn: Option<Grad>,
@@ -230,8 +234,8 @@ impl std::fmt::Debug for Tensor {
 }
 
 /// Contiguous strides of `shape`.
-pub fn contiguous_strides(shape: &[u64]) -> Vec<u64> {
-    let mut strides = vec![1; shape.len()];
+pub fn contiguous_strides(shape: &[u64]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * shape[i + 1].max(1);
     }
@@ -243,7 +247,7 @@ impl Tensor {
     pub fn over(storage: Rc<Storage>, shape: &[u64], elem: Elem) -> Tensor {
         Tensor {
             storage,
-            shape: shape.to_vec(),
+            shape: Dims::from_slice(shape),
             strides: contiguous_strides(shape),
             elem,
             grad_fn: None,
@@ -303,7 +307,7 @@ impl Tensor {
     }
 
     /// The same view with other sizes and strides (no allocation).
-    pub fn restrided(&self, shape: Vec<u64>, strides: Vec<u64>) -> Tensor {
+    pub fn restrided(&self, shape: Dims, strides: Dims) -> Tensor {
         Tensor {
             storage: self.storage.clone(),
             shape,
@@ -322,12 +326,12 @@ impl Tensor {
 
 /// The strides of a view of `old` (sizes, strides) as `new` sizes, if one exists without a copy
 /// (PyTorch's `computeStride`).
-pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -> Option<Vec<u64>> {
+pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -> Option<Dims> {
     let numel: u64 = old_shape.iter().product();
     if numel == 0 || old_shape.is_empty() {
         return Some(contiguous_strides(new_shape));
     }
-    let mut new_strides = vec![0; new_shape.len()];
+    let mut new_strides: Dims = smallvec::smallvec![0; new_shape.len()];
     // The next view dimension to fill, counted from 1 (0: all filled).
     let mut view_left = new_shape.len();
     let mut chunk_base_stride = *old_strides.last().expect("non-empty");
@@ -363,12 +367,13 @@ pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use smallvec::smallvec;
 
     #[test]
     fn a_storage_is_freed_when_its_last_view_goes() {
         let tape = Tape::new();
         let a = tape.empty(&[2, 3], Elem::F32);
-        let view = a.restrided(vec![3, 2], vec![1, 3]);
+        let view = a.restrided(smallvec![3, 2], smallvec![1, 3]);
         drop(a);
         assert_eq!(tape.len(), 1);
         assert!(!view.is_contiguous());
@@ -391,11 +396,11 @@ mod tests {
         assert_eq!(view_strides(&[6, 4], &[1, 6], &[24]), None);
         assert_eq!(
             view_strides(&[6, 4], &[4, 1], &[2, 3, 4]),
-            Some(vec![12, 4, 1])
+            Some(smallvec![12, 4, 1])
         );
         assert_eq!(
             view_strides(&[2, 5, 3], &[15, 1, 5], &[2, 5, 3, 1]),
-            Some(vec![15, 1, 5, 5])
+            Some(smallvec![15, 1, 5, 5])
         );
         // Merging the first two dimensions of that layout needs a copy.
         assert_eq!(view_strides(&[2, 5, 3], &[15, 1, 5], &[10, 3]), None);
@@ -498,8 +503,8 @@ pub struct Node {
 /// Shape, strides and element type of a tensor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
-    pub shape: Vec<u64>,
-    pub strides: Vec<u64>,
+    pub shape: Dims,
+    pub strides: Dims,
     pub elem: Elem,
 }
 

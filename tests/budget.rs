@@ -229,7 +229,11 @@ fn a_model_folder_is_read_with_its_checkpoint_headers() {
 fn refusals_name_what_is_wrong() {
     let cases: &[(&str, &str)] = &[
         ("--model llama-9 --mode inference", "unknown model preset \"llama-9\"; known: llama-2-7b"),
-        ("--model llama-2-7b --mode qlora", "QLoRA (bitsandbytes NF4) is not replayed yet"),
+        (
+            "--model llama-2-7b --mode qlora",
+            "QLoRA with 8 tokens a step (batch × sequence): for `model.layers.0.self_attn.q_proj.weight` bitsandbytes then picks its own 4-bit kernel",
+        ),
+        ("--model mixtral-8x7b --mode qlora --batch 2 --context 1024", "QLoRA of a mixture of experts is not replayed"),
         (
             "--layers 2 --hidden 64 --heads 6 --kv-heads 4 --intermediate 128 --vocab 10 --mode full",
             "invalid shape flags: `hidden_size` (64) must be a multiple of `num_attention_heads` (6)",

@@ -33,13 +33,13 @@ fn every_recorded_run_is_predicted_within_the_margin() {
 }
 
 #[test]
-fn every_recorded_run_of_8_bit_adamw_is_predicted_within_the_margin() {
+fn every_recorded_run_of_bitsandbytes_is_predicted_within_the_margin() {
     let report = Report::recorded_bitsandbytes();
-    assert_eq!(report.records.len(), 3);
-    assert!(report
-        .records
-        .iter()
-        .all(|r| r.spec["optimizer"] == "adamw-8bit"));
+    let count = |f: &dyn Fn(&serde_json::Value) -> bool| {
+        report.records.iter().filter(|r| f(&r.spec)).count()
+    };
+    assert_eq!(count(&|s| s["optimizer"] == "adamw-8bit"), 3);
+    assert_eq!(count(&|s| s["mode"] == "qlora"), 5);
     check_report(&report);
 }
 
@@ -70,10 +70,10 @@ fn check_report(report: &Report) -> [u64; 2] {
                 rec.name,
                 s.stage
             );
-            // Reserved within a stage: where the blocks land after a step of training can
-            // differ (the worst, a step's forward after a full optimizer step, 4.1 %)...
+            // Reserved within a stage (a stage's peak below the run's can differ more: the
+            // worst, a first backward pass with recomputation, −0.344 %)...
             assert!(
-                r.abs() < 5.0,
+                r.abs() < 0.5,
                 "{} {}: reserved off by {r:.3} %",
                 rec.name,
                 s.stage

@@ -380,3 +380,68 @@ fn random_workloads_are_refused_or_add_up() {
         "{refused} refused, {budgeted} budgeted"
     );
 }
+
+#[test]
+fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
+    // QLoRA of Qwen2.5 0.5B (its projections' input widths are multiples of 64) on 2 048 tokens
+    // a step: the weights' own bytes are what the loading keeps, tensor by tensor.
+    let w = Workload {
+        weights: WeightFormat::Nf4,
+        ..preset(
+            "qwen2.5-0.5b",
+            Mode::Lora {
+                rank: 8,
+                targets: vec!["q_proj".into(), "v_proj".into()],
+            },
+            2,
+            1024,
+        )
+    }
+    .validated()
+    .unwrap();
+    let b = budget(&w, &BudgetSettings::h200());
+    let program = crate::stack::run::program(&w.run(BudgetSettings::h200().kernels));
+    let loading = &program.stages[0];
+    assert_eq!(loading.name, "weights");
+    let mut kept = std::collections::HashMap::new();
+    let mut n = 0u32;
+    for e in &program.events[..loading.end] {
+        match *e {
+            crate::stack::tensor::Event::Alloc { bytes, role } => {
+                if role == crate::stack::tensor::Role::Weights {
+                    kept.insert(n, bytes);
+                }
+                n += 1;
+            }
+            crate::stack::tensor::Event::Free { alloc } => {
+                kept.remove(&alloc);
+            }
+        }
+    }
+    assert_eq!(term(&b, "weights").bytes.0, kept.values().sum::<u64>());
+    // Fewer tokens a step: bitsandbytes' kernel choice depends on the GPU; refused.
+    let few = Workload {
+        batch: 1,
+        ..w.clone()
+    };
+    assert!(few
+        .validated()
+        .unwrap_err()
+        .to_string()
+        .contains("1 024 tokens a step"));
+    // 8-bit AdamW: what the optimizer stage makes is the term's size.
+    let w = preset(
+        "qwen2.5-0.5b",
+        Mode::Full {
+            optimizer: Optimizer::Adamw8bit,
+        },
+        1,
+        128,
+    );
+    let b = budget(&w, &BudgetSettings::h200());
+    let states = crate::stack::optimizer::adamw_8bit_state_bytes(
+        w.model.parameters().iter().map(|t| t.elements()),
+    );
+    assert_eq!(term(&b, "optimizer_states").bytes.0, states);
+    assert!(term(&b, "optimizer_states").at_peak.0 >= states);
+}

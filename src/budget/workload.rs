@@ -276,11 +276,7 @@ impl Workload {
             ));
         }
         if self.weights == WeightFormat::Nf4 {
-            return Err(WorkloadError::Unsupported(
-                "QLoRA (bitsandbytes NF4) is not replayed yet: its loading and its dequantizing \
-                 forward are not emulated; no budget is given rather than a wrong one"
-                    .into(),
-            ));
+            self.check_qlora()?;
         }
         if self.dtype == Dtype::Float32 && self.autocast.is_none() {
             // SDPA in float32 runs the memory-efficient kernel, whose buffers are not emulated.
@@ -300,6 +296,47 @@ impl Workload {
             }
         }
         Ok(self)
+    }
+
+    /// What QLoRA's replay covers: dense layers (experts' weights and latent attention are not
+    /// proven), no autocast, and products that bitsandbytes dequantizes on every GPU (more than
+    /// 1 536 tokens a step, or layers whose input width is not a multiple of 64).
+    fn check_qlora(&self) -> Result<(), WorkloadError> {
+        let unsupported = |m: String| Err(WorkloadError::Unsupported(m));
+        if self
+            .model
+            .layers
+            .iter()
+            .any(|l| matches!(l.mlp, crate::model::Mlp::Experts))
+        {
+            return unsupported(
+                "QLoRA of a mixture of experts is not replayed: transformers' bitsandbytes \
+                 loading of expert weights is not proven"
+                    .into(),
+            );
+        }
+        if !matches!(self.model.attention, Attention::Standard { .. }) {
+            return unsupported("QLoRA with latent attention is not replayed: not proven".into());
+        }
+        if self.autocast.is_some() {
+            return unsupported("--autocast with --mode qlora is not replayed".into());
+        }
+        let rows = self.batch * self.context;
+        let kernel_chosen = self.model.parameters().into_iter().find(|t| {
+            crate::stack::run::quantized_by_qlora(t)
+                && !crate::stack::bitsandbytes::dequantizes(rows, t.shape[1])
+        });
+        if let Some(t) = kernel_chosen {
+            return unsupported(format!(
+                "QLoRA with {} tokens a step (batch × sequence): for `{}` bitsandbytes then \
+                 picks its own 4-bit kernel or dequantizes by a heuristic of the GPU's SMs, \
+                 which is not emulated; the replay covers more than {} tokens a step",
+                crate::units::grouped(rows),
+                t.name,
+                crate::units::grouped(crate::stack::bitsandbytes::DEQUANTIZING_ROWS),
+            ));
+        }
+        Ok(())
     }
 
     /// Tokens in the KV cache at the end (inference), or processed per step (training).
@@ -345,7 +382,10 @@ impl Workload {
             batch: self.batch,
             context: self.context,
             work,
-            loading: Loading::Pretrained,
+            loading: match self.weights {
+                WeightFormat::Nf4 => Loading::PretrainedNf4,
+                _ => Loading::Pretrained,
+            },
             kernels,
         }
     }

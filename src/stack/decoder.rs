@@ -29,6 +29,10 @@ pub struct Weights {
     pub by_name: FxHashMap<String, Tensor>,
     /// Adapters by the linear layer's prefix (`model.layers.0.self_attn.q_proj`).
     pub adapters: FxHashMap<String, Adapter>,
+    /// bitsandbytes' 4-bit weights by the linear layer's prefix (QLoRA), and the dynamic map
+    /// their quantization made.
+    pub quantized: FxHashMap<String, super::bitsandbytes::Quantized4bit>,
+    pub quantization_map: Option<Tensor>,
 }
 
 impl Weights {
@@ -151,10 +155,19 @@ impl Decoder<'_> {
         out
     }
 
-    /// `nn.Linear` (with its LoRA adapter if it has one).
+    /// `nn.Linear` (with its LoRA adapter if it has one), or bitsandbytes' `Linear4bit` where the
+    /// weight is quantized.
     pub(super) fn linear(&mut self, prefix: &str, x: &Tensor) -> Tensor {
-        let w = self.weights.get(&format!("{prefix}.weight")).clone();
         let b = self.weights.opt(&format!("{prefix}.bias")).cloned();
+        let weights = self.weights;
+        if let Some(q) = weights.quantized.get(prefix) {
+            let out = self.process.linear_4bit(x, q, b.as_ref());
+            return match weights.adapters.get(prefix) {
+                None => out,
+                Some(adapter) => self.lora_4bit(out, x, &adapter.a, &adapter.b),
+            };
+        }
+        let w = self.weights.get(&format!("{prefix}.weight")).clone();
         let out = self.p().linear(x, &w, b.as_ref());
         match self.weights.adapters.get(prefix) {
             None => out,
@@ -163,6 +176,27 @@ impl Decoder<'_> {
                 self.lora(out, x, &a, &bm)
             }
         }
+    }
+
+    /// PEFT's `Linear4bit.forward` after the base layer: the result cloned, `x` cast to the
+    /// adapters' float32, `B(A(x)) * scaling` cast back to the base's dtype, then added.
+    fn lora_4bit(&mut self, base: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let result = p.clone_contiguous(&base);
+        drop(base);
+        let xa = p.to(x, a.elem);
+        let down = p.linear(&xa, a, None);
+        let up = p.linear(&down, b, None);
+        drop(down);
+        let scaled = p.scale(&up);
+        drop(up);
+        let back = p.to(&scaled, result.elem);
+        drop(scaled);
+        let out = p.add(&result, &back);
+        drop(result);
+        drop(back);
+        drop(xa);
+        out
     }
 
     /// The token embedding (Gemma's scaled by `sqrt(hidden)` cast to the weights' type).

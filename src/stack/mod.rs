@@ -1,11 +1,12 @@
 //! What a Hugging Face workload allocates on the GPU, operation by operation: transformers 5.17's
 //! models ([`decoder`]), `generate` with its default cache ([`generate`], [`cache`]), PyTorch
-//! 2.11's operations and autograd ([`ops`], [`autograd`]) and AdamW ([`optimizer`]), PEFT's
-//! adapters, emulated over [`tensor`]s whose storages are allocated and freed on a tape in the
+//! 2.11's operations and autograd ([`ops`], [`autograd`]), AdamW and bitsandbytes' 8-bit AdamW
+//! ([`optimizer`]), PEFT's adapters, bitsandbytes' 4-bit weights ([`bitsandbytes`]), emulated over [`tensor`]s whose storages are allocated and freed on a tape in the
 //! order the real stack allocates and frees them. A whole run ([`run`]) is a program that the
 //! allocator model replays into the peaks of `allocated` and `reserved`.
 
 pub mod autograd;
+pub mod bitsandbytes;
 pub mod cache;
 pub mod decoder;
 pub mod experts;

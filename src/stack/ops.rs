@@ -201,6 +201,11 @@ impl Process {
         self.stop_if_recomputed();
     }
 
+    /// Records an operation of another module that saves nothing.
+    pub(super) fn record_op(&mut self, rule: Rule, inputs: &[&Tensor], out: &mut Tensor) {
+        self.record(rule, inputs, vec![], out);
+    }
+
     /// Records `rule` before its output exists (an operation that saves its inputs saves them
     /// before its kernel runs); returns the output's `grad_fn`.
     fn node_first(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>) -> Option<Grad> {
@@ -891,6 +896,24 @@ impl Backward for Process {
                     out[0] = Some(grad.clone());
                 }
                 let _ = is_leaf;
+            }
+            Rule::MatMul4bit {
+                out_features,
+                in_features,
+                blocks,
+                elem,
+            } => {
+                if want(0) {
+                    // `dequantize_4bit`: the scales (freed as it returns), the weight; then
+                    // `grad_output @ weight`.
+                    let scales = self.empty(&[*blocks], Elem::F32);
+                    let weight = self.empty(&[*out_features, *in_features], *elem);
+                    drop(scales);
+                    let g = self.empty(&inputs[0].shape, grad.elem);
+                    self.matmul_workspace(false);
+                    drop(weight);
+                    out[0] = Some(g);
+                }
             }
             Rule::View => {
                 let meta = &inputs[0];

@@ -23,6 +23,11 @@ pub enum Loading {
     Pretrained,
     /// `from_config` built on the device: each tensor in the order the modules make them.
     FromConfig,
+    /// `from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True,
+    /// bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True), device_map=...)` (QLoRA):
+    /// the warm-up counts each quantized weight at half a byte per element, then each tensor in
+    /// the checkpoint's order, every linear layer's weight but the head's quantized as it comes.
+    PretrainedNf4,
 }
 
 /// What the run does after loading.
@@ -116,16 +121,36 @@ fn elem(dtype: Dtype) -> Elem {
     Elem::of(dtype)
 }
 
+/// Whether QLoRA's loading quantizes this parameter: a linear layer's weight (not its bias, not
+/// the head).
+pub fn quantized_by_qlora(t: &Parameter) -> bool {
+    t.role == TensorRole::Linear && !t.is_bias()
+}
+
+/// What `caching_allocator_warmup` finds unused in the cache before loading: the 2 MiB segment
+/// `torch.zeros(1)` made when CUDA started, its block freed.
+const UNUSED_AT_WARMUP: u64 = 2 << 20;
+
+/// The bytes `caching_allocator_warmup` asks for when the weights take `total`: less what the
+/// cache holds unused when that leaves more than it; else nothing (what is left is below
+/// 1.5 GiB). The cap at the device's memory less 1.2 GiB is not applied: the program does not
+/// depend on the card.
+fn warmup_bytes(total: u64) -> u64 {
+    let unused = UNUSED_AT_WARMUP;
+    if total.saturating_sub(unused) > unused {
+        total - unused
+    } else {
+        0
+    }
+}
+
 /// Loads the weights (and buffers) in the order `loading` gives.
-fn load(
-    p: &mut Process,
-    model: &Model,
-    dtype: Dtype,
-    loading: Loading,
-) -> FxHashMap<String, Tensor> {
+fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weights {
     let params = model.parameters();
     let e = elem(dtype);
     let mut by_name = FxHashMap::default();
+    let mut quantized = FxHashMap::default();
+    let mut quantizer = super::bitsandbytes::Quantizer::default();
     p.in_role(Role::Weights, |p| {
         let mut put = |p: &mut Process, t: &Parameter| {
             by_name.insert(t.name.clone(), p.empty(&t.shape, e));
@@ -151,12 +176,40 @@ fn load(
             }
             Loading::Pretrained => {
                 let total: u64 = params.iter().map(|t| t.elements() * e.size()).sum();
-                // `torch.empty(total // 2, dtype=float16)`, less what the cache holds unused.
-                drop(p.empty(&[total / 2], Elem::F16));
+                // `torch.empty(byte_count // 2, dtype=float16)`.
+                drop(p.empty(&[warmup_bytes(total) / 2], Elem::F16));
                 let mut sorted: Vec<&Parameter> = params.iter().collect();
                 sorted.sort_by(|a, b| a.name.cmp(&b.name));
                 for t in sorted {
                     put(p, t);
+                }
+                for b in model.buffers() {
+                    let buffer = p.empty(&b.shape, Elem::F32);
+                    by_name.insert(b.name.clone(), buffer);
+                }
+            }
+            Loading::PretrainedNf4 => {
+                // `get_total_byte_count` with the quantizer's element sizes (half a byte for a
+                // quantized weight), less what the cache holds unused; none when that is not
+                // positive.
+                let halves: u64 = params
+                    .iter()
+                    .map(|t| match quantized_by_qlora(t) {
+                        true => t.elements(),
+                        false => 2 * t.elements() * e.size(),
+                    })
+                    .sum();
+                drop(p.empty(&[warmup_bytes(halves / 2) / 2], Elem::F16));
+                let mut sorted: Vec<&Parameter> = params.iter().collect();
+                sorted.sort_by(|a, b| a.name.cmp(&b.name));
+                for t in sorted {
+                    let staged = p.empty(&t.shape, e);
+                    if quantized_by_qlora(t) {
+                        let prefix = t.name.trim_end_matches(".weight").to_string();
+                        quantized.insert(prefix, quantizer.quantize(p, staged));
+                    } else {
+                        by_name.insert(t.name.clone(), staged);
+                    }
                 }
                 for b in model.buffers() {
                     let buffer = p.empty(&b.shape, Elem::F32);
@@ -169,7 +222,12 @@ fn load(
         let embed = by_name["model.embed_tokens.weight"].clone();
         by_name.insert("lm_head.weight".into(), embed);
     }
-    by_name
+    Weights {
+        by_name,
+        adapters: FxHashMap::default(),
+        quantized,
+        quantization_map: quantizer.into_map(),
+    }
 }
 
 /// PEFT's adapters: per targeted module, `A` then `B` made in the base's dtype on the device,
@@ -244,16 +302,12 @@ fn emulate(run: &Run) -> Program {
     // `torch.zeros(1)` started CUDA: one small block, freed.
     drop(p.empty(&[1], Elem::F32));
     marks.begin(&p, "weights");
-    let mut by_name = load(&mut p, &run.model, run.dtype, run.loading);
+    let mut weights = load(&mut p, &run.model, run.dtype, run.loading);
     marks.end(&p);
     let (b, t) = (run.batch, run.context);
     match &run.work {
         Work::Generate { generated } => {
             p.autograd.enabled = false;
-            let weights = Weights {
-                by_name,
-                adapters: FxHashMap::default(),
-            };
             marks.begin(&p, "inputs");
             let (ids, mask) = p.in_role(Role::Inputs, |p| {
                 (p.empty(&[b, t], Elem::I64), p.empty(&[b, t], Elem::I64))
@@ -289,10 +343,12 @@ fn emulate(run: &Run) -> Program {
             let mut leaves = Vec::new();
             if lora.is_none() {
                 for t in run.model.parameters() {
-                    let (param, leaf) = Process::parameter(&by_name[&t.name]);
-                    by_name.insert(t.name.clone(), param.clone());
+                    let (param, leaf) = Process::parameter(&weights.by_name[&t.name]);
+                    weights.by_name.insert(t.name.clone(), param.clone());
                     if t.role == TensorRole::Embedding && run.model.tied_embeddings {
-                        by_name.insert("lm_head.weight".into(), param.clone());
+                        weights
+                            .by_name
+                            .insert("lm_head.weight".into(), param.clone());
                     }
                     trained.push(param);
                     leaves.push(leaf);
@@ -318,7 +374,8 @@ fn emulate(run: &Run) -> Program {
                     leaves.push(lb);
                 }
             }
-            let weights = std::rc::Rc::new(Weights { by_name, adapters });
+            weights.adapters = adapters;
+            let weights = std::rc::Rc::new(weights);
             if *checkpointing {
                 let model = std::rc::Rc::new(run.model.clone());
                 let w = weights.clone();
@@ -614,17 +671,19 @@ impl Run {
                 checkpointing,
                 steps,
             },
-            "lora" => Work::Train {
+            "lora" | "qlora" => Work::Train {
                 lora: Some(lora(spec)?),
                 optimizer,
                 checkpointing,
                 steps,
             },
-            _ => return Err(field("mode", "inference, full or lora")),
+            _ => return Err(field("mode", "inference, full, lora or qlora")),
         };
-        let loading = match text("loading", "from_config")?.as_str() {
-            "from_config" => Loading::FromConfig,
-            "pretrained" => Loading::Pretrained,
+        // QLoRA's script saves a checkpoint and loads it quantized.
+        let loading = match (spec.get("mode"), text("loading", "from_config")?.as_str()) {
+            (Some(m), _) if m == "qlora" => Loading::PretrainedNf4,
+            (_, "from_config") => Loading::FromConfig,
+            (_, "pretrained") => Loading::Pretrained,
             _ => return Err(field("loading", "from_config or pretrained")),
         };
         Ok(Run {

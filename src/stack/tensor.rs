@@ -482,6 +482,15 @@ pub enum Rule {
     /// A new tensor filled by copying parts into its slices (`new_empty` then `copy_`): the
     /// gradient copied once, the parts' gradients views of it.
     Assemble { sizes: Vec<u64> },
+    /// bitsandbytes' `MatMul4Bit` of a 4-bit `[out_features, in_features]` weight: the input's
+    /// gradient through the weight dequantized again (its `blocks` scales first, in float32)
+    /// into `elem`.
+    MatMul4bit {
+        out_features: u64,
+        in_features: u64,
+        blocks: u64,
+        elem: Elem,
+    },
 }
 
 /// A recorded operation.

@@ -1,0 +1,189 @@
+//! bitsandbytes 0.50's 4-bit weights as transformers 5.17 loads them for QLoRA
+//! (`BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+//! bnb_4bit_use_double_quant=True)`), for memory: each `nn.Linear` weight but the head quantized
+//! as it is loaded (`quantize_4bit`, then its float32 scales quantized again by
+//! `quantize_blockwise`), and the product of a quantized layer by its dequantizing path
+//! (`_dequant_linear_fallback`), which bitsandbytes takes on every CUDA GPU above
+//! [`DEQUANTIZING_ROWS`] rows or when the input width is not a multiple of the block.
+
+use super::ops::Process;
+use super::tensor::{Elem, Tensor};
+
+/// The elements sharing one scale of a 4-bit weight (bitsandbytes' default `blocksize`).
+pub const BLOCK: u64 = 64;
+/// The scales sharing one float32 scale of their own (double quantization's `blocksize`).
+pub const SCALE_BLOCK: u64 = 256;
+/// Above this many rows (tokens) in a product, `gemm_4bit` dequantizes the weight then calls
+/// `F.linear` on every CUDA GPU (`_gemm_4bit_custom_max_m`); at or below it, a heuristic of the
+/// GPU's SM count and the layer's shape may pick bitsandbytes' own kernel instead.
+pub const DEQUANTIZING_ROWS: u64 = 1536;
+/// Bytes of the 4-bit type's 16-entry code (`get_4bit_type`, float32), kept per weight.
+const CODE_BYTES: u64 = 16 * 4;
+/// Bytes of the dynamic map of `quantize_blockwise` (256 float32 entries): made once, and copied
+/// into every weight's second state.
+const DYNAMIC_MAP_BYTES: u64 = 256 * 4;
+
+/// One quantized weight on the device: the packed 4-bit values and its quantization state.
+pub struct Quantized4bit {
+    pub out_features: u64,
+    pub in_features: u64,
+    /// The packed values, the code, the offset, the 8-bit scales, their float32 scales and the
+    /// dynamic map's copy.
+    pub tensors: Vec<Tensor>,
+}
+
+/// The blocks of 64 elements of a weight of `elements`.
+fn blocks(elements: u64) -> u64 {
+    elements.div_ceil(BLOCK)
+}
+
+/// What one quantized weight of `elements` keeps on the device: packed values
+/// (`(n + 1) / 2` bytes), the code, the offset, one byte per block, a float32 per 256 blocks and
+/// the dynamic map's copy.
+pub fn quantized_bytes(elements: u64) -> u64 {
+    let b = blocks(elements);
+    elements.div_ceil(2) + CODE_BYTES + 4 + b + b.div_ceil(SCALE_BLOCK) * 4 + DYNAMIC_MAP_BYTES
+}
+
+/// The dynamic map `quantize_blockwise` makes at its first call and keeps for the process.
+pub fn dynamic_map_bytes() -> u64 {
+    DYNAMIC_MAP_BYTES
+}
+
+/// Whether bitsandbytes dequantizes the weight for a product of `rows` rows of `in_features`
+/// (whatever the GPU), the only path emulated.
+pub fn dequantizes(rows: u64, in_features: u64) -> bool {
+    rows > DEQUANTIZING_ROWS || !in_features.is_multiple_of(BLOCK)
+}
+
+/// Where quantization stands in a loading: the dynamic map, once made.
+#[derive(Default)]
+pub struct Quantizer {
+    dynamic_map: Option<Tensor>,
+}
+
+impl Quantizer {
+    /// `Params4bit.to("cuda")` of the `[out, in]` weight just staged on the device in its
+    /// 16-bit type (freed at the end): `quantize_4bit`'s scales and packed values, the code
+    /// (`get_4bit_type`: its values, their absolute values and maximum, freed), the offset (the
+    /// scales' mean, and what the reduction stages) and the centred scales quantized by `quantize_blockwise` (its float32 scales,
+    /// its bytes, the dynamic map copied), the float32 scales then freed.
+    pub fn quantize(&mut self, p: &mut Process, staged: Tensor) -> Quantized4bit {
+        let (out_features, in_features) = (staged.shape[0], staged.shape[1]);
+        let n = out_features * in_features;
+        let b = blocks(n);
+        let absmax = p.empty(&[b], Elem::F32);
+        let packed = p.empty(&[n.div_ceil(2), 1], Elem::U8);
+        let code = p.empty(&[16], Elem::F32);
+        let abs = p.empty(&[16], Elem::F32);
+        let max = p.empty(&[], Elem::F32);
+        drop(abs);
+        drop(max);
+        let offset = p.empty(&[], Elem::F32);
+        mean_staging(p, b);
+        let centred = p.empty(&[b], Elem::F32);
+        if self.dynamic_map.is_none() {
+            self.dynamic_map = Some(p.empty(&[256], Elem::F32));
+        }
+        let scales = p.empty(&[b.div_ceil(SCALE_BLOCK)], Elem::F32);
+        let bytes = p.empty(&[b], Elem::U8);
+        let map = p.empty(&[256], Elem::F32);
+        drop(centred);
+        drop(absmax);
+        drop(staged);
+        Quantized4bit {
+            out_features,
+            in_features,
+            tensors: vec![packed, code, offset, bytes, scales, map],
+        }
+    }
+
+    /// The dynamic map, kept by the process as long as the model.
+    pub fn into_map(self) -> Option<Tensor> {
+        self.dynamic_map
+    }
+}
+
+/// The H200's reduction grid: 132 SMs × 4 blocks of 512 threads (`target_grid_size`).
+const REDUCTION_GRID: u64 = 132 * 4;
+
+/// What `mean()` of `n` float32 values stages in global memory after its output (PyTorch's
+/// `setReduceConfig`): when each of the block's 512 threads would sum 256 values or more, the
+/// input is split over `ctas` blocks, whose partial sums (4 B each) and a semaphore (4 B) are
+/// allocated, then freed. The grid's cap depends on the GPU's SMs; it binds only above 4.3
+/// million values (a weight of 277 million elements), a few hundred bytes in the small pool.
+fn mean_staging(p: &mut Process, n: u64) {
+    let per_thread = n.div_ceil(512);
+    if per_thread < 256 {
+        return;
+    }
+    let ctas = per_thread
+        .div_ceil(16)
+        .min(REDUCTION_GRID)
+        .max(per_thread.div_ceil(256));
+    if ctas > 1 {
+        let partials = p.empty(&[ctas], Elem::F32);
+        let semaphore = p.empty(&[1], Elem::I32);
+        drop(semaphore);
+        drop(partials);
+    }
+}
+
+impl Quantized4bit {
+    pub fn elements(&self) -> u64 {
+        self.out_features * self.in_features
+    }
+
+    pub fn blocks(&self) -> u64 {
+        blocks(self.elements())
+    }
+}
+
+impl Process {
+    /// `bnb.matmul_4bit(x, weight.t(), bias)` by the dequantizing path: the scales dequantized
+    /// (`empty_like`, then plus the offset), the weight dequantized into a new tensor of `x`'s
+    /// type, `F.linear`, then those three freed in the order the frame releases them. Under
+    /// autograd one node (`MatMul4Bit`) saves nothing that allocates; its backward dequantizes
+    /// again.
+    pub fn linear_4bit(&mut self, x: &Tensor, w: &Quantized4bit, bias: Option<&Tensor>) -> Tensor {
+        let scales = self.empty(&[w.blocks()], Elem::F32);
+        let shifted = self.empty(&[w.blocks()], Elem::F32);
+        let dequantized = self.empty(&[w.out_features, w.in_features], x.elem);
+        let enabled = std::mem::replace(&mut self.autograd.enabled, false);
+        let mut out = self.linear(x, &dequantized, bias);
+        self.autograd.enabled = enabled;
+        drop(shifted);
+        drop(scales);
+        drop(dequantized);
+        let rule = super::tensor::Rule::MatMul4bit {
+            out_features: w.out_features,
+            in_features: w.in_features,
+            blocks: w.blocks(),
+            elem: x.elem,
+        };
+        self.record_op(rule, &[x], &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quantized_weight_keeps_what_bitsandbytes_keeps() {
+        // 448 × 320 (the small traced model's gate_proj): 71 680 packed bytes, 2 240 blocks,
+        // 9 float32 scales of scales.
+        assert_eq!(
+            quantized_bytes(448 * 320),
+            71_680 + 64 + 4 + 2_240 + 36 + 1_024
+        );
+    }
+
+    #[test]
+    fn the_dequantizing_path_runs_above_1536_rows_or_on_unaligned_widths() {
+        assert!(dequantizes(1537, 4096));
+        assert!(!dequantizes(1536, 4096));
+        assert!(dequantizes(8, 360));
+    }
+}

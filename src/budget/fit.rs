@@ -10,7 +10,7 @@ use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
 use crate::stack::ops::Kernels;
-use crate::stack::run::{program, Program};
+use crate::stack::run::{program, program_replayed, Program};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
@@ -156,7 +156,7 @@ pub fn memory_bytes(row: &CatalogRow) -> u64 {
 /// The one-GPU verdicts of one workload, replayed once per card size and allocator setting.
 pub struct OneGpu<'a> {
     budget: &'a Budget,
-    program: Option<Program>,
+    program: Option<std::sync::Arc<Program>>,
     verdicts: HashMap<(u64, AllocatorSetting), bool>,
 }
 
@@ -164,7 +164,7 @@ impl<'a> OneGpu<'a> {
     pub fn new(budget: &'a Budget) -> OneGpu<'a> {
         OneGpu {
             budget,
-            program: None,
+            program: budget.program.clone(),
             verdicts: HashMap::new(),
         }
     }
@@ -189,7 +189,7 @@ impl<'a> OneGpu<'a> {
         let (verdicts, slot) = (&mut self.verdicts, &mut self.program);
         one_gpu_verdict(b.peak_allocated.0, peak_reserved, usable, || {
             *verdicts.entry((usable, setting)).or_insert_with(|| {
-                slot.get_or_insert_with(|| program(&b.workload.run(b.kernels)))
+                slot.get_or_insert_with(|| std::sync::Arc::new(program(&b.workload.run(b.kernels))))
                     .replay(allocator_config(setting), Some(usable))
                     .out_of_memory
                     .is_none()
@@ -441,7 +441,15 @@ impl<'a> SizeSearch<'a> {
         let slot = &mut self.program;
         let &mut (peak_allocated, peak_reserved) =
             self.peaks.entry((n, setting)).or_insert_with(|| {
-                let r = Self::program(slot, n, &w, kernels).replay(allocator_config(setting), None);
+                let config = allocator_config(setting);
+                let r = match slot {
+                    Some((m, program)) if *m == n => program.replay(config, None),
+                    _ => {
+                        let (program, r) = program_replayed(&w.run(kernels), config);
+                        *slot = Some((n, program));
+                        r
+                    }
+                };
                 (r.peak_allocated, r.peak_reserved)
             });
         let limited = &mut self.limited;

@@ -13,7 +13,7 @@ use crate::model::{Attention, TensorRole};
 use crate::stack::bitsandbytes;
 use crate::stack::ops::Kernels;
 use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
-use crate::stack::run::{program, Replayed, RoleBytes};
+use crate::stack::run::{program_replayed, Replayed, RoleBytes};
 use crate::stack::tensor::Role;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
@@ -131,6 +131,10 @@ pub struct Budget {
     /// The checkpoint's headers, when the model was read from its folder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<crate::model::folder::Checkpoint>,
+    /// The program replayed, kept for the planner's replays on a card (not in the file: read
+    /// back, a budget's program is emulated again when needed).
+    #[serde(skip)]
+    pub program: Option<std::sync::Arc<crate::stack::run::Program>>,
 }
 
 /// The largest reserve `--reserve-gib` takes: 2^50 bytes (1 PiB), more than any GPU.
@@ -314,8 +318,11 @@ impl crate::status::Classify for BudgetError {
 /// The budget of a validated workload.
 pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
     let run = w.run(settings.kernels);
-    let replayed = program(&run).replay(allocator_config(w.allocator), None);
-    from_replay(w, settings, &replayed)
+    let (program, replayed) = program_replayed(&run, allocator_config(w.allocator));
+    Budget {
+        program: Some(std::sync::Arc::new(program)),
+        ..from_replay(w, settings, &replayed)
+    }
 }
 
 /// The budget of `w` from a replay of its run.
@@ -603,6 +610,7 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
         outside: settings.outside.clone(),
         kernels: settings.kernels,
         checkpoint: None,
+        program: None,
     }
 }
 

@@ -7,7 +7,7 @@ use super::decoder::{Adapter, Decoder, Weights};
 use super::generate::{self, Stages};
 use super::ops::{Kernels, Process};
 use super::optimizer::{Optimizer, OptimizerImpl, OptimizerState};
-use super::tensor::{Elem, Event, Role, Tensor};
+use super::tensor::{Chunk, Elem, Event, Role, Tensor};
 use crate::allocator::{AllocatorConfig, OutOfMemory};
 use crate::dtype::Dtype;
 use crate::model::{Model, Parameter, TensorRole};
@@ -96,10 +96,12 @@ struct Marks {
 
 impl Marks {
     fn begin(&mut self, p: &Process, name: &str) {
+        p.tape.mark(Chunk::Begin(name.to_string()));
         self.open = Some((name.to_string(), p.tape.len()));
     }
     fn end(&mut self, p: &Process) {
         if let Some((name, begin)) = self.open.take() {
+            p.tape.mark(Chunk::End);
             self.stages.push(Stage {
                 name,
                 begin,
@@ -286,15 +288,57 @@ pub fn program(run: &Run) -> Program {
         std::thread::Builder::new()
             .name("emulation".into())
             .stack_size(EMULATION_STACK)
-            .spawn_scoped(s, || emulate(run))
+            .spawn_scoped(s, || emulate(run, None))
             .expect("a thread for the emulation")
             .join()
             .unwrap_or_else(|e| std::panic::resume_unwind(e))
     })
 }
 
-fn emulate(run: &Run) -> Program {
+/// Chunks of events in flight between the emulation and its replay.
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The program of `run` and its replay under `config` on an unlimited device, the replay
+/// reading the events as the emulation writes them (each on a core of its own).
+pub fn program_replayed(run: &Run, config: AllocatorConfig) -> (Program, Replayed) {
+    let (sink, chunks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
+    std::thread::scope(|s| {
+        let emulation = std::thread::Builder::new()
+            .name("emulation".into())
+            .stack_size(EMULATION_STACK)
+            .spawn_scoped(s, || emulate(run, Some(sink)))
+            .expect("a thread for the emulation");
+        let mut replay = Replaying::new(config, None);
+        let mut events = Vec::new();
+        for chunk in chunks {
+            match chunk {
+                Chunk::Events(chunk) => {
+                    for &e in &chunk {
+                        replay.event(e);
+                    }
+                    events.extend_from_slice(&chunk);
+                }
+                Chunk::Begin(name) => replay.begin(name),
+                Chunk::End => replay.end(),
+            }
+        }
+        let mut program = emulation
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        debug_assert!(
+            program.events.is_empty(),
+            "a streaming tape sends every event"
+        );
+        program.events = events;
+        (program, replay.finish())
+    })
+}
+
+fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Program {
     let mut p = Process::new(run.kernels);
+    if let Some(sink) = sink {
+        p.tape.stream_to(sink);
+    }
     let mut marks = Marks {
         stages: Vec::new(),
         open: None,
@@ -442,6 +486,7 @@ fn emulate(run: &Run) -> Program {
             drop(optimizer);
         }
     }
+    p.tape.close();
     Program {
         events: p.tape.take(),
         stages: marks.stages,
@@ -475,89 +520,141 @@ fn role_index(role: Role) -> usize {
         .expect("every role is listed")
 }
 
+/// A replay in progress: events and stage marks in, figures out.
+struct Replaying {
+    allocator: crate::allocator::CachingAllocator,
+    label: crate::allocator::Label,
+    /// Per allocation: its block, role and block size (`None` once freed, or never allocated).
+    blocks: Vec<Option<(crate::allocator::BlockId, usize, u64)>>,
+    roles: RoleBytes,
+    out: Replayed,
+    /// The stage open, and `allocated` and `reserved` at its start.
+    open: Option<(String, (u64, u64))>,
+}
+
+impl Replaying {
+    fn new(config: AllocatorConfig, capacity: Option<u64>) -> Replaying {
+        let mut allocator = crate::allocator::CachingAllocator::with_config(config);
+        allocator.set_capacity(capacity);
+        let label = allocator.label("tensor");
+        Replaying {
+            allocator,
+            label,
+            blocks: Vec::new(),
+            roles: [0; Role::ALL.len()],
+            out: Replayed {
+                stages: Vec::new(),
+                peak_allocated: 0,
+                peak_reserved: 0,
+                peak_stage: String::new(),
+                allocated_at_peak: 0,
+                roles_at_peak: [0; Role::ALL.len()],
+                out_of_memory: None,
+            },
+            open: None,
+        }
+    }
+
+    fn begin(&mut self, name: String) {
+        let st = self.allocator.stats();
+        self.open = Some((name, (st.allocated.current, st.reserved.current)));
+        self.allocator.reset_peaks();
+    }
+
+    fn end(&mut self) {
+        if let Some((name, baseline)) = self.open.take() {
+            let st = self.allocator.stats();
+            self.out.stages.push((
+                name,
+                Figures {
+                    allocated_baseline_bytes: baseline.0,
+                    allocated_end_bytes: st.allocated.current,
+                    peak_allocated_bytes: st.allocated.peak,
+                    reserved_baseline_bytes: baseline.1,
+                    reserved_end_bytes: st.reserved.current,
+                    peak_reserved_bytes: st.reserved.peak,
+                },
+            ));
+        }
+    }
+
+    /// Replays one event; `false` once the device had no room (the replay then stops).
+    fn event(&mut self, e: Event) -> bool {
+        if self.out.out_of_memory.is_some() {
+            return false;
+        }
+        match e {
+            Event::Alloc { bytes, role } => match self.allocator.malloc(bytes, 0, self.label) {
+                Some(block) => {
+                    let size = self.allocator.block_size(block).unwrap_or(0);
+                    let r = role_index(role);
+                    self.roles[r] += size;
+                    self.blocks.push(Some((block, r, size)));
+                    let st = self.allocator.stats();
+                    self.out.peak_allocated = self.out.peak_allocated.max(st.allocated.current);
+                    if st.reserved.current > self.out.peak_reserved {
+                        self.out.peak_reserved = st.reserved.current;
+                        self.out.allocated_at_peak = st.allocated.current;
+                        self.out.roles_at_peak = self.roles;
+                        self.out.peak_stage = self
+                            .open
+                            .as_ref()
+                            .map_or_else(String::new, |(n, _)| n.clone());
+                    }
+                }
+                None => {
+                    let stage = self
+                        .open
+                        .as_ref()
+                        .map_or_else(|| "setup".to_string(), |(n, _)| n.clone());
+                    self.out.out_of_memory = Some((stage, OutOfMemory { bytes }));
+                    return false;
+                }
+            },
+            Event::Free { alloc } => {
+                if let Some(Some((block, r, size))) =
+                    self.blocks.get_mut(alloc as usize).map(Option::take)
+                {
+                    self.roles[r] -= size;
+                    self.allocator.free(block);
+                }
+            }
+        }
+        true
+    }
+
+    /// The figures: the stage still open closed, unless the device ran out of memory.
+    fn finish(mut self) -> Replayed {
+        if self.out.out_of_memory.is_none() {
+            self.end();
+        }
+        self.out
+    }
+}
+
 impl Program {
     /// Replays the program through the allocator under `config`, on a device with `capacity`
     /// bytes for the allocator (`None`: unlimited).
     pub fn replay(&self, config: AllocatorConfig, capacity: Option<u64>) -> Replayed {
-        let mut allocator = crate::allocator::CachingAllocator::with_config(config);
-        allocator.set_capacity(capacity);
-        let label = allocator.label("tensor");
-        // Per allocation: its block, role and block size.
-        let mut blocks: Vec<Option<(crate::allocator::BlockId, usize, u64)>> =
-            Vec::with_capacity(self.events.len() / 2 + 1);
-        let mut roles: RoleBytes = [0; Role::ALL.len()];
-        let mut out = Replayed {
-            stages: Vec::with_capacity(self.stages.len()),
-            peak_allocated: 0,
-            peak_reserved: 0,
-            peak_stage: String::new(),
-            allocated_at_peak: 0,
-            roles_at_peak: roles,
-            out_of_memory: None,
-        };
-        let mut baseline = (0, 0);
+        let mut replay = Replaying::new(config, capacity);
+        replay.blocks.reserve(self.events.len() / 2 + 1);
         let mut next = self.stages.iter().peekable();
         let mut open: Option<&Stage> = None;
-        let figures = |a: &crate::allocator::CachingAllocator, baseline: (u64, u64)| {
-            let st = a.stats();
-            Figures {
-                allocated_baseline_bytes: baseline.0,
-                allocated_end_bytes: st.allocated.current,
-                peak_allocated_bytes: st.allocated.peak,
-                reserved_baseline_bytes: baseline.1,
-                reserved_end_bytes: st.reserved.current,
-                peak_reserved_bytes: st.reserved.peak,
-            }
-        };
-        for (i, e) in self.events.iter().enumerate() {
+        for (i, &e) in self.events.iter().enumerate() {
             if open.is_some_and(|s| s.end == i) {
-                let s = open.take().expect("open");
-                out.stages
-                    .push((s.name.clone(), figures(&allocator, baseline)));
+                open = None;
+                replay.end();
             }
             if open.is_none() && next.peek().is_some_and(|s| s.begin == i) {
-                open = next.next();
-                let st = allocator.stats();
-                baseline = (st.allocated.current, st.reserved.current);
-                allocator.reset_peaks();
+                let s = next.next().expect("peeked");
+                open = Some(s);
+                replay.begin(s.name.clone());
             }
-            match *e {
-                Event::Alloc { bytes, role } => match allocator.malloc(bytes, 0, label) {
-                    Some(block) => {
-                        let size = allocator.block_size(block).unwrap_or(0);
-                        let r = role_index(role);
-                        roles[r] += size;
-                        blocks.push(Some((block, r, size)));
-                        let st = allocator.stats();
-                        out.peak_allocated = out.peak_allocated.max(st.allocated.current);
-                        if st.reserved.current > out.peak_reserved {
-                            out.peak_reserved = st.reserved.current;
-                            out.allocated_at_peak = st.allocated.current;
-                            out.roles_at_peak = roles;
-                            out.peak_stage = open.map_or_else(String::new, |s| s.name.clone());
-                        }
-                    }
-                    None => {
-                        let stage = open.map_or("setup".to_string(), |s| s.name.clone());
-                        out.out_of_memory = Some((stage, OutOfMemory { bytes }));
-                        return out;
-                    }
-                },
-                Event::Free { alloc } => {
-                    if let Some(Some((block, r, size))) =
-                        blocks.get_mut(alloc as usize).map(Option::take)
-                    {
-                        roles[r] -= size;
-                        allocator.free(block);
-                    }
-                }
+            if !replay.event(e) {
+                break;
             }
         }
-        if let Some(s) = open {
-            out.stages
-                .push((s.name.clone(), figures(&allocator, baseline)));
-        }
-        out
+        replay.finish()
     }
 }
 

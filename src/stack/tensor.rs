@@ -121,14 +121,53 @@ pub enum Event {
     Free { alloc: u32 },
 }
 
+/// What a tape streams to its reader: events in order, and where stages begin and end.
+#[derive(Debug)]
+pub enum Chunk {
+    Events(Vec<Event>),
+    Begin(String),
+    End,
+}
+
+/// Events a streaming tape sends at a time.
+const CHUNK_EVENTS: usize = 1 << 16;
+
 #[derive(Default, Debug)]
 pub(crate) struct Log {
+    /// The events not yet sent (all of them when the tape does not stream).
     pub events: Vec<Event>,
+    /// How many events were sent to `sink`.
+    pub sent: usize,
+    /// Where a streaming tape sends its events, in chunks.
+    pub sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
     pub allocations: u32,
     /// The role given to the next allocations.
     pub role: Option<Role>,
     /// A recomputation stopped early: what the rest of it makes is never allocated.
     pub stopped: bool,
+}
+
+impl Log {
+    fn push(&mut self, e: Event) {
+        self.events.push(e);
+        if self.events.len() >= CHUNK_EVENTS {
+            self.flush();
+        }
+    }
+
+    /// Sends the events written so far, if the tape streams.
+    fn flush(&mut self) {
+        if let Some(sink) = &self.sink {
+            if !self.events.is_empty() {
+                let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
+                self.sent += chunk.len();
+                // A reader that stopped (out of memory) wants no more.
+                if sink.send(Chunk::Events(chunk)).is_err() {
+                    self.sink = None;
+                }
+            }
+        }
+    }
 }
 
 /// The program being written: every allocation and free in order.
@@ -147,7 +186,7 @@ impl Tape {
             return None;
         }
         let role = log.role.unwrap_or(Role::Activations);
-        log.events.push(Event::Alloc { bytes, role });
+        log.push(Event::Alloc { bytes, role });
         let n = log.allocations;
         log.allocations += 1;
         Some(n)
@@ -161,12 +200,33 @@ impl Tape {
         out
     }
 
-    pub fn events(&self) -> std::cell::Ref<'_, Vec<Event>> {
-        std::cell::Ref::map(self.0.borrow(), |l| &l.events)
+    /// Events written so far, sent or not.
+    pub fn len(&self) -> usize {
+        let log = self.0.borrow();
+        log.sent + log.events.len()
     }
 
-    pub fn len(&self) -> usize {
-        self.0.borrow().events.len()
+    /// Makes the tape send its events to `sink`, in chunks, as they are written.
+    pub fn stream_to(&self, sink: std::sync::mpsc::SyncSender<Chunk>) {
+        self.0.borrow_mut().sink = Some(sink);
+    }
+
+    /// Sends the events written so far, then `mark`, if the tape streams.
+    pub fn mark(&self, mark: Chunk) {
+        let mut log = self.0.borrow_mut();
+        log.flush();
+        if let Some(sink) = &log.sink {
+            if sink.send(mark).is_err() {
+                log.sink = None;
+            }
+        }
+    }
+
+    /// Sends what is left and stops streaming.
+    pub fn close(&self) {
+        let mut log = self.0.borrow_mut();
+        log.flush();
+        log.sink = None;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -205,7 +265,7 @@ pub struct Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         if let Some(alloc) = self.alloc {
-            self.tape.0.borrow_mut().events.push(Event::Free { alloc });
+            self.tape.0.borrow_mut().push(Event::Free { alloc });
         }
     }
 }

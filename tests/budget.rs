@@ -135,6 +135,33 @@ fn a_quantized_config_is_refused_not_budgeted_dense() {
                 "quantization_config ({kind}) is not replayed yet"
             )));
     }
+    // With its checkpoint beside it, the refusal says what the tensors store, as stored.
+    let qweight = vec![0u8; 16 * 64 * 4];
+    let scales = vec![0u8; 64 * 2];
+    let views = vec![
+        (
+            "model.layers.0.self_attn.q_proj.qweight",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![16, 64], &qweight)
+                .unwrap(),
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.scales",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![1, 64], &scales)
+                .unwrap(),
+        ),
+    ];
+    let bytes = safetensors::tensor::serialize(views, &None).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(["--mode", "inference", "--context", "512"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains("is not replayed yet"))
+        .stderr(contains(
+            "the checkpoint (model.safetensors in 1 file) holds 2 tensors, 1 088 elements \
+             (128 B in F16, 4 096 B in I32), where the config describes 13 015 864 320 parameters",
+        ));
 }
 
 /// A model folder as the Hub gives it: `config.json` and `model.safetensors` (a small Llama,

@@ -392,9 +392,20 @@ impl BudgetArgs {
                 AllocatorSetting::Default
             },
         };
-        let workload = workload
-            .validated()
-            .context("invalid model or workload flags")?;
+        // A quantized checkpoint is refused, but what its tensors store is said.
+        let stored = checkpoint
+            .as_ref()
+            .filter(|_| workload.model.quantization.is_some())
+            .map(|c| c.stored(&workload.model));
+        let workload = match (workload.validated(), stored) {
+            (Ok(w), _) => w,
+            (Err(e), Some(stored)) => {
+                return Err(Failure::usage_owned(format!(
+                    "invalid model or workload flags: {e}; {stored}"
+                )))
+            }
+            (Err(e), None) => return Err(e).context("invalid model or workload flags"),
+        };
         Ok((workload, checkpoint))
     }
 

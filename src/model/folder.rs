@@ -223,8 +223,20 @@ impl Checkpoint {
     }
 
     /// What the checkpoint says of the model the config describes: equal element counts, or
-    /// how far apart they are (a quantized or a different checkpoint).
+    /// how far apart they are (a quantized or a different checkpoint), and which the budget
+    /// counts.
     pub fn agreement(&self, model: &Model) -> String {
+        match self.elements == model.parameter_count() {
+            true => self.stored(model),
+            false => format!(
+                "{}: the budget counts the config's model",
+                self.stored(model)
+            ),
+        }
+    }
+
+    /// What the checkpoint's tensors store, against the parameters the config describes.
+    pub fn stored(&self, model: &Model) -> String {
         let params = model.parameter_count();
         let dtypes: Vec<String> = self
             .bytes_by_dtype
@@ -247,7 +259,7 @@ impl Checkpoint {
             )
         } else {
             format!(
-                "{held}, where the config describes {} parameters: the budget counts the config's model",
+                "{held}, where the config describes {} parameters",
                 crate::units::grouped(params)
             )
         }

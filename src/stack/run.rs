@@ -134,9 +134,9 @@ pub fn quantized_by_qlora(t: &Parameter) -> bool {
 const UNUSED_AT_WARMUP: u64 = 2 << 20;
 
 /// The bytes `caching_allocator_warmup` asks for when the weights take `total`: less what the
-/// cache holds unused when that leaves more than it; else nothing (what is left is below
-/// 1.5 GiB). The cap at the device's memory less 1.2 GiB is not applied: the program does not
-/// depend on the card.
+/// cache holds unused when that leaves more than it; else nothing (its middle rule, for more than
+/// 1.5 GiB left beside the unused bytes, cannot apply with 2 MiB unused). Its cap at the device's
+/// memory less 1.2 GiB is not applied: the program does not depend on the card.
 fn warmup_bytes(total: u64) -> u64 {
     let unused = UNUSED_AT_WARMUP;
     if total.saturating_sub(unused) > unused {
@@ -176,27 +176,15 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                     drop(p.empty(&[model.vocab, model.hidden], e));
                 }
             }
-            Loading::Pretrained => {
-                let total: u64 = params.iter().map(|t| t.elements() * e.size()).sum();
+            Loading::Pretrained | Loading::PretrainedNf4 => {
+                let quantizes =
+                    |t: &Parameter| loading == Loading::PretrainedNf4 && quantized_by_qlora(t);
+                // `get_total_byte_count`: each tensor's bytes, half a byte per element of a
+                // weight the quantizer packs (counted here in halves); then
                 // `torch.empty(byte_count // 2, dtype=float16)`.
-                drop(p.empty(&[warmup_bytes(total) / 2], Elem::F16));
-                let mut sorted: Vec<&Parameter> = params.iter().collect();
-                sorted.sort_by(|a, b| a.name.cmp(&b.name));
-                for t in sorted {
-                    put(p, t);
-                }
-                for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, Elem::F32);
-                    by_name.insert(b.name.clone(), buffer);
-                }
-            }
-            Loading::PretrainedNf4 => {
-                // `get_total_byte_count` with the quantizer's element sizes (half a byte for a
-                // quantized weight), less what the cache holds unused; none when that is not
-                // positive.
                 let halves: u64 = params
                     .iter()
-                    .map(|t| match quantized_by_qlora(t) {
+                    .map(|t| match quantizes(t) {
                         true => t.elements(),
                         false => 2 * t.elements() * e.size(),
                     })
@@ -206,7 +194,7 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                 sorted.sort_by(|a, b| a.name.cmp(&b.name));
                 for t in sorted {
                     let staged = p.empty(&t.shape, e);
-                    if quantized_by_qlora(t) {
+                    if quantizes(t) {
                         let prefix = t.name.trim_end_matches(".weight").to_string();
                         quantized.insert(prefix, quantizer.quantize(p, staged));
                     } else {

@@ -119,6 +119,10 @@ def medium_set():
     add("qlora-checkpointing", "llama-3.1-8b", 2, "qlora", batch=2, context=1024, lora=allt, checkpointing=True)
     add("qlora", "qwen2.5-7b", 2, "qlora", batch=1, context=2048, lora=qv)
     add("full-adamw8bit", "llama-3.2-1b", 2, "full", batch=2, context=1024, optimizer="adamw-8bit")
+    # Training under a sliding window (its mask), with 16-bit and with 4-bit weights.
+    add("lora-b1-2048", "mistral-7b-v0.1", 2, "lora", batch=1, context=2048, lora=qv)
+    add("qlora-b1-2048", "mistral-7b-v0.1", 2, "qlora", batch=1, context=2048, lora=qv)
+    add("8layers-qlora-b1-2048", "mistral-7b-v0.1", 8, "qlora", batch=1, context=2048, lora=qv, steps=2)
     return out
 
 

@@ -703,8 +703,12 @@ impl Decoder<'_> {
         let p = &mut *self.process;
         let (b, t, v) = (logits.shape[0], logits.shape[1], logits.shape[2]);
         let upcast = p.to(logits, Elem::F32);
+        // `labels = pad(labels, (0, 1))`, `shift_labels = labels[..., 1:].contiguous()`: a copy
+        // unless the slice already is contiguous (a batch of one).
         let padded = p.empty(&[b, t + 1], Elem::I64);
-        let shifted = p.empty(&[b, t], Elem::I64);
+        let sliced = p.slice(&padded, -1, 1, t + 1);
+        let shifted = p.contiguous(&sliced);
+        drop(sliced);
         let flat = p.reshape(&upcast, &[b * t, v]);
         let log_probs = p.log_softmax(&flat);
         drop(flat);

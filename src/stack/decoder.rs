@@ -178,18 +178,13 @@ impl Decoder<'_> {
         }
     }
 
-    /// PEFT's `Linear4bit.forward` after the base layer: the result cloned, `x` cast to the
-    /// adapters' float32, `B(A(x)) * scaling` cast back to the base's dtype, then added.
+    /// PEFT's `Linear4bit.forward` after the base layer: the result cloned, the adapter's
+    /// output cast back to the base's dtype, then added.
     fn lora_4bit(&mut self, base: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
-        let p = &mut *self.process;
-        let result = p.clone_contiguous(&base);
+        let result = self.process.clone_contiguous(&base);
         drop(base);
-        let xa = p.to(x, a.elem);
-        let down = p.linear(&xa, a, None);
-        let up = p.linear(&down, b, None);
-        drop(down);
-        let scaled = p.scale(&up);
-        drop(up);
+        let (xa, scaled) = self.adapter(x, a, b);
+        let p = &mut *self.process;
         let back = p.to(&scaled, result.elem);
         drop(scaled);
         let out = p.add(&result, &back);
@@ -197,6 +192,19 @@ impl Decoder<'_> {
         drop(back);
         drop(xa);
         out
+    }
+
+    /// An adapter's output: `x` cast to the adapters' float32 (returned too: it goes when the
+    /// layer's forward returns), then `B(A(x)) * scaling`.
+    fn adapter(&mut self, x: &Tensor, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+        let p = &mut *self.process;
+        let xa = p.to(x, a.elem);
+        let down = p.linear(&xa, a, None);
+        let up = p.linear(&down, b, None);
+        drop(down);
+        let scaled = p.scale(&up);
+        drop(up);
+        (xa, scaled)
     }
 
     /// The token embedding (Gemma's scaled by `sqrt(hidden)` cast to the weights' type).
@@ -216,14 +224,9 @@ impl Decoder<'_> {
     /// PEFT's `Linear.forward` after the base layer: `x` cast to the adapters' float32,
     /// `B(A(x)) * scaling` added, the sum cast back to the base's dtype.
     fn lora(&mut self, result: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
-        let p = &mut *self.process;
         let base = result.elem;
-        let xa = p.to(x, a.elem);
-        let down = p.linear(&xa, a, None);
-        let up = p.linear(&down, b, None);
-        drop(down);
-        let scaled = p.scale(&up);
-        drop(up);
+        let (xa, scaled) = self.adapter(x, a, b);
+        let p = &mut *self.process;
         let sum = p.add(&result, &scaled);
         drop(scaled);
         drop(result);

@@ -38,7 +38,7 @@ fn every_recorded_run_of_bitsandbytes_is_predicted_within_the_margin() {
     let count = |f: &dyn Fn(&serde_json::Value) -> bool| {
         report.records.iter().filter(|r| f(&r.spec)).count()
     };
-    assert_eq!(count(&|s| s["optimizer"] == "adamw-8bit"), 5);
+    assert_eq!(count(&|s| s["optimizer"] == "adamw-8bit"), 6);
     assert_eq!(count(&|s| s["mode"] == "qlora"), 10);
     assert_eq!(
         report.records.iter().filter(|r| r.kind == "card").count(),

@@ -1,6 +1,7 @@
 //! Tensors as the emulation sees them: a shape, strides and an element type over a storage the
-//! tape allocated. A storage is freed on the tape when the last tensor viewing it is dropped, as
-//! Python frees a tensor when its last reference goes; views share their base's storage. Each
+//! tape allocated (the tape keeps its events, or streams them to a replay in chunks). A storage
+//! is freed on the tape when the last tensor viewing it is dropped, as Python frees a tensor when
+//! its last reference goes; views share their base's storage. Each
 //! tensor made under autograd points into the graph recorded on it (its `grad_fn`): the nodes,
 //! their backward rules and saved tensors, and the parameters' gradient slots.
 
@@ -161,7 +162,7 @@ impl Log {
             if !self.events.is_empty() {
                 let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
                 self.sent += chunk.len();
-                // A reader that stopped (out of memory) wants no more.
+                // A reader that is gone wants no more.
                 if sink.send(Chunk::Events(chunk)).is_err() {
                     self.sink = None;
                 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const SCHEMA: &str = "iteragpu-lab/hf-proof/1";
 /// The report recorded on the H200, shipped with the program.
 pub const RECORDED: &str = include_str!("../../data/hf-proof-h200.json");
-/// The runs of bitsandbytes' 8-bit AdamW recorded on the H200 (`scripts/gpu/hf-record.py`).
+/// The runs of bitsandbytes' QLoRA and 8-bit AdamW recorded on the H200.
 pub const RECORDED_BITSANDBYTES: &str = include_str!("../../data/hf-proof-bitsandbytes-h200.json");
 
 /// One stage of a recorded run.
@@ -154,17 +154,19 @@ impl Report {
 
     /// The shipped report.
     pub fn recorded() -> Report {
-        Report::parse(RECORDED.as_bytes(), "data/hf-proof-h200.json")
-            .expect("the recorded proof is valid")
+        Report::shipped(RECORDED, "data/hf-proof-h200.json")
     }
 
-    /// The shipped runs of bitsandbytes' 8-bit AdamW.
+    /// The shipped runs of bitsandbytes' QLoRA and 8-bit AdamW.
     pub fn recorded_bitsandbytes() -> Report {
-        Report::parse(
-            RECORDED_BITSANDBYTES.as_bytes(),
+        Report::shipped(
+            RECORDED_BITSANDBYTES,
             "data/hf-proof-bitsandbytes-h200.json",
         )
-        .expect("the recorded proof is valid")
+    }
+
+    fn shipped(text: &str, file: &str) -> Report {
+        Report::parse(text.as_bytes(), file).expect("the recorded proof is valid")
     }
 }
 

@@ -194,7 +194,7 @@ fn weight_bytes(w: &Workload) -> (u64, String) {
             .model
             .parameters()
             .into_iter()
-            .partition(crate::stack::run::quantized_by_qlora);
+            .partition(crate::stack::bitsandbytes::quantizes);
         let q: u64 = quantized.iter().map(|p| p.elements()).sum();
         let q_bytes: u64 = quantized
             .iter()
@@ -332,9 +332,8 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
     let replay_status = || {
         TermStatus::Replayed {
         bound: format!(
-            "the replays of the runs recorded on the H200 are within {}.{} % of their peak reserved",
-            MARGIN_PPM / 10_000,
-            (MARGIN_PPM % 10_000) / 100
+            "the replays of the runs recorded on the H200 are within {:.2} % of their peak reserved",
+            MARGIN_PPM as f64 / 10_000.0
         ),
     }
     };

@@ -323,7 +323,7 @@ impl Workload {
         }
         let rows = self.batch * self.context;
         let kernel_chosen = self.model.parameters().into_iter().find(|t| {
-            crate::stack::run::quantized_by_qlora(t)
+            crate::stack::bitsandbytes::quantizes(t)
                 && !crate::stack::bitsandbytes::dequantizes(rows, t.shape[1])
         });
         if let Some(t) = kernel_chosen {

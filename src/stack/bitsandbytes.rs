@@ -17,11 +17,17 @@ pub const SCALE_BLOCK: u64 = 256;
 /// `F.linear` on every CUDA GPU (`_gemm_4bit_custom_max_m`); at or below it, a heuristic of the
 /// GPU's SM count and the layer's shape may pick bitsandbytes' own kernel instead.
 pub const DEQUANTIZING_ROWS: u64 = 1536;
-/// Bytes of the 4-bit type's 16-entry code (`get_4bit_type`, float32), kept per weight.
-const CODE_BYTES: u64 = 16 * 4;
-/// Bytes of the dynamic map of `quantize_blockwise` (256 float32 entries): made once, and copied
-/// into every weight's second state.
-const DYNAMIC_MAP_BYTES: u64 = 256 * 4;
+/// Entries of the 4-bit type's code (`get_4bit_type`, float32), kept per weight.
+const CODE_ENTRIES: u64 = 16;
+/// Entries of the dynamic map of `quantize_blockwise` (float32): made once, and copied into
+/// every weight's second state.
+const DYNAMIC_MAP_ENTRIES: u64 = 256;
+
+/// Whether QLoRA's loading quantizes this parameter: a linear layer's weight (not its bias, not
+/// the head).
+pub fn quantizes(t: &crate::model::Parameter) -> bool {
+    t.role == crate::model::TensorRole::Linear && !t.is_bias()
+}
 
 /// One quantized weight on the device: the packed 4-bit values and its quantization state.
 pub struct Quantized4bit {
@@ -37,17 +43,29 @@ fn blocks(elements: u64) -> u64 {
     elements.div_ceil(BLOCK)
 }
 
-/// What one quantized weight of `elements` keeps on the device: packed values
-/// (`(n + 1) / 2` bytes), the code, the offset, one byte per block, a float32 per 256 blocks and
+/// What one quantized weight of `elements` keeps on the device, as (entries, type): the packed
+/// values (two a byte), the code, the offset, one byte per block, a float32 per 256 blocks and
 /// the dynamic map's copy.
-pub fn quantized_bytes(elements: u64) -> u64 {
+fn kept(elements: u64) -> [(u64, Elem); 6] {
     let b = blocks(elements);
-    elements.div_ceil(2) + CODE_BYTES + 4 + b + b.div_ceil(SCALE_BLOCK) * 4 + DYNAMIC_MAP_BYTES
+    [
+        (elements.div_ceil(2), Elem::U8),
+        (CODE_ENTRIES, Elem::F32),
+        (1, Elem::F32),
+        (b, Elem::U8),
+        (b.div_ceil(SCALE_BLOCK), Elem::F32),
+        (DYNAMIC_MAP_ENTRIES, Elem::F32),
+    ]
+}
+
+/// The bytes one quantized weight of `elements` keeps on the device.
+pub fn quantized_bytes(elements: u64) -> u64 {
+    kept(elements).iter().map(|(n, e)| n * e.size()).sum()
 }
 
 /// The dynamic map `quantize_blockwise` makes at its first call and keeps for the process.
 pub fn dynamic_map_bytes() -> u64 {
-    DYNAMIC_MAP_BYTES
+    DYNAMIC_MAP_ENTRIES * Elem::F32.size()
 }
 
 /// Whether bitsandbytes dequantizes the weight for a product of `rows` rows of `in_features`
@@ -66,28 +84,31 @@ impl Quantizer {
     /// `Params4bit.to("cuda")` of the `[out, in]` weight just staged on the device in its
     /// 16-bit type (freed at the end): `quantize_4bit`'s scales and packed values, the code
     /// (`get_4bit_type`: its values, their absolute values and maximum, freed), the offset (the
-    /// scales' mean, and what the reduction stages) and the centred scales quantized by `quantize_blockwise` (its float32 scales,
-    /// its bytes, the dynamic map copied), the float32 scales then freed.
+    /// scales' mean, and what the reduction stages) and the centred scales quantized by
+    /// `quantize_blockwise` (its float32 scales, its bytes, the dynamic map copied), the float32
+    /// scales then freed.
     pub fn quantize(&mut self, p: &mut Process, staged: Tensor) -> Quantized4bit {
         let (out_features, in_features) = (staged.shape[0], staged.shape[1]);
         let n = out_features * in_features;
         let b = blocks(n);
+        let [packed, code, offset, bytes, scales, map] = kept(n);
+        let make = |p: &mut Process, (entries, elem): (u64, Elem)| p.empty(&[entries], elem);
         let absmax = p.empty(&[b], Elem::F32);
-        let packed = p.empty(&[n.div_ceil(2), 1], Elem::U8);
-        let code = p.empty(&[16], Elem::F32);
-        let abs = p.empty(&[16], Elem::F32);
+        let packed = make(p, packed);
+        let code = make(p, code);
+        let abs = p.empty(&[CODE_ENTRIES], Elem::F32);
         let max = p.empty(&[], Elem::F32);
         drop(abs);
         drop(max);
-        let offset = p.empty(&[], Elem::F32);
+        let offset = make(p, offset);
         mean_staging(p, b);
         let centred = p.empty(&[b], Elem::F32);
         if self.dynamic_map.is_none() {
-            self.dynamic_map = Some(p.empty(&[256], Elem::F32));
+            self.dynamic_map = Some(p.empty(&[DYNAMIC_MAP_ENTRIES], Elem::F32));
         }
-        let scales = p.empty(&[b.div_ceil(SCALE_BLOCK)], Elem::F32);
-        let bytes = p.empty(&[b], Elem::U8);
-        let map = p.empty(&[256], Elem::F32);
+        let scales = make(p, scales);
+        let bytes = make(p, bytes);
+        let map = make(p, map);
         drop(centred);
         drop(absmax);
         drop(staged);

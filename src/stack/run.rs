@@ -123,12 +123,6 @@ fn elem(dtype: Dtype) -> Elem {
     Elem::of(dtype)
 }
 
-/// Whether QLoRA's loading quantizes this parameter: a linear layer's weight (not its bias, not
-/// the head).
-pub fn quantized_by_qlora(t: &Parameter) -> bool {
-    t.role == TensorRole::Linear && !t.is_bias()
-}
-
 /// What `caching_allocator_warmup` finds unused in the cache before loading: the 2 MiB segment
 /// `torch.zeros(1)` made when CUDA started, its block freed.
 const UNUSED_AT_WARMUP: u64 = 2 << 20;
@@ -177,8 +171,9 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                 }
             }
             Loading::Pretrained | Loading::PretrainedNf4 => {
-                let quantizes =
-                    |t: &Parameter| loading == Loading::PretrainedNf4 && quantized_by_qlora(t);
+                let quantizes = |t: &Parameter| {
+                    loading == Loading::PretrainedNf4 && super::bitsandbytes::quantizes(t)
+                };
                 // `get_total_byte_count`: each tensor's bytes, half a byte per element of a
                 // weight the quantizer packs (counted here in halves); then
                 // `torch.empty(byte_count // 2, dtype=float16)`.
@@ -270,17 +265,30 @@ fn cast(p: &mut Process, t: Tensor) -> Tensor {
 /// debug build, and is only reserved, not used, by shallower ones.
 const EMULATION_STACK: usize = 256 << 20;
 
-/// The program of `run`, emulated on a thread of its own with [`EMULATION_STACK`].
-pub fn program(run: &Run) -> Program {
+/// The program of `run`, emulated on a thread of its own with [`EMULATION_STACK`] (streaming
+/// its events to `sink` if given), and what `read` returns, run meanwhile on this thread.
+fn emulated<R>(
+    run: &Run,
+    sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
+    read: impl FnOnce() -> R,
+) -> (Program, R) {
     std::thread::scope(|s| {
-        std::thread::Builder::new()
+        let emulation = std::thread::Builder::new()
             .name("emulation".into())
             .stack_size(EMULATION_STACK)
-            .spawn_scoped(s, || emulate(run, None))
-            .expect("a thread for the emulation")
+            .spawn_scoped(s, move || emulate(run, sink))
+            .expect("a thread for the emulation");
+        let read = read();
+        let program = emulation
             .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (program, read)
     })
+}
+
+/// The program of `run`.
+pub fn program(run: &Run) -> Program {
+    emulated(run, None, || ()).0
 }
 
 /// Chunks of events in flight between the emulation and its replay.
@@ -290,36 +298,29 @@ const CHUNKS_IN_FLIGHT: usize = 4;
 /// reading the events as the emulation writes them (each on a core of its own).
 pub fn program_replayed(run: &Run, config: AllocatorConfig) -> (Program, Replayed) {
     let (sink, chunks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
-    std::thread::scope(|s| {
-        let emulation = std::thread::Builder::new()
-            .name("emulation".into())
-            .stack_size(EMULATION_STACK)
-            .spawn_scoped(s, || emulate(run, Some(sink)))
-            .expect("a thread for the emulation");
+    let (mut program, (events, replayed)) = emulated(run, Some(sink), || {
         let mut replay = Replaying::new(config, None);
         let mut events = Vec::new();
         for chunk in chunks {
             match chunk {
-                Chunk::Events(chunk) => {
+                Chunk::Events(mut chunk) => {
                     for &e in &chunk {
                         replay.event(e);
                     }
-                    events.extend_from_slice(&chunk);
+                    events.append(&mut chunk);
                 }
                 Chunk::Begin(name) => replay.begin(name),
                 Chunk::End => replay.end(),
             }
         }
-        let mut program = emulation
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        debug_assert!(
-            program.events.is_empty(),
-            "a streaming tape sends every event"
-        );
-        program.events = events;
-        (program, replay.finish())
-    })
+        (events, replay.finish())
+    });
+    debug_assert!(
+        program.events.is_empty(),
+        "a streaming tape sends every event"
+    );
+    program.events = events;
+    (program, replayed)
 }
 
 fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Program {

@@ -68,7 +68,8 @@ fn main() {
     let trace = Trace::from_record(&record).expect("a trace");
     let run = Run::from_spec(&record["spec"]).expect("a workload the budget emulates");
     let prog = program(&run);
-    let (all, b) = (recorded(&trace), emulated(&prog.events));
+    let events: Vec<Event> = prog.events().collect();
+    let (all, b) = (recorded(&trace), emulated(&events));
     let a: Vec<String> = all.iter().filter(|e| !e.is_empty()).cloned().collect();
     let strip = |s: &str| s.split(" (").next().unwrap_or("").to_string();
     let part = a.iter().zip(&b).position(|(x, y)| *x != strip(y));

@@ -5,6 +5,7 @@
 //! (`c10/cuda/CUDACachingAllocator.cpp`); `docs/allocator-model.md` says how each was proven.
 
 use super::address::{AddressOrder, AddressSpace};
+use super::free_blocks::FreeBlocks;
 use super::size::{allocation_size, pool_of, round_size, should_split, Pool, MAX_REQUEST};
 use super::stats::{PoolStats, Stats};
 use super::view::{BlockView, SegmentView};
@@ -73,9 +74,6 @@ struct Segment {
     expandable: bool,
 }
 
-/// Key of a free block in a pool's free set, ordered like `BlockComparatorSize`: stream, size,
-/// address.
-type FreeKey = (u32, u64, u64);
 /// Key of an unmapped block, ordered like `BlockComparatorAddress`: stream, address.
 type UnmappedKey = (u32, u64);
 
@@ -87,11 +85,9 @@ pub struct CachingAllocator {
     slots: Vec<Block>,
     free_slots: Vec<usize>,
     /// `blocks` of the small and large pools: cached free (mapped) blocks.
-    free: [BTreeMap<FreeKey, usize>; 2],
+    free: [FreeBlocks; 2],
     /// `unmapped` of the small and large pools (expandable segments only).
     unmapped: [BTreeMap<UnmappedKey, usize>; 2],
-    /// Every block by start address.
-    by_address: FxHashMap<u64, usize>,
     /// Every segment by start address.
     segments: BTreeMap<u64, Segment>,
     /// Every segment's size by start address (what new segments must not overlap).
@@ -142,9 +138,8 @@ impl CachingAllocator {
             config,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            free: [BTreeMap::new(), BTreeMap::new()],
+            free: Default::default(),
             unmapped: [BTreeMap::new(), BTreeMap::new()],
-            by_address: FxHashMap::default(),
             segments: BTreeMap::new(),
             extents: BTreeMap::new(),
             stats: PoolStats::default(),
@@ -281,7 +276,7 @@ impl CachingAllocator {
     /// (`unmap_block`), and a segment left with one unmapped block is released.
     pub fn empty_cache(&mut self) {
         for pool in [Pool::Large, Pool::Small] {
-            let free: Vec<usize> = self.free[pool_index(pool)].values().copied().collect();
+            let free: Vec<usize> = self.free[pool_index(pool)].slots().collect();
             for slot in free {
                 let segment = self.segment_of(slot);
                 if self.segments[&segment].expandable {
@@ -346,9 +341,14 @@ impl CachingAllocator {
     /// `torch.cuda.memory_snapshot()`; an expandable segment shows as one segment per run of
     /// mapped blocks.
     pub fn snapshot(&self) -> Vec<SegmentView> {
+        // Each segment's first block: the one in use at its address with none before it.
+        let first: FxHashMap<u64, usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].in_use && self.slots[i].prev.is_none())
+            .map(|i| (self.slots[i].address, i))
+            .collect();
         let mut out = Vec::with_capacity(self.segments.len());
         for (&address, seg) in &self.segments {
-            let mut cur = self.by_address.get(&address).copied();
+            let mut cur = first.get(&address).copied();
             let mut view: Option<SegmentView> = None;
             while let Some(slot) = cur {
                 let b = &self.slots[slot];
@@ -400,18 +400,12 @@ impl CachingAllocator {
             .0
     }
 
-    fn free_key(&self, slot: usize) -> FreeKey {
-        let b = &self.slots[slot];
-        (b.stream, b.size, b.address)
-    }
-
     /// `BlockPool::insert_into_blocks`, or `unmapped.insert` for an unmapped block.
     fn insert_free(&mut self, slot: usize) {
         let b = &self.slots[slot];
         let pool = pool_index(b.pool);
         if b.mapped {
-            let key = self.free_key(slot);
-            self.free[pool].insert(key, slot);
+            self.free[pool].insert(b.stream, b.size, b.address, slot);
         } else {
             self.unmapped[pool].insert((b.stream, b.address), slot);
         }
@@ -421,8 +415,7 @@ impl CachingAllocator {
         let b = &self.slots[slot];
         let pool = pool_index(b.pool);
         if b.mapped {
-            let key = self.free_key(slot);
-            self.free[pool].remove(&key);
+            self.free[pool].remove(b.stream, b.size, b.address);
         } else {
             self.unmapped[pool].remove(&(b.stream, b.address));
         }
@@ -481,8 +474,6 @@ impl CachingAllocator {
         if let Some(n) = next {
             self.slots[n].prev = Some(new);
         }
-        let address = self.slots[new].address;
-        self.by_address.insert(address, new);
     }
 
     /// What a free block of an expandable segment can grow to: itself and an unmapped block
@@ -503,23 +494,21 @@ impl CachingAllocator {
     /// when no other fits. The `max_split_size` checks never reject with the default unlimited
     /// `max_split_size`.
     fn get_free_block(&mut self, pool: Pool, stream: u32, rounded: u64) -> Option<usize> {
-        let set = &self.free[pool_index(pool)];
-        let mut candidates = set.range((stream, rounded, 0)..);
-        let (&key, &first) = candidates.next()?;
-        if key.0 != stream {
-            return None;
-        }
-        let mut chosen = first;
-        if self.config.expandable_segments {
-            for (&(s, _, _), &next) in candidates {
-                if s != stream || self.expandable_size(next) >= self.expandable_size(chosen) {
-                    break;
+        let chosen = {
+            let mut candidates = self.free[pool_index(pool)].at_least(stream, rounded);
+            let mut chosen = candidates.next()?;
+            if self.config.expandable_segments {
+                for next in candidates {
+                    if self.expandable_size(next) >= self.expandable_size(chosen) {
+                        break;
+                    }
+                    chosen = next;
                 }
-                chosen = next;
             }
-        }
-        let key = self.free_key(chosen);
-        self.free[pool_index(pool)].remove(&key);
+            chosen
+        };
+        let b = &self.slots[chosen];
+        self.free[pool_index(pool)].remove(b.stream, b.size, b.address);
         Some(chosen)
     }
 
@@ -575,7 +564,6 @@ impl CachingAllocator {
             generation: 0,
             in_use: true,
         });
-        self.by_address.insert(address, slot);
         self.segments.insert(
             address,
             Segment {
@@ -690,7 +678,6 @@ impl CachingAllocator {
             return;
         }
         self.remove_free(slot);
-        self.by_address.remove(&address);
         if begin > address {
             let before = self.block(slot, address, begin - address, true);
             let before = self.new_slot(before);
@@ -705,7 +692,6 @@ impl CachingAllocator {
             self.splice(after, Some(slot), next);
             self.insert_free(after);
         }
-        self.by_address.insert(begin, slot);
         {
             let b = &mut self.slots[slot];
             b.address = begin;
@@ -729,7 +715,6 @@ impl CachingAllocator {
         let address = self.slots[slot].address;
         self.segments.remove(&address);
         self.extents.remove(&address);
-        self.by_address.remove(&address);
         self.drop_slot(slot);
     }
 
@@ -758,8 +743,6 @@ impl CachingAllocator {
                 r.size -= rounded;
                 r.size
             };
-            let remaining_address = self.slots[slot].address;
-            self.by_address.insert(remaining_address, slot);
             self.insert_free(slot);
             if self.config.expandable_segments {
                 // "The logic to track this stat for expandable blocks is not written, so we just
@@ -857,9 +840,6 @@ impl CachingAllocator {
         };
         if self.slots[dst].prev == Some(src) {
             // [src dst]
-            let old_address = self.slots[dst].address;
-            self.by_address.remove(&old_address);
-            self.by_address.insert(src_address, dst);
             let d = &mut self.slots[dst];
             d.address = src_address;
             d.prev = src_prev;
@@ -868,7 +848,6 @@ impl CachingAllocator {
             }
         } else {
             // [dst src]
-            self.by_address.remove(&src_address);
             self.slots[dst].next = src_next;
             if let Some(n) = src_next {
                 self.slots[n].prev = Some(dst);
@@ -889,7 +868,6 @@ impl CachingAllocator {
         };
         self.segments.remove(&address);
         self.extents.remove(&address);
-        self.by_address.remove(&address);
         self.stats.update(pool, |s| {
             s.segments.decrease(1);
             s.reserved.decrease(size);
@@ -900,7 +878,7 @@ impl CachingAllocator {
     /// Every free block's count, mapped or not, for the invariant checks of the tests.
     #[cfg(test)]
     fn cached_blocks(&self) -> usize {
-        self.free.iter().map(BTreeMap::len).sum()
+        self.free.iter().map(FreeBlocks::len).sum()
     }
 }
 

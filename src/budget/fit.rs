@@ -9,8 +9,7 @@ use super::terms::{allocator_config, Budget, Place, Split};
 use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
-use crate::stack::ops::Kernels;
-use crate::stack::run::{program, program_replayed, Program};
+use crate::stack::run::{program, program_replayed_under, Program};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
@@ -368,38 +367,57 @@ impl FitPlan {
 }
 
 /// The largest values of a workload's size (`batch` or `context`) that hold on one GPU, for
-/// several GPU sizes and allocator settings. Each size is replayed once per setting whatever the
-/// card (its peaks decide most cards at once); only a card between a size's peak of `allocated`
-/// and its peak of `reserved` needs a replay limited to it, kept for the other searches.
+/// cards and allocator settings all given at the start. Each size tried is emulated once and
+/// replayed under every setting as the emulation writes it; its peaks decide most cards at once,
+/// and each card between the size's peak of `allocated` and its peak of `reserved` is then
+/// replayed on an allocator limited to it, those replays in parallel, while the program is at
+/// hand (it holds every event of its run, so only one is kept at a time).
 pub struct SizeSearch<'a> {
     workload: &'a Workload,
     settings: &'a super::BudgetSettings,
     size: Size,
     limit: u64,
-    /// Per (size, setting): the unlimited replay's peaks of allocated and reserved.
-    peaks: HashMap<(u64, AllocatorSetting), (u64, u64)>,
-    /// Per (size, setting, usable bytes): whether the limited replay completed.
-    limited: HashMap<(u64, AllocatorSetting, u64), bool>,
-    /// The last size's program (one at a time: a program holds every event of its run).
-    program: Option<(u64, Program)>,
+    allocators: Vec<AllocatorSetting>,
+    /// What the allocator may use on each card searched.
+    usables: Vec<u64>,
+    /// Per size tried (`None`: not a valid workload): what its replays gave.
+    tried: HashMap<u64, Option<Tried>>,
+}
+
+/// What the replays of one size gave.
+struct Tried {
+    /// The verdict on each card searched (by its usable bytes), under each setting.
+    verdicts: HashMap<(AllocatorSetting, u64), bool>,
+    /// The peaks of `allocated` and `reserved` under each setting.
+    peaks: HashMap<AllocatorSetting, (u64, u64)>,
 }
 
 impl<'a> SizeSearch<'a> {
-    /// A search over `size` from 1 to `limit`.
+    /// A search over `size` from 1 to `limit`, on cards of `memories` bytes under each of
+    /// `allocators`.
     pub fn new(
         workload: &'a Workload,
         settings: &'a super::BudgetSettings,
         size: Size,
         limit: u64,
+        memories: &[u64],
+        allocators: &[AllocatorSetting],
     ) -> SizeSearch<'a> {
+        let outside = settings.outside.for_mode(workload.mode.trains());
+        let mut usables: Vec<u64> = memories
+            .iter()
+            .map(|&m| usable(m, outside, settings.reserve_bytes))
+            .collect();
+        usables.sort_unstable();
+        usables.dedup();
         SizeSearch {
             workload,
             settings,
             size,
             limit,
-            peaks: HashMap::new(),
-            limited: HashMap::new(),
-            program: None,
+            allocators: allocators.to_vec(),
+            usables,
+            tried: HashMap::new(),
         }
     }
 
@@ -413,86 +431,181 @@ impl<'a> SizeSearch<'a> {
         w.validated().ok()
     }
 
-    /// The program of size `n` in `slot` (built again unless it was the last one).
-    fn program<'s>(
-        slot: &'s mut Option<(u64, Program)>,
-        n: u64,
-        w: &Workload,
-        kernels: Kernels,
-    ) -> &'s Program {
-        if slot.as_ref().is_none_or(|(m, _)| *m != n) {
-            *slot = Some((n, program(&w.run(kernels))));
-        }
-        &slot.as_ref().expect("just built").1
-    }
-
-    /// Whether size `n` holds on a card of `memory` bytes under `setting`: the same verdict as
-    /// [`OneGpu::verdict`] on that size's budget.
-    pub fn fits(&mut self, n: u64, memory: u64, setting: AllocatorSetting) -> bool {
-        let Some(w) = self.at(n) else {
-            return false;
-        };
-        let usable = usable(
-            memory,
-            self.settings.outside.for_mode(w.mode.trains()),
-            self.settings.reserve_bytes,
-        );
-        let kernels = self.settings.kernels;
-        let slot = &mut self.program;
-        let &mut (peak_allocated, peak_reserved) =
-            self.peaks.entry((n, setting)).or_insert_with(|| {
-                let config = allocator_config(setting);
-                let r = match slot {
-                    Some((m, program)) if *m == n => program.replay(config, None),
-                    _ => {
-                        let (program, r) = program_replayed(&w.run(kernels), config);
-                        *slot = Some((n, program));
-                        r
+    /// Every verdict of the workload `w`: the same as [`OneGpu::verdict`]'s on its budget.
+    fn replayed(&self, w: &Workload) -> Tried {
+        let configs: Vec<_> = self
+            .allocators
+            .iter()
+            .map(|&a| allocator_config(a))
+            .collect();
+        let (program, replayed) = program_replayed_under(&w.run(self.settings.kernels), &configs);
+        let mut verdicts = HashMap::new();
+        let mut limited = Vec::new();
+        for (&allocator, r) in self.allocators.iter().zip(&replayed) {
+            for &usable in &self.usables {
+                let mut undecided = false;
+                let (fits, _) =
+                    one_gpu_verdict(r.peak_allocated, Some(r.peak_reserved), usable, || {
+                        undecided = true;
+                        false
+                    });
+                match undecided {
+                    false => verdicts.insert((allocator, usable), fits),
+                    true => {
+                        limited.push((allocator, usable));
+                        None
                     }
                 };
-                (r.peak_allocated, r.peak_reserved)
-            });
-        let limited = &mut self.limited;
-        one_gpu_verdict(peak_allocated, Some(peak_reserved), usable, || {
-            *limited.entry((n, setting, usable)).or_insert_with(|| {
-                Self::program(slot, n, &w, kernels)
-                    .replay(allocator_config(setting), Some(usable))
+            }
+        }
+        use rayon::prelude::*;
+        let replays: Vec<bool> = limited
+            .par_iter()
+            .map(|&(allocator, usable)| {
+                program
+                    .replay(allocator_config(allocator), Some(usable))
                     .out_of_memory
                     .is_none()
             })
-        })
-        .0
+            .collect();
+        verdicts.extend(limited.into_iter().zip(replays));
+        let peaks = replayed.iter().map(|r| (r.peak_allocated, r.peak_reserved));
+        Tried {
+            verdicts,
+            peaks: self.allocators.iter().copied().zip(peaks).collect(),
+        }
     }
 
-    /// The largest size that holds on one GPU of `memory` bytes under `setting`; `None` when
-    /// even 1 does not. Doubles to a failing size, then halves.
+    /// What the allocator may use on a card of `memory` bytes.
+    fn usable(&self, memory: u64) -> u64 {
+        usable(
+            memory,
+            self.settings.outside.for_mode(self.workload.mode.trains()),
+            self.settings.reserve_bytes,
+        )
+    }
+
+    /// Size `n` replayed, unless it was already.
+    fn try_size(&mut self, n: u64) -> Option<&Tried> {
+        if !self.tried.contains_key(&n) {
+            let tried = self.at(n).map(|w| self.replayed(&w));
+            self.tried.insert(n, tried);
+        }
+        self.tried[&n].as_ref()
+    }
+
+    /// Whether size `n` holds on a card of `memory` bytes under `setting` (a card and setting
+    /// the search was given).
+    pub fn fits(&mut self, n: u64, memory: u64, setting: AllocatorSetting) -> bool {
+        let usable = self.usable(memory);
+        self.try_size(n).is_some_and(|t| {
+            *t.verdicts
+                .get(&(setting, usable))
+                .expect("a card and an allocator setting the search was given")
+        })
+    }
+
+    /// The largest size that holds on one GPU of `memory` bytes under `setting`, with the next
+    /// size not holding; `None` when even 1 does not. Every size already tried, for any card,
+    /// bounds it; the next size tried is where the peaks, interpolated between the bounds, meet
+    /// the card (or, when the last try did not halve the bounds, the middle).
     pub fn largest(&mut self, memory: u64, setting: AllocatorSetting) -> Option<u64> {
         if !self.fits(1, memory, setting) {
             return None;
         }
-        let (mut good, mut bad) = (1u64, None);
-        while bad.is_none() {
-            let next = good.saturating_mul(2).min(self.limit);
-            if next == good {
-                break;
-            }
-            if self.fits(next, memory, setting) {
-                good = next;
-            } else {
-                bad = Some(next);
-            }
+        let usable = self.usable(memory);
+        // The width of the bounds before the last try, and the step past `good` the line's
+        // estimate last needed.
+        let (mut last_width, mut step) = (u64::MAX, 0u64);
+        loop {
+            let (good, bad) = self.bounds(usable, setting);
+            let next = match bad {
+                Some(b) if b - good == 1 => return Some(good),
+                None if good == self.limit => return Some(good),
+                // The last try did not halve the bounds, or the line puts the edge at the bound
+                // that does not hold (it rises less than the verdicts): the middle.
+                Some(b) => match self.estimate(good, Some(b), usable, setting) {
+                    n if b - good > last_width / 2 || (n == b - 1 && b - good > 2) => {
+                        good + (b - good) / 2
+                    }
+                    n => n,
+                },
+                None => match self.estimate(good, None, usable, setting) {
+                    // The line says the card is full, but it may be low: the next size, then
+                    // steps twice as long each time one holds.
+                    n if n <= good => {
+                        step = (step * 2).max(1);
+                        good.saturating_add(step)
+                    }
+                    n => n,
+                },
+            };
+            last_width = bad.map_or(u64::MAX, |b| b - good);
+            self.try_size(next.min(self.limit));
         }
-        if let Some(mut bad) = bad {
-            while bad - good > 1 {
-                let mid = good + (bad - good) / 2;
-                if self.fits(mid, memory, setting) {
-                    good = mid;
-                } else {
-                    bad = mid;
+    }
+
+    /// The bounds the sizes tried give a card: the smallest that does not hold on it (if any),
+    /// and the largest below that which holds.
+    fn bounds(&self, usable: u64, setting: AllocatorSetting) -> (u64, Option<u64>) {
+        let holds = |t: &Option<Tried>| t.as_ref().is_some_and(|t| t.verdicts[&(setting, usable)]);
+        let bad = self
+            .tried
+            .iter()
+            .filter(|(_, t)| !holds(t))
+            .map(|(&n, _)| n)
+            .min();
+        let good = self
+            .tried
+            .iter()
+            .filter(|&(&n, t)| holds(t) && bad.is_none_or(|b| n < b))
+            .map(|(&n, _)| n)
+            .max()
+            .expect("size 1 holds");
+        (good, bad)
+    }
+
+    /// The next size to try between `good` (holds) and `bad` (does not, or no such size tried):
+    /// where the line through the peaks of `reserved` (of `allocated`, where `good` held beyond
+    /// its peak of `reserved`) at `good` and at `bad`, else at the smallest size tried (the
+    /// average slope: peaks grow in steps of whole segments), reaches `usable` (without `bad`, possibly `good` or below); without
+    /// two such peaks, twice `good`.
+    fn estimate(&self, good: u64, bad: Option<u64>, usable: u64, setting: AllocatorSetting) -> u64 {
+        let peaks = |n: u64| {
+            self.tried
+                .get(&n)
+                .and_then(Option::as_ref)
+                .map(|t| t.peaks[&setting])
+        };
+        // Where `good` holds with its peak of `reserved` beyond the card (a replay on the card
+        // decided), the card's edge is nearer the peak of `allocated`.
+        let by_allocated = peaks(good).is_some_and(|(_, reserved)| reserved > usable);
+        let peak = |n: u64| peaks(n).map(|(a, r)| if by_allocated { a } else { r });
+        let other = bad.or_else(|| {
+            self.tried
+                .keys()
+                .filter(|&&n| n < good && peak(n).is_some())
+                .min()
+                .copied()
+        });
+        let line = other.and_then(|o| Some((o, peak(o)?, peak(good)?)));
+        match line {
+            Some((o, at_other, at_good)) if at_other != at_good => {
+                // n = good + (usable - peak(good)) * (o - good) / (peak(o) - peak(good)).
+                let rise = i128::from(at_other) - i128::from(at_good);
+                let run = i128::from(o) - i128::from(good);
+                let step = (i128::from(usable) - i128::from(at_good)) * run / rise;
+                let n = u64::try_from((i128::from(good) + step).max(0)).unwrap_or(u64::MAX);
+                match bad {
+                    Some(b) => n.clamp(good + 1, b - 1),
+                    None => n.min(self.limit),
                 }
             }
+            _ => good
+                .saturating_mul(2)
+                .min(bad.map_or(self.limit, |b| b - 1))
+                .max(good + 1),
         }
-        Some(good)
     }
 }
 

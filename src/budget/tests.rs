@@ -288,7 +288,9 @@ fn the_largest_batch_fits_and_one_more_does_not() {
     let w = preset("llama-3.2-1b", generate(64), 1, 4096);
     let settings = BudgetSettings::h200();
     let memory = 24 << 30;
-    let mut search = fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12);
+    let cards = [memory, 12 << 30];
+    let allocators = [AllocatorSetting::Default];
+    let mut search = fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12, &cards, &allocators);
     // One search serves several cards: its replays kept between them decide as a budget does.
     for memory in [memory, 12 << 30, memory] {
         let n = search.largest(memory, AllocatorSetting::Default).unwrap();
@@ -405,8 +407,8 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
     assert_eq!(loading.name, "weights");
     let mut kept = std::collections::HashMap::new();
     let mut n = 0u32;
-    for e in &program.events[..loading.end] {
-        match *e {
+    for e in program.events().take(loading.end) {
+        match e {
             crate::stack::tensor::Event::Alloc { bytes, role } => {
                 if role == crate::stack::tensor::Role::Weights {
                     kept.insert(n, bytes);

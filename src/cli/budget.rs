@@ -470,25 +470,43 @@ impl std::fmt::Display for Largest {
 
 /// The largest `size` per GPU model of `catalog`.
 fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Size) -> Largest {
-    let mut search = fit::SizeSearch::new(w, settings, size, crate::budget::workload::MAX_TOKENS);
-    let mut rows: Vec<LargestRow> = Vec::new();
+    let mut cards: Vec<&crate::catalog::CatalogRow> = Vec::new();
     for row in catalog.rows.iter().filter(|r| r.gpus_per_lot == 1) {
-        if rows.iter().any(|r| r.model == row.model) {
-            continue;
+        if !cards.iter().any(|c| c.model == row.model) {
+            cards.push(row);
         }
-        let memory = fit::memory_bytes(row);
-        let largest = search.largest(memory, w.allocator);
-        let with_expandable_segments = (w.allocator == AllocatorSetting::Default)
-            .then(|| search.largest(memory, AllocatorSetting::ExpandableSegments))
-            .flatten()
-            .filter(|n| Some(*n) != largest);
-        rows.push(LargestRow {
-            model: row.model.clone(),
-            memory_per_gpu: crate::units::Bytes(memory),
-            largest,
-            with_expandable_segments,
-        });
     }
+    let memories: Vec<u64> = cards.iter().map(|r| fit::memory_bytes(r)).collect();
+    // Where the default allocator is asked, expandable segments are tried too.
+    let mut allocators = vec![w.allocator];
+    if w.allocator == AllocatorSetting::Default {
+        allocators.push(AllocatorSetting::ExpandableSegments);
+    }
+    let mut search = fit::SizeSearch::new(
+        w,
+        settings,
+        size,
+        crate::budget::workload::MAX_TOKENS,
+        &memories,
+        &allocators,
+    );
+    let rows = cards
+        .iter()
+        .zip(memories)
+        .map(|(row, memory)| {
+            let largest = search.largest(memory, w.allocator);
+            let with_expandable_segments = allocators
+                .get(1)
+                .and_then(|&other| search.largest(memory, other))
+                .filter(|n| Some(*n) != largest);
+            LargestRow {
+                model: row.model.clone(),
+                memory_per_gpu: crate::units::Bytes(memory),
+                largest,
+                with_expandable_segments,
+            }
+        })
+        .collect();
     Largest { size, rows }
 }
 

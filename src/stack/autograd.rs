@@ -59,6 +59,11 @@ impl Autograd {
 
     /// Records `rule` over `inputs` if grad mode is on and an input needs a gradient; sets the
     /// outputs' `grad_fn`.
+    /// Whether an operation on `inputs` is recorded: autograd is on and an input has a history.
+    pub fn records(&self, inputs: &[&Tensor]) -> bool {
+        self.enabled && inputs.iter().any(|t| t.grad_fn.is_some())
+    }
+
     pub fn record(
         &mut self,
         rule: Rule,
@@ -66,7 +71,7 @@ impl Autograd {
         saved: Vec<Tensor>,
         outputs: &mut [&mut Tensor],
     ) {
-        if !self.enabled || inputs.iter().all(|t| t.grad_fn.is_none()) {
+        if !self.records(inputs) {
             return;
         }
         let has_saved = !saved.is_empty();

@@ -24,6 +24,20 @@ pub struct Adapter {
     pub b: Tensor,
 }
 
+/// `parts` joined into one name (a tensor's or a module's), without the cost of `format!`.
+pub(super) fn joined(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        out.push_str(p);
+    }
+    out
+}
+
+/// The prefix of layer `layer`'s modules: `model.layers.{layer}`.
+pub(super) fn layer_prefix(layer: usize) -> String {
+    joined(&["model.layers.", &layer.to_string()])
+}
+
 /// The model's tensors on the device.
 pub struct Weights {
     pub by_name: FxHashMap<String, Tensor>,
@@ -158,7 +172,7 @@ impl Decoder<'_> {
     /// `nn.Linear` (with its LoRA adapter if it has one), or bitsandbytes' `Linear4bit` where the
     /// weight is quantized.
     pub(super) fn linear(&mut self, prefix: &str, x: &Tensor) -> Tensor {
-        let b = self.weights.opt(&format!("{prefix}.bias")).cloned();
+        let b = self.weights.opt(&joined(&[prefix, ".bias"])).cloned();
         let weights = self.weights;
         if let Some(q) = weights.quantized.get(prefix) {
             let out = self.process.linear_4bit(x, q, b.as_ref());
@@ -167,7 +181,7 @@ impl Decoder<'_> {
                 Some(adapter) => self.lora_4bit(out, x, &adapter.a, &adapter.b),
             };
         }
-        let w = self.weights.get(&format!("{prefix}.weight")).clone();
+        let w = self.weights.get(&joined(&[prefix, ".weight"])).clone();
         let out = self.p().linear(x, &w, b.as_ref());
         match self.weights.adapters.get(prefix) {
             None => out,
@@ -364,7 +378,7 @@ impl Decoder<'_> {
         drop(proj);
         let norm_weight = || {
             let attn = prefix.rsplit_once('.').map_or(prefix, |(a, _)| a);
-            format!("{attn}.{norm}.weight")
+            joined(&[attn, ".", norm, ".weight"])
         };
         match qk_norm {
             QkNorm::None => self.p().transpose(&viewed, 1, 2),
@@ -421,7 +435,7 @@ impl Decoder<'_> {
         qk_norm: QkNorm,
     ) -> Tensor {
         let m = self.model;
-        let a = format!("model.layers.{layer}.self_attn");
+        let a = joined(&[&layer_prefix(layer), ".self_attn"]);
         let (d, (b, t)) = (m.head_dim, (x.shape[0], x.shape[1]));
         let fused = matches!(
             m.attention,
@@ -433,15 +447,28 @@ impl Decoder<'_> {
         // Phi-3's fused projection stays referenced by its local to the return.
         let mut fused_output = None;
         let (q, k, v) = if fused {
-            let (qkv, q, k, v) = self.fused_qkv(&format!("{a}.qkv_proj"), x);
+            let (qkv, q, k, v) = self.fused_qkv(&joined(&[&a, ".qkv_proj"]), x);
             fused_output = Some(qkv);
             (q, k, v)
         } else {
-            let q = self.projected_heads(&format!("{a}.q_proj"), x, m.heads, d, qk_norm, "q_norm");
-            let k =
-                self.projected_heads(&format!("{a}.k_proj"), x, m.kv_heads, d, qk_norm, "k_norm");
-            let v =
-                self.projected_heads(&format!("{a}.v_proj"), x, m.kv_heads, d, QkNorm::None, "");
+            let q =
+                self.projected_heads(&joined(&[&a, ".q_proj"]), x, m.heads, d, qk_norm, "q_norm");
+            let k = self.projected_heads(
+                &joined(&[&a, ".k_proj"]),
+                x,
+                m.kv_heads,
+                d,
+                qk_norm,
+                "k_norm",
+            );
+            let v = self.projected_heads(
+                &joined(&[&a, ".v_proj"]),
+                x,
+                m.kv_heads,
+                d,
+                QkNorm::None,
+                "",
+            );
             (q, k, v)
         };
         let cos4 = self.p().unsqueeze(cos, 1);
@@ -476,7 +503,7 @@ impl Decoder<'_> {
             }
         };
         let attn = self.merge_heads(heads, b, t);
-        let out = self.linear(&format!("{a}.o_proj"), &attn);
+        let out = self.linear(&joined(&[&a, ".o_proj"]), &attn);
         // The attention's locals go at its return: the queries, keys and values.
         drop(fused_output);
         drop(attn);
@@ -490,30 +517,30 @@ impl Decoder<'_> {
     pub(super) fn mlp(&mut self, prefix: &str, x: &Tensor) -> Tensor {
         if self.model.fused_gate_up && !prefix.contains("shared") {
             // Phi-3: gate_up_proj, chunked; up * act(gate).
-            let gate_up = self.linear(&format!("{prefix}.gate_up_proj"), x);
+            let gate_up = self.linear(&joined(&[prefix, ".gate_up_proj"]), x);
             let (gate, up) = self.process.chunk2(&gate_up);
             drop(gate_up);
             let act = self.process.silu(&gate);
             let prod = self.process.mul(&up, &act);
             drop(act);
             drop(up);
-            let out = self.linear(&format!("{prefix}.down_proj"), &prod);
+            let out = self.linear(&joined(&[prefix, ".down_proj"]), &prod);
             drop(prod);
             drop(gate);
             return out;
         }
-        let gate = self.linear(&format!("{prefix}.gate_proj"), x);
+        let gate = self.linear(&joined(&[prefix, ".gate_proj"]), x);
         let act = if self.model.model_type.is_gemma() {
             self.process.gelu_tanh(&gate)
         } else {
             self.process.silu(&gate)
         };
         drop(gate);
-        let up = self.linear(&format!("{prefix}.up_proj"), x);
+        let up = self.linear(&joined(&[prefix, ".up_proj"]), x);
         let prod = self.process.mul(&act, &up);
         drop(act);
         drop(up);
-        let out = self.linear(&format!("{prefix}.down_proj"), &prod);
+        let out = self.linear(&joined(&[prefix, ".down_proj"]), &prod);
         drop(prod);
         out
     }
@@ -540,13 +567,17 @@ impl Decoder<'_> {
         cache: Option<&mut Cache>,
     ) -> Tensor {
         let m = self.model;
-        let l = format!("model.layers.{layer}");
+        let l = layer_prefix(layer);
         let qk_norm = match m.attention {
             Attention::Standard { qk_norm, .. } => qk_norm,
             Attention::Latent(_) => QkNorm::None,
         };
         let gemma = m.model_type.is_gemma();
-        let weight = |name: &str| self.weights.get(&format!("{l}.{name}.weight")).clone();
+        let weight = |name: &str| {
+            self.weights
+                .get(&joined(&[&l, ".", name, ".weight"]))
+                .clone()
+        };
         let input_norm = weight("input_layernorm");
         let post_attention = weight("post_attention_layernorm");
         let sandwich = gemma.then(|| {
@@ -582,8 +613,8 @@ impl Decoder<'_> {
         };
         let normed = self.norm(&residual, &pre_mlp);
         let mut out = match m.layers[layer].mlp {
-            Mlp::Dense { .. } => self.mlp(&format!("{l}.mlp"), &normed),
-            Mlp::Experts => self.moe_block(&format!("{l}.mlp"), &normed),
+            Mlp::Dense { .. } => self.mlp(&joined(&[&l, ".mlp"]), &normed),
+            Mlp::Experts => self.moe_block(&joined(&[&l, ".mlp"]), &normed),
         };
         drop(normed);
         if let Some((_, post)) = &sandwich {

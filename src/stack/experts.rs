@@ -4,7 +4,7 @@
 //! and training path) or `batched_mm` (each token's experts' weights gathered; `generate`'s decode
 //! on a GPU), the weighted outputs summed per token; shared experts beside them.
 
-use super::decoder::{Decoder, ExpertsPath};
+use super::decoder::{joined, Decoder, ExpertsPath};
 use super::tensor::{Elem, Tensor};
 use crate::model::{Moe, Router};
 
@@ -37,7 +37,7 @@ impl Decoder<'_> {
     fn router(&mut self, prefix: &str, x: &Tensor, moe: &Moe) -> (Tensor, Tensor, Tensor) {
         let tokens = x.shape[0];
         let (e, k) = (moe.experts, moe.top_k);
-        let w = self.weights_tensor(&format!("{prefix}.gate.weight"));
+        let w = self.weights_tensor(&joined(&[prefix, ".gate.weight"]));
         let p = &mut *self.process;
         match moe.router {
             Router::SoftmaxRenormalised => {
@@ -132,8 +132,8 @@ impl Decoder<'_> {
     /// The routed experts (`gate_up_proj [E, 2I, h]`, `down_proj [E, h, I]`).
     /// (The routing's expert ids set no size: only their count, `weights`' shape, matters.)
     fn experts(&mut self, prefix: &str, x: &Tensor, weights: &Tensor, moe: &Moe) -> Tensor {
-        let gate_up = self.weights_tensor(&format!("{prefix}.experts.gate_up_proj"));
-        let down = self.weights_tensor(&format!("{prefix}.experts.down_proj"));
+        let gate_up = self.weights_tensor(&joined(&[prefix, ".experts.gate_up_proj"]));
+        let down = self.weights_tensor(&joined(&[prefix, ".experts.down_proj"]));
         match self.experts_path {
             ExpertsPath::Grouped => self.grouped_experts(x, weights, &gate_up, &down, moe),
             ExpertsPath::Batched => self.batched_experts(x, weights, &gate_up, &down, moe),
@@ -269,11 +269,11 @@ impl Decoder<'_> {
         } else {
             "shared_experts"
         };
-        let out = self.mlp(&format!("{prefix}.{name}"), x);
+        let out = self.mlp(&joined(&[prefix, ".", name]), x);
         if !gated {
             return out;
         }
-        let w = self.weights_tensor(&format!("{prefix}.shared_expert_gate.weight"));
+        let w = self.weights_tensor(&joined(&[prefix, ".shared_expert_gate.weight"]));
         let p = &mut *self.process;
         let g = p.linear(x, &w, None);
         let s = p.sigmoid(&g);

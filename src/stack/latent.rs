@@ -6,7 +6,7 @@
 //! interleaved pairs.
 
 use super::cache::Cache;
-use super::decoder::{Decoder, Rope};
+use super::decoder::{joined, layer_prefix, Decoder, Rope};
 use super::tensor::{Elem, Tensor};
 use crate::model::Latent;
 
@@ -22,17 +22,17 @@ impl Decoder<'_> {
         m: Latent,
     ) -> Tensor {
         let heads = self.model.heads;
-        let a = format!("model.layers.{layer}.self_attn");
+        let a = joined(&[&layer_prefix(layer), ".self_attn"]);
         let (b, t) = (x.shape[0], x.shape[1]);
         let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
         let q_proj = match m.q_lora_rank {
-            None => self.linear(&format!("{a}.q_proj"), x),
+            None => self.linear(&joined(&[&a, ".q_proj"]), x),
             Some(_) => {
-                let compressed = self.linear(&format!("{a}.q_a_proj"), x);
-                let w = self.weights_tensor(&format!("{a}.q_a_layernorm.weight"));
+                let compressed = self.linear(&joined(&[&a, ".q_a_proj"]), x);
+                let w = self.weights_tensor(&joined(&[&a, ".q_a_layernorm.weight"]));
                 let normed = self.norm(&compressed, &w);
                 drop(compressed);
-                let q = self.linear(&format!("{a}.q_b_proj"), &normed);
+                let q = self.linear(&joined(&[&a, ".q_b_proj"]), &normed);
                 drop(normed);
                 q
             }
@@ -43,9 +43,9 @@ impl Decoder<'_> {
         drop(viewed);
         let (q_nope, q_pe) = p.split2(&q, m.qk_nope_head_dim);
         drop(q);
-        let compressed_kv = self.linear(&format!("{a}.kv_a_proj_with_mqa"), x);
+        let compressed_kv = self.linear(&joined(&[&a, ".kv_a_proj_with_mqa"]), x);
         let (kv_nope, k_pe) = self.process.split2(&compressed_kv, m.kv_lora_rank);
-        let w = self.weights_tensor(&format!("{a}.kv_a_layernorm.weight"));
+        let w = self.weights_tensor(&joined(&[&a, ".kv_a_layernorm.weight"]));
         let normed = self.norm(&kv_nope, &w);
         drop(kv_nope);
         let latent = self.process.reshape(&normed, &[b, 1, t, m.kv_lora_rank]);
@@ -75,7 +75,7 @@ impl Decoder<'_> {
         let (keys, values, expanded) = self.expand_kv(&a, &latent, &k_rot, m);
         let heads_out = self.process.cudnn_attention(&query, &keys, &values, mask);
         let attn = self.merge_heads(heads_out, b, t);
-        let out = self.linear(&format!("{a}.o_proj"), &attn);
+        let out = self.linear(&joined(&[&a, ".o_proj"]), &attn);
         drop(attn);
         // The attention's locals at its return.
         for t in [
@@ -106,7 +106,7 @@ impl Decoder<'_> {
     ) -> (Tensor, Tensor, Tensor) {
         let heads = self.model.heads;
         let (b, s) = (latent.shape[0], latent.shape[2]);
-        let kv = self.linear(&format!("{a}.kv_b_proj"), latent);
+        let kv = self.linear(&joined(&[a, ".kv_b_proj"]), latent);
         let p = &mut *self.process;
         let viewed = p.reshape(&kv, &[b, s, heads, m.qk_nope_head_dim + m.v_head_dim]);
         let swapped = p.transpose(&viewed, 1, 2);

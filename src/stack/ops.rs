@@ -157,8 +157,17 @@ impl Process {
     /// A new tensor with the layout of `like` (`empty_like`, and the output of an elementwise
     /// operation on it: dense, its dimensions in the order of `like`'s strides).
     pub fn empty_like(&self, like: &Meta) -> Tensor {
-        let mut t = self.tape.empty(&like.shape, like.elem);
-        t.strides = ordered_strides(&like.shape, &like.strides);
+        self.laid_out_like(&like.shape, &like.strides, like.elem)
+    }
+
+    /// A new tensor of `shape` and `elem` whose dimensions are laid out in the memory order of
+    /// `strides` (`empty_like`'s preserve format).
+    fn laid_out_like(&self, shape: &[u64], strides: &[u64], elem: Elem) -> Tensor {
+        let mut t = self.tape.empty(shape, elem);
+        // Contiguous strides keep their order: the new tensor's are already those.
+        if t.strides[..] != *strides {
+            t.strides = ordered_strides(shape, strides);
+        }
         t
     }
 
@@ -166,11 +175,7 @@ impl Process {
     /// the first input of the output's shape (TensorIterator keeps the inputs' memory order).
     fn elementwise(&self, shape: &[u64], elem: Elem, inputs: &[&Tensor]) -> Tensor {
         match inputs.iter().find(|t| t.shape[..] == *shape) {
-            Some(first) => self.empty_like(&Meta {
-                shape: Dims::from_slice(shape),
-                strides: first.strides.clone(),
-                elem,
-            }),
+            Some(first) => self.laid_out_like(shape, &first.strides, elem),
             None => self.empty(shape, elem),
         }
     }
@@ -209,6 +214,9 @@ impl Process {
     /// Records `rule` before its output exists (an operation that saves its inputs saves them
     /// before its kernel runs); returns the output's `grad_fn`.
     fn node_first(&mut self, rule: Rule, inputs: &[&Tensor], saved: Vec<Tensor>) -> Option<Grad> {
+        if !self.autograd.records(inputs) {
+            return None;
+        }
         let mut holder = self.tape.empty(&[0], Elem::U8);
         self.autograd
             .record(rule, inputs, saved, &mut [&mut holder]);

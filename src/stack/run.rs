@@ -85,7 +85,8 @@ pub struct Stage {
 /// Every allocation and free of a run, and its stages.
 #[derive(Debug, Clone)]
 pub struct Program {
-    pub events: Vec<Event>,
+    /// The events in order, in the chunks the tape wrote them in (never copied into one).
+    chunks: Vec<std::sync::Arc<Vec<Event>>>,
     pub stages: Vec<Stage>,
 }
 
@@ -291,36 +292,81 @@ pub fn program(run: &Run) -> Program {
     emulated(run, None, || ()).0
 }
 
-/// Chunks of events in flight between the emulation and its replay.
+/// Chunks of events in flight between the emulation and its replays.
 const CHUNKS_IN_FLIGHT: usize = 4;
 
 /// The program of `run` and its replay under `config` on an unlimited device, the replay
 /// reading the events as the emulation writes them (each on a core of its own).
 pub fn program_replayed(run: &Run, config: AllocatorConfig) -> (Program, Replayed) {
+    let (program, mut replayed) = program_replayed_under(run, &[config]);
+    (program, replayed.remove(0))
+}
+
+/// The program of `run` and its replays under each of `configs` on an unlimited device, each
+/// replay reading the events as the emulation writes them, on a thread of its own.
+pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Program, Vec<Replayed>) {
     let (sink, chunks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
     let (mut program, (events, replayed)) = emulated(run, Some(sink), || {
-        let mut replay = Replaying::new(config, None);
-        let mut events = Vec::new();
-        for chunk in chunks {
-            match chunk {
-                Chunk::Events(mut chunk) => {
-                    for &e in &chunk {
-                        replay.event(e);
+        std::thread::scope(|s| {
+            let (feeds, replays): (Vec<_>, Vec<_>) = configs
+                .iter()
+                .map(|&config| {
+                    let (feed, marks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
+                    let replay = s.spawn(move || {
+                        let mut replay = Replaying::new(config, None);
+                        for mark in marks {
+                            match mark {
+                                Mark::Events(chunk) => {
+                                    for &e in chunk.iter() {
+                                        replay.event(e);
+                                    }
+                                }
+                                Mark::Begin(name) => replay.begin(name),
+                                Mark::End => replay.end(),
+                            }
+                        }
+                        replay.finish()
+                    });
+                    (feed, replay)
+                })
+                .unzip();
+            let mut events = Vec::new();
+            for chunk in chunks {
+                let mark = match chunk {
+                    Chunk::Events(chunk) => {
+                        let chunk = std::sync::Arc::new(chunk);
+                        events.push(chunk.clone());
+                        Mark::Events(chunk)
                     }
-                    events.append(&mut chunk);
+                    Chunk::Begin(name) => Mark::Begin(name),
+                    Chunk::End => Mark::End,
+                };
+                for feed in &feeds {
+                    feed.send(mark.clone()).expect("a replay reads to the end");
                 }
-                Chunk::Begin(name) => replay.begin(name),
-                Chunk::End => replay.end(),
             }
-        }
-        (events, replay.finish())
+            drop(feeds);
+            let replayed: Vec<Replayed> = replays
+                .into_iter()
+                .map(|r| r.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect();
+            (events, replayed)
+        })
     });
     debug_assert!(
-        program.events.is_empty(),
+        program.chunks.is_empty(),
         "a streaming tape sends every event"
     );
-    program.events = events;
+    program.chunks = events;
     (program, replayed)
+}
+
+/// What a replay of a streamed program reads: the emulation's chunks, shared by every replay.
+#[derive(Clone)]
+enum Mark {
+    Events(std::sync::Arc<Vec<Event>>),
+    Begin(String),
+    End,
 }
 
 fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Program {
@@ -477,7 +523,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
     }
     p.tape.close();
     Program {
-        events: p.tape.take(),
+        chunks: p.tape.take().into_iter().map(std::sync::Arc::new).collect(),
         stages: marks.stages,
     }
 }
@@ -622,14 +668,28 @@ impl Replaying {
 }
 
 impl Program {
+    /// Every event, in order.
+    pub fn events(&self) -> impl Iterator<Item = Event> + '_ {
+        self.chunks.iter().flat_map(|c| c.iter()).copied()
+    }
+
+    /// How many events there are.
+    pub fn len(&self) -> usize {
+        self.chunks.iter().map(|c| c.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Replays the program through the allocator under `config`, on a device with `capacity`
     /// bytes for the allocator (`None`: unlimited).
     pub fn replay(&self, config: AllocatorConfig, capacity: Option<u64>) -> Replayed {
         let mut replay = Replaying::new(config, capacity);
-        replay.blocks.reserve(self.events.len() / 2 + 1);
+        replay.blocks.reserve(self.len() / 2 + 1);
         let mut next = self.stages.iter().peekable();
         let mut open: Option<&Stage> = None;
-        for (i, &e) in self.events.iter().enumerate() {
+        for (i, e) in self.events().enumerate() {
             if open.is_some_and(|s| s.end == i) {
                 open = None;
                 replay.end();

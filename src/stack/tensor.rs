@@ -135,9 +135,11 @@ const CHUNK_EVENTS: usize = 1 << 16;
 
 #[derive(Default, Debug)]
 pub(crate) struct Log {
-    /// The events not yet sent (all of them when the tape does not stream).
+    /// The events not yet sent, or (when the tape does not stream) not yet kept in `kept`.
     pub events: Vec<Event>,
-    /// How many events were sent to `sink`.
+    /// The full chunks of a tape that does not stream.
+    pub kept: Vec<Vec<Event>>,
+    /// How many events were sent to `sink` or kept in `kept`.
     pub sent: usize,
     /// Where a streaming tape sends its events, in chunks.
     pub sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
@@ -156,17 +158,21 @@ impl Log {
         }
     }
 
-    /// Sends the events written so far, if the tape streams.
+    /// Sends the events written so far if the tape streams, else keeps them as a chunk.
     fn flush(&mut self) {
-        if let Some(sink) = &self.sink {
-            if !self.events.is_empty() {
-                let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
-                self.sent += chunk.len();
+        if self.events.is_empty() {
+            return;
+        }
+        let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
+        self.sent += chunk.len();
+        match &self.sink {
+            Some(sink) => {
                 // A reader that is gone wants no more.
                 if sink.send(Chunk::Events(chunk)).is_err() {
                     self.sink = None;
                 }
             }
+            None => self.kept.push(chunk),
         }
     }
 }
@@ -249,9 +255,13 @@ impl Tape {
         })
     }
 
-    /// Takes the events written so far.
-    pub fn take(&self) -> Vec<Event> {
-        std::mem::take(&mut self.0.borrow_mut().events)
+    /// Takes the events written and not sent, in chunks.
+    pub fn take(&self) -> Vec<Vec<Event>> {
+        let mut log = self.0.borrow_mut();
+        let last = std::mem::take(&mut log.events);
+        let mut chunks = std::mem::take(&mut log.kept);
+        chunks.extend((!last.is_empty()).then_some(last));
+        chunks
     }
 }
 
@@ -441,13 +451,13 @@ mod tests {
         drop(view);
         assert_eq!(
             tape.take(),
-            vec![
+            vec![vec![
                 Event::Alloc {
                     bytes: 24,
                     role: Role::Activations
                 },
                 Event::Free { alloc: 0 }
-            ]
+            ]]
         );
     }
 

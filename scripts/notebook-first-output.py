@@ -91,8 +91,11 @@ def main() -> int:
             tracer.wait()
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-        print(f"first cell: first output {first:.2f} s after it was sent, done {done:.2f} s "
-              f"({ready + first:.2f} s after the kernel's start)")
+        if first is None:
+            print(f"first cell: no output, done {done:.2f} s after it was sent")
+        else:
+            print(f"first cell: first output {first:.2f} s after it was sent, done {done:.2f} s "
+                  f"({ready + first:.2f} s after the kernel's start)")
         if a.trace:
             print("subprocesses longer than 0.15 s (start after the cell was sent, duration):")
             for t0, d, cmd in subprocesses(log, sent_wall):

@@ -179,21 +179,92 @@ impl<'a> OneGpu<'a> {
         )
     }
 
+    /// The program of the run (the budget's, or emulated again for a budget read from a file).
+    fn program(&mut self) -> std::sync::Arc<Program> {
+        let b = self.budget;
+        self.program
+            .get_or_insert_with(|| std::sync::Arc::new(program(&b.workload.run(b.kernels))))
+            .clone()
+    }
+
+    /// The budget's peak of `reserved` under `setting`, when known (the budget's own setting's;
+    /// its peak of `allocated` is every setting's).
+    fn peak_reserved(&self, setting: AllocatorSetting) -> Option<u64> {
+        let b = self.budget;
+        (setting == b.workload.allocator).then_some(b.peak_reserved.0)
+    }
+
     /// Whether the run holds on a card of `memory` bytes, and on what basis.
     pub fn verdict(&mut self, memory: u64, setting: AllocatorSetting) -> (bool, Basis) {
         let usable = self.usable(memory);
-        let b = self.budget;
-        // The budget's peak of `reserved` is its own setting's; allocated is every setting's.
-        let peak_reserved = (setting == b.workload.allocator).then_some(b.peak_reserved.0);
-        let (verdicts, slot) = (&mut self.verdicts, &mut self.program);
-        one_gpu_verdict(b.peak_allocated.0, peak_reserved, usable, || {
-            *verdicts.entry((usable, setting)).or_insert_with(|| {
-                slot.get_or_insert_with(|| std::sync::Arc::new(program(&b.workload.run(b.kernels))))
-                    .replay(allocator_config(setting), Some(usable))
-                    .out_of_memory
-                    .is_none()
-            })
+        let decided = self.decided_by_peaks(usable, setting);
+        one_gpu_verdict(decided, || {
+            if let Some(&fits) = self.verdicts.get(&(usable, setting)) {
+                return fits;
+            }
+            let fits = complete_on_cards(&self.program(), &[(setting, usable)])[0];
+            self.verdicts.insert((usable, setting), fits);
+            fits
         })
+    }
+
+    /// Replays side by side, on every core, the verdicts on `cards` (their memory and the
+    /// setting) that the peaks leave open (what [`verdict`](Self::verdict) would replay one by
+    /// one).
+    pub fn replay_open(&mut self, cards: &[(u64, AllocatorSetting)]) {
+        let mut open: Vec<(AllocatorSetting, u64)> = Vec::new();
+        for &(memory, setting) in cards {
+            let usable = self.usable(memory);
+            let decided = self.decided_by_peaks(usable, setting).is_some()
+                || self.verdicts.contains_key(&(usable, setting))
+                || open.contains(&(setting, usable));
+            if !decided {
+                open.push((setting, usable));
+            }
+        }
+        if open.is_empty() {
+            return;
+        }
+        let fits = complete_on_cards(&self.program(), &open);
+        self.verdicts
+            .extend(open.into_iter().map(|(s, u)| (u, s)).zip(fits));
+    }
+
+    /// What the budget's peaks decide alone on `usable` bytes under `setting`.
+    fn decided_by_peaks(&self, usable: u64, setting: AllocatorSetting) -> Option<bool> {
+        by_peaks(
+            self.budget.peak_allocated.0,
+            self.peak_reserved(setting),
+            usable,
+        )
+    }
+}
+
+/// Whether `program` completes on an allocator limited to each of `cards` (a setting and the
+/// bytes the allocator may use), the replays side by side on every core.
+fn complete_on_cards(program: &Program, cards: &[(AllocatorSetting, u64)]) -> Vec<bool> {
+    use rayon::prelude::*;
+    cards
+        .par_iter()
+        .map(|&(setting, usable)| {
+            program
+                .replay(allocator_config(setting), Some(usable))
+                .out_of_memory
+                .is_none()
+        })
+        .collect()
+}
+
+/// What a run's peaks decide alone on `usable` bytes: it holds when its peak of `reserved`
+/// (when known for the setting) is within them, not when its peak of `allocated` is beyond
+/// them; `None` between the two, where a replay limited to the card decides.
+fn by_peaks(peak_allocated: u64, peak_reserved: Option<u64>, usable: u64) -> Option<bool> {
+    if peak_reserved.is_some_and(|r| r <= usable) {
+        Some(true)
+    } else if peak_allocated > usable {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -203,28 +274,15 @@ pub fn usable(memory: u64, outside: u64, reserve: u64) -> u64 {
     memory.saturating_sub(outside).saturating_sub(reserve)
 }
 
-/// The one-GPU rule: a run whose peak of `reserved` (when known for the setting) is within the
-/// usable memory fits; one whose peak of `allocated` is beyond it does not; between the two, the
-/// replay on an allocator limited to the usable memory decides (`replay_fits`).
-fn one_gpu_verdict(
-    peak_allocated: u64,
-    peak_reserved: Option<u64>,
-    usable: u64,
-    replay_fits: impl FnOnce() -> bool,
-) -> (bool, Basis) {
-    if peak_reserved.is_some_and(|r| r <= usable) {
-        return (true, Basis::PeakFits);
+/// The one-GPU rule: what the peaks decide ([`by_peaks`]), else the replay on an allocator
+/// limited to the usable memory (`replay_fits`).
+fn one_gpu_verdict(by_peaks: Option<bool>, replay_fits: impl FnOnce() -> bool) -> (bool, Basis) {
+    match by_peaks {
+        Some(true) => (true, Basis::PeakFits),
+        Some(false) => (false, Basis::ReplayOutOfMemory),
+        None if replay_fits() => (true, Basis::ReplayCompleted),
+        None => (false, Basis::ReplayOutOfMemory),
     }
-    if peak_allocated > usable {
-        return (false, Basis::ReplayOutOfMemory);
-    }
-    let fits = replay_fits();
-    let basis = if fits {
-        Basis::ReplayCompleted
-    } else {
-        Basis::ReplayOutOfMemory
-    };
-    (fits, basis)
 }
 
 fn other(setting: AllocatorSetting) -> AllocatorSetting {
@@ -242,6 +300,18 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     }
     let mut one = OneGpu::new(budget);
     let setting = budget.workload.allocator;
+    // The replays the peaks leave open, side by side: under the budget's setting on every offer
+    // of one GPU, and under the other setting where the peak of `reserved` does not fit (the
+    // offers whose verdict it is asked).
+    let mut cards = Vec::new();
+    for row in catalog.rows.iter().filter(|r| r.gpus_per_lot <= 1) {
+        let memory = memory_bytes(row);
+        cards.push((memory, setting));
+        if one.decided_by_peaks(one.usable(memory), setting) != Some(true) {
+            cards.push((memory, other(setting)));
+        }
+    }
+    one.replay_open(&cards);
     let mut rows = Vec::new();
     for row in &catalog.rows {
         let memory = memory_bytes(row);
@@ -443,32 +513,16 @@ impl<'a> SizeSearch<'a> {
         let mut limited = Vec::new();
         for (&allocator, r) in self.allocators.iter().zip(&replayed) {
             for &usable in &self.usables {
-                let mut undecided = false;
-                let (fits, _) =
-                    one_gpu_verdict(r.peak_allocated, Some(r.peak_reserved), usable, || {
-                        undecided = true;
-                        false
-                    });
-                match undecided {
-                    false => verdicts.insert((allocator, usable), fits),
-                    true => {
-                        limited.push((allocator, usable));
-                        None
+                match by_peaks(r.peak_allocated, Some(r.peak_reserved), usable) {
+                    Some(fits) => {
+                        verdicts.insert((allocator, usable), fits);
                     }
-                };
+                    None => limited.push((allocator, usable)),
+                }
             }
         }
-        use rayon::prelude::*;
-        let replays: Vec<bool> = limited
-            .par_iter()
-            .map(|&(allocator, usable)| {
-                program
-                    .replay(allocator_config(allocator), Some(usable))
-                    .out_of_memory
-                    .is_none()
-            })
-            .collect();
-        verdicts.extend(limited.into_iter().zip(replays));
+        let fits = complete_on_cards(&program, &limited);
+        verdicts.extend(limited.into_iter().zip(fits));
         let peaks = replayed.iter().map(|r| (r.peak_allocated, r.peak_reserved));
         Tried {
             verdicts,

@@ -1,0 +1,54 @@
+//! Where a budget's time goes: the emulation of the run (its program: every allocation and free)
+//! and one replay of that program through the allocator model, timed apart (a budget runs them
+//! side by side, each on a core), best of three. `generate` of a preset:
+//!
+//!     cargo run --release --example budget-parts -- MODEL BATCH CONTEXT GENERATED
+//!
+//! (recorded in docs/benchmarks.md).
+
+use iteragpu_lab::budget::terms::allocator_config;
+use iteragpu_lab::budget::workload::{Mode, Workload};
+use iteragpu_lab::budget::BudgetSettings;
+use iteragpu_lab::stack::run::program;
+use std::time::{Duration, Instant};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: budget-parts MODEL BATCH CONTEXT GENERATED";
+    let [model, batch, context, generated] = &args[..] else {
+        panic!("{usage}");
+    };
+    let number = |s: &String| -> u64 { s.parse().expect(usage) };
+    let w = Workload {
+        mode: Mode::Inference {
+            generated: number(generated),
+        },
+        batch: number(batch),
+        context: number(context),
+        ..Workload::preset(model).expect("a preset of data/modeles.csv")
+    }
+    .validated()
+    .expect("a valid workload");
+    let run = w.run(BudgetSettings::h200().kernels);
+    let (mut emulation, mut replay) = (Duration::MAX, Duration::MAX);
+    let mut events = 0;
+    for _ in 0..3 {
+        let started = Instant::now();
+        let p = program(&run);
+        emulation = emulation.min(started.elapsed());
+        let started = Instant::now();
+        p.replay(allocator_config(w.allocator), None);
+        replay = replay.min(started.elapsed());
+        events = p.len();
+    }
+    let per_event = |d: Duration| d.as_nanos() as f64 / events as f64;
+    println!("{events} events");
+    println!(
+        "emulation {emulation:.1?} ({:.0} ns an event)",
+        per_event(emulation)
+    );
+    println!(
+        "replay    {replay:.1?} ({:.0} ns an event)",
+        per_event(replay)
+    );
+}

@@ -588,7 +588,7 @@ impl<'a> SizeSearch<'a> {
                     // The line says the card is full, but it may be low: the next size, then
                     // steps twice as long each time one holds.
                     n if n <= good => {
-                        step = (step * 2).max(1);
+                        step = step.saturating_mul(2).max(1);
                         good.saturating_add(step)
                     }
                     n => n,

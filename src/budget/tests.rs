@@ -447,3 +447,28 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
     assert_eq!(term(&b, "optimizer_states").bytes.0, states);
     assert!(term(&b, "optimizer_states").at_peak.0 >= states);
 }
+
+#[test]
+fn replays_made_as_the_emulation_writes_equal_replays_of_the_kept_program() {
+    use crate::stack::run::{program_replayed_under, Replayed};
+    let w = preset("qwen2.5-0.5b", generate(8), 2, 512);
+    let configs = [
+        terms::allocator_config(AllocatorSetting::Default),
+        terms::allocator_config(AllocatorSetting::ExpandableSegments),
+    ];
+    let (program, streamed) =
+        program_replayed_under(&w.run(BudgetSettings::h200().kernels), &configs);
+    let figures = |r: &Replayed| {
+        (
+            r.stages.clone(),
+            r.peak_allocated,
+            r.peak_reserved,
+            r.peak_stage.clone(),
+        )
+    };
+    for (config, streamed) in configs.iter().zip(&streamed) {
+        assert_eq!(figures(streamed), figures(&program.replay(*config, None)));
+    }
+    // The two settings do differ, so the comparison can fail.
+    assert_ne!(streamed[0].peak_reserved, streamed[1].peak_reserved);
+}

@@ -57,13 +57,13 @@ impl Autograd {
         }
     }
 
-    /// Records `rule` over `inputs` if grad mode is on and an input needs a gradient; sets the
-    /// outputs' `grad_fn`.
     /// Whether an operation on `inputs` is recorded: autograd is on and an input has a history.
     pub fn records(&self, inputs: &[&Tensor]) -> bool {
         self.enabled && inputs.iter().any(|t| t.grad_fn.is_some())
     }
 
+    /// Records `rule` over `inputs` if grad mode is on and an input needs a gradient; sets the
+    /// outputs' `grad_fn`.
     pub fn record(
         &mut self,
         rule: Rule,

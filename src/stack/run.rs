@@ -314,15 +314,15 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
                     let (feed, marks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
                     let replay = s.spawn(move || {
                         let mut replay = Replaying::new(config, None);
-                        for mark in marks {
-                            match mark {
-                                Mark::Events(chunk) => {
+                        for chunk in marks {
+                            match chunk {
+                                Chunk::Events(chunk) => {
                                     for &e in chunk.iter() {
                                         replay.event(e);
                                     }
                                 }
-                                Mark::Begin(name) => replay.begin(name),
-                                Mark::End => replay.end(),
+                                Chunk::Begin(name) => replay.begin(name),
+                                Chunk::End => replay.end(),
                             }
                         }
                         replay.finish()
@@ -332,17 +332,11 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
                 .unzip();
             let mut events = Vec::new();
             for chunk in chunks {
-                let mark = match chunk {
-                    Chunk::Events(chunk) => {
-                        let chunk = std::sync::Arc::new(chunk);
-                        events.push(chunk.clone());
-                        Mark::Events(chunk)
-                    }
-                    Chunk::Begin(name) => Mark::Begin(name),
-                    Chunk::End => Mark::End,
-                };
+                if let Chunk::Events(chunk) = &chunk {
+                    events.push(chunk.clone());
+                }
                 for feed in &feeds {
-                    feed.send(mark.clone()).expect("a replay reads to the end");
+                    feed.send(chunk.clone()).expect("a replay reads to the end");
                 }
             }
             drop(feeds);
@@ -359,14 +353,6 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
     );
     program.chunks = events;
     (program, replayed)
-}
-
-/// What a replay of a streamed program reads: the emulation's chunks, shared by every replay.
-#[derive(Clone)]
-enum Mark {
-    Events(std::sync::Arc<Vec<Event>>),
-    Begin(String),
-    End,
 }
 
 fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Program {
@@ -523,7 +509,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
     }
     p.tape.close();
     Program {
-        chunks: p.tape.take().into_iter().map(std::sync::Arc::new).collect(),
+        chunks: p.tape.take(),
         stages: marks.stages,
     }
 }

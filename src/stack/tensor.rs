@@ -122,10 +122,11 @@ pub enum Event {
     Free { alloc: u32 },
 }
 
-/// What a tape streams to its reader: events in order, and where stages begin and end.
-#[derive(Debug)]
+/// What a tape streams to its readers: events in order (each chunk shared by every reader and
+/// the program), and where stages begin and end.
+#[derive(Debug, Clone)]
 pub enum Chunk {
-    Events(Vec<Event>),
+    Events(std::sync::Arc<Vec<Event>>),
     Begin(String),
     End,
 }
@@ -138,7 +139,7 @@ pub(crate) struct Log {
     /// The events not yet sent, or (when the tape does not stream) not yet kept in `kept`.
     pub events: Vec<Event>,
     /// The full chunks of a tape that does not stream.
-    pub kept: Vec<Vec<Event>>,
+    pub kept: Vec<std::sync::Arc<Vec<Event>>>,
     /// How many events were sent to `sink` or kept in `kept`.
     pub sent: usize,
     /// Where a streaming tape sends its events, in chunks.
@@ -165,6 +166,7 @@ impl Log {
         }
         let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
         self.sent += chunk.len();
+        let chunk = std::sync::Arc::new(chunk);
         match &self.sink {
             Some(sink) => {
                 // A reader that is gone wants no more.
@@ -256,12 +258,10 @@ impl Tape {
     }
 
     /// Takes the events written and not sent, in chunks.
-    pub fn take(&self) -> Vec<Vec<Event>> {
+    pub fn take(&self) -> Vec<std::sync::Arc<Vec<Event>>> {
         let mut log = self.0.borrow_mut();
-        let last = std::mem::take(&mut log.events);
-        let mut chunks = std::mem::take(&mut log.kept);
-        chunks.extend((!last.is_empty()).then_some(last));
-        chunks
+        log.flush();
+        std::mem::take(&mut log.kept)
     }
 }
 
@@ -451,13 +451,13 @@ mod tests {
         drop(view);
         assert_eq!(
             tape.take(),
-            vec![vec![
+            vec![std::sync::Arc::new(vec![
                 Event::Alloc {
                     bytes: 24,
                     role: Role::Activations
                 },
                 Event::Free { alloc: 0 }
-            ]]
+            ])]
         );
     }
 

@@ -1,6 +1,7 @@
 //! The GPU proof of the budget, read back: runs of real Hugging Face workloads recorded on the
 //! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`) and, for bitsandbytes' 8-bit
-//! AdamW, by `scripts/gpu/hf-record.py` (`data/hf-proof-bitsandbytes-h200.json`), each replayed here as the
+//! AdamW, by `scripts/gpu/hf-record.py` (`data/hf-proof-bitsandbytes-h200.json`), and at the edge
+//! of one card where the verdicts alternate (`data/hf-proof-edge-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
@@ -14,6 +15,8 @@ pub const SCHEMA: &str = "iteragpu-lab/hf-proof/1";
 pub const RECORDED: &str = include_str!("../../data/hf-proof-h200.json");
 /// The runs of bitsandbytes' QLoRA and 8-bit AdamW recorded on the H200.
 pub const RECORDED_BITSANDBYTES: &str = include_str!("../../data/hf-proof-bitsandbytes-h200.json");
+/// The runs at a card's edge where the verdicts alternate, recorded on the H200.
+pub const RECORDED_EDGE: &str = include_str!("../../data/hf-proof-edge-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +166,11 @@ impl Report {
             RECORDED_BITSANDBYTES,
             "data/hf-proof-bitsandbytes-h200.json",
         )
+    }
+
+    /// The shipped runs at the edge of an emulated RTX 4090 where the verdicts alternate.
+    pub fn recorded_edge() -> Report {
+        Report::shipped(RECORDED_EDGE, "data/hf-proof-edge-h200.json")
     }
 
     fn shipped(text: &str, file: &str) -> Report {

@@ -1395,13 +1395,7 @@ mod tests {
     /// equal the ones recomputed from the block structure.
     #[test]
     fn random_workload_keeps_invariants() {
-        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::super::xorshift(0x9e37_79b9_7f4a_7c15);
         let mut a = CachingAllocator::new();
         let mut live: Vec<BlockId> = Vec::new();
         for step in 0..3000 {

@@ -197,13 +197,7 @@ mod tests {
         let mut blocks = FreeBlocks::default();
         let mut reference: std::collections::BTreeSet<(u32, u64, u64, usize)> =
             std::collections::BTreeSet::new();
-        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = super::super::xorshift(0x9e37_79b9_7f4a_7c15);
         let sizes = [
             512,
             1024,
@@ -217,7 +211,7 @@ mod tests {
         ];
         for slot in 0..4000usize {
             let stream = (next() % 2) as u32;
-            if next() % 3 == 0 && !reference.is_empty() {
+            if next().is_multiple_of(3) && !reference.is_empty() {
                 let k = (next() as usize) % reference.len();
                 let &(s, size, address, _) = reference.iter().nth(k).expect("in range");
                 reference.retain(|&(s2, z, a, _)| (s2, z, a) != (s, size, address));

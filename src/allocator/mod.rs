@@ -26,3 +26,14 @@ pub use size::Pool;
 pub use stats::{Counter, Stats};
 pub use view::{BlockView, SegmentView};
 pub use workspace::{ComputeCapability, WorkspaceSettings, Workspaces};
+
+/// A fixed pseudo-random sequence (xorshift) for the tests' random workloads.
+#[cfg(test)]
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}

@@ -541,12 +541,55 @@ fn role_index(role: Role) -> usize {
         .expect("every role is listed")
 }
 
+/// An allocation's block, the index of its role and the block's size.
+type LiveBlock = (crate::allocator::BlockId, usize, u64);
+
+/// Allocations by number (in the order they were made) while they live, in pages of
+/// [`LiveBlocks::PAGE`] numbers: a page whose allocations are all freed is given back, so that a
+/// replay holds memory for what is live rather than for every allocation of the run.
+#[derive(Default)]
+struct LiveBlocks {
+    /// Per page: its allocations (`None` once freed) and how many still live.
+    pages: Vec<Option<(Vec<Option<LiveBlock>>, usize)>>,
+}
+
+impl LiveBlocks {
+    const PAGE: usize = 2048;
+
+    /// The next allocation's block.
+    fn push(&mut self, block: LiveBlock) {
+        let page = match self.pages.last_mut() {
+            Some(Some((entries, _))) if entries.len() < Self::PAGE => self.pages.last_mut(),
+            _ => {
+                self.pages.push(Some((Vec::with_capacity(Self::PAGE), 0)));
+                self.pages.last_mut()
+            }
+        };
+        let (entries, live) = page.and_then(Option::as_mut).expect("a page being filled");
+        entries.push(Some(block));
+        *live += 1;
+    }
+
+    /// Allocation `alloc`'s block, taken out (`None`: freed already, or never made).
+    fn take(&mut self, alloc: u32) -> Option<LiveBlock> {
+        let (page, at) = (alloc as usize / Self::PAGE, alloc as usize % Self::PAGE);
+        let slot = self.pages.get_mut(page)?;
+        let (entries, live) = slot.as_mut()?;
+        let block = entries.get_mut(at)?.take()?;
+        *live -= 1;
+        if *live == 0 && entries.len() == Self::PAGE {
+            *slot = None;
+        }
+        Some(block)
+    }
+}
+
 /// A replay in progress: events and stage marks in, figures out.
 struct Replaying {
     allocator: crate::allocator::CachingAllocator,
     label: crate::allocator::Label,
-    /// Per allocation: its block, role and block size (`None` once freed, or never allocated).
-    blocks: Vec<Option<(crate::allocator::BlockId, usize, u64)>>,
+    /// The live allocations' blocks.
+    blocks: LiveBlocks,
     roles: RoleBytes,
     out: Replayed,
     /// The stage open, and `allocated` and `reserved` at its start.
@@ -561,7 +604,7 @@ impl Replaying {
         Replaying {
             allocator,
             label,
-            blocks: Vec::new(),
+            blocks: LiveBlocks::default(),
             roles: [0; Role::ALL.len()],
             out: Replayed {
                 stages: Vec::new(),
@@ -610,7 +653,7 @@ impl Replaying {
                     let size = self.allocator.block_size(block).unwrap_or(0);
                     let r = role_index(role);
                     self.roles[r] += size;
-                    self.blocks.push(Some((block, r, size)));
+                    self.blocks.push((block, r, size));
                     let st = self.allocator.stats();
                     self.out.peak_allocated = self.out.peak_allocated.max(st.allocated.current);
                     if st.reserved.current > self.out.peak_reserved {
@@ -633,9 +676,7 @@ impl Replaying {
                 }
             },
             Event::Free { alloc } => {
-                if let Some(Some((block, r, size))) =
-                    self.blocks.get_mut(alloc as usize).map(Option::take)
-                {
+                if let Some((block, r, size)) = self.blocks.take(alloc) {
                     self.roles[r] -= size;
                     self.allocator.free(block);
                 }
@@ -672,7 +713,6 @@ impl Program {
     /// bytes for the allocator (`None`: unlimited).
     pub fn replay(&self, config: AllocatorConfig, capacity: Option<u64>) -> Replayed {
         let mut replay = Replaying::new(config, capacity);
-        replay.blocks.reserve(self.len() / 2 + 1);
         let mut next = self.stages.iter().peekable();
         let mut open: Option<&Stage> = None;
         for (i, e) in self.events().enumerate() {

@@ -144,10 +144,10 @@ pub struct BudgetArgs {
     /// Also plan the budget over the catalog's packages.
     #[arg(long)]
     pub fit: bool,
-    /// With --fit: the largest batch that holds on one GPU of each catalog model.
+    /// With --fit: per catalog model, the largest batch found to hold on one GPU, the next not.
     #[arg(long, requires = "fit", conflicts_with = "max_context")]
     pub max_batch: bool,
-    /// With --fit: the largest context that holds on one GPU of each catalog model.
+    /// With --fit: per catalog model, the largest context found to hold on one GPU, the next not.
     #[arg(long, requires = "fit")]
     pub max_context: bool,
     /// Also draw the budget per GPU against the catalog's GPU sizes (a new SVG file).
@@ -446,7 +446,11 @@ impl std::fmt::Display for Largest {
             Size::Batch => "batch",
             Size::Context => "context",
         };
-        writeln!(f, "The largest {what} on one GPU of each model:")?;
+        writeln!(
+            f,
+            "The largest {what} found to hold on one GPU of each model, the next one not \
+             (near that edge a larger one may hold again: docs/benchmarks.md):"
+        )?;
         let rows: Vec<Vec<String>> = self
             .rows
             .iter()

@@ -153,8 +153,9 @@ fn main() {
             .map(|e| e.split(' ').next().unwrap_or("").to_string())
             .collect()
     };
+    let stages = prog.stages();
     for (i, s) in trace.stages.iter().enumerate() {
-        let Some(e) = prog.stages.get(i) else { break };
+        let Some(e) = stages.get(i) else { break };
         let x = sizes(&all, s.begin, s.end);
         let y = sizes(&b, e.begin.saturating_sub(2), e.end.saturating_sub(2));
         match x.iter().zip(&y).position(|(p, q)| p != q) {

@@ -403,7 +403,8 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
     .unwrap();
     let b = budget(&w, &BudgetSettings::h200());
     let program = crate::stack::run::program(&w.run(BudgetSettings::h200().kernels));
-    let loading = &program.stages[0];
+    let stages = program.stages();
+    let loading = &stages[0];
     assert_eq!(loading.name, "weights");
     let mut kept = std::collections::HashMap::new();
     let mut n = 0u32;

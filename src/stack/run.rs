@@ -85,29 +85,24 @@ pub struct Stage {
 /// Every allocation and free of a run, and its stages.
 #[derive(Debug, Clone)]
 pub struct Program {
-    /// The events in order, in the chunks the tape wrote them in (never copied into one).
-    chunks: Vec<std::sync::Arc<Vec<Event>>>,
-    pub stages: Vec<Stage>,
+    /// What the tape wrote, in order: the events in its chunks (never copied into one), and
+    /// where each stage begins and ends.
+    chunks: Vec<Chunk>,
 }
 
+/// Where the stages begin and end, marked on the tape.
 struct Marks {
-    stages: Vec<Stage>,
-    open: Option<(String, usize)>,
+    open: bool,
 }
 
 impl Marks {
     fn begin(&mut self, p: &Process, name: &str) {
         p.tape.mark(Chunk::Begin(name.to_string()));
-        self.open = Some((name.to_string(), p.tape.len()));
+        self.open = true;
     }
     fn end(&mut self, p: &Process) {
-        if let Some((name, begin)) = self.open.take() {
+        if std::mem::take(&mut self.open) {
             p.tape.mark(Chunk::End);
-            self.stages.push(Stage {
-                name,
-                begin,
-                end: p.tape.len(),
-            });
         }
     }
 }
@@ -306,7 +301,7 @@ pub fn program_replayed(run: &Run, config: AllocatorConfig) -> (Program, Replaye
 /// replay reading the events as the emulation writes them, on a thread of its own.
 pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Program, Vec<Replayed>) {
     let (sink, chunks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
-    let (mut program, (events, replayed)) = emulated(run, Some(sink), || {
+    let (mut program, (written, replayed)) = emulated(run, Some(sink), || {
         std::thread::scope(|s| {
             let (feeds, replays): (Vec<_>, Vec<_>) = configs
                 .iter()
@@ -315,26 +310,16 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
                     let replay = s.spawn(move || {
                         let mut replay = Replaying::new(config, None);
                         for chunk in marks {
-                            match chunk {
-                                Chunk::Events(chunk) => {
-                                    for &e in chunk.iter() {
-                                        replay.event(e);
-                                    }
-                                }
-                                Chunk::Begin(name) => replay.begin(name),
-                                Chunk::End => replay.end(),
-                            }
+                            replay.read(&chunk);
                         }
                         replay.finish()
                     });
                     (feed, replay)
                 })
                 .unzip();
-            let mut events = Vec::new();
+            let mut written = Vec::new();
             for chunk in chunks {
-                if let Chunk::Events(chunk) = &chunk {
-                    events.push(chunk.clone());
-                }
+                written.push(chunk.clone());
                 for feed in &feeds {
                     feed.send(chunk.clone()).expect("a replay reads to the end");
                 }
@@ -344,14 +329,14 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
                 .into_iter()
                 .map(|r| r.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
                 .collect();
-            (events, replayed)
+            (written, replayed)
         })
     });
     debug_assert!(
         program.chunks.is_empty(),
         "a streaming tape sends every event"
     );
-    program.chunks = events;
+    program.chunks = written;
     (program, replayed)
 }
 
@@ -360,10 +345,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
     if let Some(sink) = sink {
         p.tape.stream_to(sink);
     }
-    let mut marks = Marks {
-        stages: Vec::new(),
-        open: None,
-    };
+    let mut marks = Marks { open: false };
     // `torch.zeros(1)` started CUDA: one small block, freed.
     drop(p.empty(&[1], Elem::F32));
     marks.begin(&p, "weights");
@@ -510,7 +492,6 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
     p.tape.close();
     Program {
         chunks: p.tape.take(),
-        stages: marks.stages,
     }
 }
 
@@ -642,6 +623,22 @@ impl Replaying {
         }
     }
 
+    /// Replays what a tape wrote next; `false` once the device had no room (the replay then
+    /// stops).
+    fn read(&mut self, chunk: &Chunk) -> bool {
+        match chunk {
+            Chunk::Events(events) => events.iter().all(|&e| self.event(e)),
+            Chunk::Begin(name) => {
+                self.begin(name.clone());
+                true
+            }
+            Chunk::End => {
+                self.end();
+                true
+            }
+        }
+    }
+
     /// Replays one event; `false` once the device had no room (the replay then stops).
     fn event(&mut self, e: Event) -> bool {
         if self.out.out_of_memory.is_some() {
@@ -695,14 +692,39 @@ impl Replaying {
 }
 
 impl Program {
+    /// The chunks of events, in order.
+    fn event_chunks(&self) -> impl Iterator<Item = &[Event]> + '_ {
+        self.chunks.iter().filter_map(|c| match c {
+            Chunk::Events(events) => Some(events.as_slice()),
+            _ => None,
+        })
+    }
+
+    /// The stages, with the events each spans.
+    pub fn stages(&self) -> Vec<Stage> {
+        let (mut stages, mut at) = (Vec::new(), 0);
+        for chunk in &self.chunks {
+            match chunk {
+                Chunk::Events(events) => at += events.len(),
+                Chunk::Begin(name) => stages.push(Stage {
+                    name: name.clone(),
+                    begin: at,
+                    end: at,
+                }),
+                Chunk::End => stages.last_mut().expect("a stage ends once begun").end = at,
+            }
+        }
+        stages
+    }
+
     /// Every event, in order.
     pub fn events(&self) -> impl Iterator<Item = Event> + '_ {
-        self.chunks.iter().flat_map(|c| c.iter()).copied()
+        self.event_chunks().flatten().copied()
     }
 
     /// How many events there are.
     pub fn len(&self) -> usize {
-        self.chunks.iter().map(|c| c.len()).sum()
+        self.event_chunks().map(<[Event]>::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -713,19 +735,8 @@ impl Program {
     /// bytes for the allocator (`None`: unlimited).
     pub fn replay(&self, config: AllocatorConfig, capacity: Option<u64>) -> Replayed {
         let mut replay = Replaying::new(config, capacity);
-        let mut next = self.stages.iter().peekable();
-        let mut open: Option<&Stage> = None;
-        for (i, e) in self.events().enumerate() {
-            if open.is_some_and(|s| s.end == i) {
-                open = None;
-                replay.end();
-            }
-            if open.is_none() && next.peek().is_some_and(|s| s.begin == i) {
-                let s = next.next().expect("peeked");
-                open = Some(s);
-                replay.begin(s.name.clone());
-            }
-            if !replay.event(e) {
+        for chunk in &self.chunks {
+            if !replay.read(chunk) {
                 break;
             }
         }

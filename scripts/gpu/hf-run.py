@@ -11,12 +11,13 @@ users load a model), dtype (float16|bfloat16|float32),
 autocast (null|bfloat16|float16: float32 weights trained under autocast), mode
 (inference|full|lora|qlora), batch, context, generated, checkpointing, optimizer
 (adamw|adamw-8bit), optimizer_impl (foreach|fused|for-loop), lora {rank, alpha, targets},
-steps, card_bytes (null, or emulate a card of that many bytes: the memory beyond it is taken
+steps, python_hash_seed (PYTHONHASHSEED of the run's process; the caller sets it), card_bytes (null, or emulate a card of that many bytes: the memory beyond it is taken
 with one cudaMalloc outside PyTorch's allocator once CUDA has started), trace (none|sizes|stacks:
 the allocator's own trace, `torch.cuda.memory._record_memory_history`).
 PYTORCH_CUDA_ALLOC_CONF is read from the environment (the caller sets it).
 
-RESULT (JSON): the spec, the environment, per stage (stage, allocated_before, allocated_after,
+RESULT (JSON): the spec, the environment, the order this process iterates the set of the
+configuration's layer kinds (`mask_order`, when it has `layer_types`), per stage (stage, allocated_before, allocated_after,
 reserved_after, peak_allocated, peak_reserved, device_used_after = total - free,
 outside_after = device_used_after - reserved_after, host_ms), the outcome (ok, or oom with the
 stage and the message), the allocator's counters at the end and, with a trace, every event
@@ -215,6 +216,11 @@ def apply_lora(model):
 def run(stages, record):
     dtype = DTYPES["float32" if SPEC.get("autocast") else SPEC["dtype"]]
     cfg = build_config()
+    layer_types = getattr(cfg.get_text_config(), "layer_types", None)
+    if layer_types:
+        # The order `create_masks_for_generate` makes a composite model's masks in: this
+        # process's iteration of the same set (string hashing, random per process).
+        record["mask_order"] = list(set(layer_types))
     torch.manual_seed(0)
     stages.begin("weights")
     model = build_model(cfg, dtype)

@@ -15,6 +15,9 @@ PUBLIC = {
     "llama-3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
                                    tie_word_embeddings=False)),
+    "llama-2-13b": ("llama", dict(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                                  num_attention_heads=40, num_key_value_heads=40, max_position_embeddings=4096,
+                                  tie_word_embeddings=False)),
     "llama-3.2-1b": ("llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                                    num_attention_heads=32, num_key_value_heads=8, head_dim=64,
                                    max_position_embeddings=131072, tie_word_embeddings=True)),
@@ -47,6 +50,14 @@ PUBLIC = {
                                         num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
                                         head_dim=256, sliding_window=1024, query_pre_attn_scalar=256,
                                         max_position_embeddings=131072)),
+    "gemma-3-4b": ("gemma3", dict(
+        text_config=dict(vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=1024,
+                         query_pre_attn_scalar=256, max_position_embeddings=131072,
+                         rope_scaling=dict(rope_type="linear", factor=8.0)),
+        vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                           image_size=896, patch_size=14, vision_use_head=False),
+        mm_tokens_per_image=256, image_token_index=262144, boi_token_index=255999, eoi_token_index=256000)),
     "phi-3-mini": ("phi3", dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
                                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
                                 sliding_window=2047, tie_word_embeddings=False)),
@@ -57,6 +68,14 @@ PUBLIC = {
                                              v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
                                              num_experts_per_tok=6, first_k_dense_replace=1,
                                              max_position_embeddings=163840, tie_word_embeddings=False)),
+    "deepseek-v3": ("deepseek_v3", dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                                        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                                        num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                        n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+                                        n_group=8, topk_group=4, first_k_dense_replace=3, norm_topk_prob=True,
+                                        routed_scaling_factor=2.5, max_position_embeddings=163840,
+                                        tie_word_embeddings=False)),
     "qwen1.5-moe-a2.7b": ("qwen2_moe", dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632,
                                             moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
                                             num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
@@ -88,6 +107,16 @@ def small(model_type, variant=0):
         c.update(num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     if model_type == "phi3":
         c.update(num_key_value_heads=heads, sliding_window=None)
+    if model_type == "gemma3":
+        # The multimodal configuration: the text model of gemma3_text, a SigLIP vision tower of
+        # other widths, the image token inside the vocabulary as in the public checkpoints.
+        vision = [dict(hidden_size=176, intermediate_size=232, num_attention_heads=4),
+                  dict(hidden_size=208, intermediate_size=264, num_attention_heads=8)][variant]
+        vision.update(num_hidden_layers=2, image_size=56, patch_size=14, vision_use_head=False)
+        text = small("gemma3_text", variant)
+        text.pop("tie_word_embeddings")
+        return dict(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=vocab - 60,
+                    boi_token_index=vocab - 61, eoi_token_index=vocab - 59)
     if model_type in ("deepseek_v2", "deepseek_v3"):
         c.pop("head_dim")
         c.update(num_key_value_heads=heads, kv_lora_rank=96 + 8 * variant, q_lora_rank=None if model_type ==
@@ -113,6 +142,10 @@ def run_spec(s, out_dir: Path, expandable=False, timeout=600):
     result_path = out_dir / f"{s['name']}.json"
     spec_path.write_text(json.dumps(s))
     env = dict(os.environ)
+    if "python_hash_seed" in s:
+        env["PYTHONHASHSEED"] = str(s["python_hash_seed"])
+    else:
+        env.pop("PYTHONHASHSEED", None)
     if expandable or s.get("expandable"):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     else:

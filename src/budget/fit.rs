@@ -9,7 +9,7 @@ use super::terms::{allocator_config, Budget, Place, Split};
 use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
-use crate::stack::run::{program, program_replayed_under, Program};
+use crate::stack::run::{program, program_replayed_under, Program, Replayed};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
@@ -155,7 +155,7 @@ pub fn memory_bytes(row: &CatalogRow) -> u64 {
 /// The one-GPU verdicts of one workload, replayed once per card size and allocator setting.
 pub struct OneGpu<'a> {
     budget: &'a Budget,
-    program: Option<std::sync::Arc<Program>>,
+    programs: Vec<std::sync::Arc<Program>>,
     verdicts: HashMap<(u64, AllocatorSetting), bool>,
 }
 
@@ -163,7 +163,7 @@ impl<'a> OneGpu<'a> {
     pub fn new(budget: &'a Budget) -> OneGpu<'a> {
         OneGpu {
             budget,
-            program: budget.program.clone(),
+            programs: budget.programs.clone(),
             verdicts: HashMap::new(),
         }
     }
@@ -179,12 +179,19 @@ impl<'a> OneGpu<'a> {
         )
     }
 
-    /// The program of the run (the budget's, or emulated again for a budget read from a file).
-    fn program(&mut self) -> std::sync::Arc<Program> {
+    /// The programs of the workload's runs (the budget's, or emulated again for a budget read
+    /// from a file).
+    fn programs(&mut self) -> Vec<std::sync::Arc<Program>> {
         let b = self.budget;
-        self.program
-            .get_or_insert_with(|| std::sync::Arc::new(program(&b.workload.run(b.kernels))))
-            .clone()
+        if self.programs.is_empty() {
+            self.programs = b
+                .workload
+                .runs(b.kernels)
+                .iter()
+                .map(|run| std::sync::Arc::new(program(run)))
+                .collect();
+        }
+        self.programs.clone()
     }
 
     /// The budget's peak of `reserved` under `setting`, when known (the budget's own setting's;
@@ -202,7 +209,7 @@ impl<'a> OneGpu<'a> {
             if let Some(&fits) = self.verdicts.get(&(usable, setting)) {
                 return fits;
             }
-            let fits = complete_on_cards(&self.program(), &[(setting, usable)])[0];
+            let fits = complete_on_cards(&self.programs(), &[(setting, usable)])[0];
             self.verdicts.insert((usable, setting), fits);
             fits
         })
@@ -225,7 +232,7 @@ impl<'a> OneGpu<'a> {
         if open.is_empty() {
             return;
         }
-        let fits = complete_on_cards(&self.program(), &open);
+        let fits = complete_on_cards(&self.programs(), &open);
         self.verdicts
             .extend(open.into_iter().map(|(s, u)| (u, s)).zip(fits));
     }
@@ -240,17 +247,22 @@ impl<'a> OneGpu<'a> {
     }
 }
 
-/// Whether `program` completes on an allocator limited to each of `cards` (a setting and the
-/// bytes the allocator may use), the replays side by side on every core.
-fn complete_on_cards(program: &Program, cards: &[(AllocatorSetting, u64)]) -> Vec<bool> {
+/// Whether every one of `programs` completes on an allocator limited to each of `cards` (a
+/// setting and the bytes the allocator may use), the replays side by side on every core.
+fn complete_on_cards(
+    programs: &[std::sync::Arc<Program>],
+    cards: &[(AllocatorSetting, u64)],
+) -> Vec<bool> {
     use rayon::prelude::*;
     cards
         .par_iter()
         .map(|&(setting, usable)| {
-            program
-                .replay(allocator_config(setting), Some(usable))
-                .out_of_memory
-                .is_none()
+            programs.par_iter().all(|program| {
+                program
+                    .replay(allocator_config(setting), Some(usable))
+                    .out_of_memory
+                    .is_none()
+            })
         })
         .collect()
 }
@@ -508,12 +520,29 @@ impl<'a> SizeSearch<'a> {
             .iter()
             .map(|&a| allocator_config(a))
             .collect();
-        let (program, replayed) = program_replayed_under(&w.run(self.settings.kernels), &configs);
+        let (programs, replayed): (Vec<_>, Vec<Vec<Replayed>>) = w
+            .runs(self.settings.kernels)
+            .iter()
+            .map(|run| {
+                let (program, replayed) = program_replayed_under(run, &configs);
+                (std::sync::Arc::new(program), replayed)
+            })
+            .unzip();
+        // Each setting's peaks: the largest of the runs'.
+        let peaks: Vec<(u64, u64)> = (0..configs.len())
+            .map(|i| {
+                let of_runs = replayed.iter().map(|r| &r[i]);
+                (
+                    of_runs.clone().map(|r| r.peak_allocated).max().unwrap_or(0),
+                    of_runs.map(|r| r.peak_reserved).max().unwrap_or(0),
+                )
+            })
+            .collect();
         let mut verdicts = HashMap::new();
         let mut limited = Vec::new();
-        for (&allocator, r) in self.allocators.iter().zip(&replayed) {
+        for (&allocator, &(allocated, reserved)) in self.allocators.iter().zip(&peaks) {
             for &usable in &self.usables {
-                match by_peaks(r.peak_allocated, Some(r.peak_reserved), usable) {
+                match by_peaks(allocated, Some(reserved), usable) {
                     Some(fits) => {
                         verdicts.insert((allocator, usable), fits);
                     }
@@ -521,9 +550,9 @@ impl<'a> SizeSearch<'a> {
                 }
             }
         }
-        let fits = complete_on_cards(&program, &limited);
+        let fits = complete_on_cards(&programs, &limited);
         verdicts.extend(limited.into_iter().zip(fits));
-        let peaks = replayed.iter().map(|r| (r.peak_allocated, r.peak_reserved));
+        let peaks = peaks.into_iter();
         Tried {
             verdicts,
             peaks: self.allocators.iter().copied().zip(peaks).collect(),

@@ -1,7 +1,8 @@
 //! The GPU proof of the budget, read back: runs of real Hugging Face workloads recorded on the
 //! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`) and, for bitsandbytes' 8-bit
 //! AdamW, by `scripts/gpu/hf-record.py` (`data/hf-proof-bitsandbytes-h200.json`), and at the edge
-//! of one card where the verdicts alternate (`data/hf-proof-edge-h200.json`), each replayed here as the
+//! of one card where the verdicts alternate (`data/hf-proof-edge-h200.json`), and on configurations
+//! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
@@ -17,6 +18,8 @@ pub const RECORDED: &str = include_str!("../../data/hf-proof-h200.json");
 pub const RECORDED_BITSANDBYTES: &str = include_str!("../../data/hf-proof-bitsandbytes-h200.json");
 /// The runs at a card's edge where the verdicts alternate, recorded on the H200.
 pub const RECORDED_EDGE: &str = include_str!("../../data/hf-proof-edge-h200.json");
+/// The runs none of the replay's rules were derived from (`scripts/hf-proof-plan --held-out`).
+pub const RECORDED_HELD_OUT: &str = include_str!("../../data/hf-proof-held-out-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +174,11 @@ impl Report {
     /// The shipped runs at the edge of an emulated RTX 4090 where the verdicts alternate.
     pub fn recorded_edge() -> Report {
         Report::shipped(RECORDED_EDGE, "data/hf-proof-edge-h200.json")
+    }
+
+    /// The shipped runs on configurations and models the replay was not derived from.
+    pub fn recorded_held_out() -> Report {
+        Report::shipped(RECORDED_HELD_OUT, "data/hf-proof-held-out-h200.json")
     }
 
     fn shipped(text: &str, file: &str) -> Report {

@@ -71,7 +71,8 @@ impl Budget {
         };
         format!(
             "{} ({}), {weights}, {mode}{extras}",
-            w.source, w.model.model_type
+            w.source,
+            w.model.type_name()
         )
     }
 
@@ -106,6 +107,15 @@ impl Budget {
              Hugging Face stack in its order: reserved peaks in the {} stage.",
             self.peak_stage
         )];
+        if self.workload.runs(self.kernels).len() > 1 {
+            notes.push(
+                "Its masks come in the order the process's string hashing gives \
+                 `set(layer_types)` (random in every Python process): the run is replayed in both \
+                 orders, the budget is the one with the higher peak of reserved and a card holds \
+                 it only if it holds both."
+                    .into(),
+            );
+        }
         for t in &self.terms {
             let status = match &t.status {
                 super::TermStatus::Replayed { bound } => format!(" [replayed: {bound}]"),
@@ -352,9 +362,7 @@ impl super::Presets {
                 let m = p.model().expect("presets are checked when read");
                 let attention = match m.attention {
                     crate::model::Attention::Latent(_) => "latent".to_string(),
-                    _ if m.has_sliding_layers() && m.layers.iter().any(|l| l.window.is_none()) => {
-                        "local/global".into()
-                    }
+                    _ if m.mixes_sliding_and_global() => "local/global".into(),
                     _ if m.has_sliding_layers() => "sliding window".into(),
                     _ => "full".into(),
                 };
@@ -366,7 +374,7 @@ impl super::Presets {
                 vec![
                     crate::text::printable(&p.preset).to_string(),
                     crate::text::printable(&p.name).to_string(),
-                    m.model_type.name().to_string(),
+                    m.type_name().to_string(),
                     grouped(p.parameters),
                     m.layers.len().to_string(),
                     m.hidden.to_string(),

@@ -402,7 +402,7 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
     .validated()
     .unwrap();
     let b = budget(&w, &BudgetSettings::h200());
-    let program = crate::stack::run::program(&w.run(BudgetSettings::h200().kernels));
+    let program = crate::stack::run::program(&w.runs(BudgetSettings::h200().kernels)[0]);
     let stages = program.stages();
     let loading = &stages[0];
     assert_eq!(loading.name, "weights");
@@ -458,7 +458,7 @@ fn replays_made_as_the_emulation_writes_equal_replays_of_the_kept_program() {
         terms::allocator_config(AllocatorSetting::ExpandableSegments),
     ];
     let (program, streamed) =
-        program_replayed_under(&w.run(BudgetSettings::h200().kernels), &configs);
+        program_replayed_under(&w.runs(BudgetSettings::h200().kernels)[0], &configs);
     let figures = |r: &Replayed| {
         (
             r.stages.clone(),

@@ -238,6 +238,23 @@ impl Workload {
                 .filter(|t| !linears.contains(t))
                 .cloned()
                 .collect();
+            let text_linears: Vec<String> = self
+                .model
+                .parameters()
+                .into_iter()
+                .filter(|p| p.role == TensorRole::Linear && p.used_by_text())
+                .map(|p| p.module().to_string())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if unknown.is_empty() && !targets.iter().any(|t| text_linears.contains(t)) {
+                return Err(WorkloadError::Unsupported(format!(
+                    "--targets {} names only the vision tower's layers, which a text-only run \
+                     never uses: nothing would be trained; the text model's: {}",
+                    targets.join(","),
+                    text_linears.join(", ")
+                )));
+            }
             if targets.is_empty() || !unknown.is_empty() {
                 let mut known = linears.clone();
                 known.sort();
@@ -318,6 +335,13 @@ impl Workload {
         if !matches!(self.model.attention, Attention::Standard { .. }) {
             return unsupported("QLoRA with latent attention is not replayed: not proven".into());
         }
+        if self.model.vision.is_some() {
+            return unsupported(
+                "QLoRA of a model with a vision tower (Gemma 3) is not replayed: which of its \
+                 layers bitsandbytes quantizes is not proven"
+                    .into(),
+            );
+        }
         if self.autocast.is_some() {
             return unsupported("--autocast with --mode qlora is not replayed".into());
         }
@@ -347,8 +371,27 @@ impl Workload {
         }
     }
 
+    /// The runs the workload may make: one, or, for a model whose masks come in the order the
+    /// process's string hashing gives (Gemma 3 with its vision tower, with sliding and full
+    /// layers), one for each order. A card holds the workload only if it holds every run.
+    pub fn runs(&self, kernels: crate::stack::ops::Kernels) -> Vec<crate::stack::run::Run> {
+        use crate::stack::masks::MaskOrder;
+        let m = &self.model;
+        let orders: &[MaskOrder] = match m.vision.is_some() && m.mixes_sliding_and_global() {
+            true => &MaskOrder::BOTH,
+            false => &MaskOrder::BOTH[..1],
+        };
+        orders
+            .iter()
+            .map(|&mask_order| crate::stack::run::Run {
+                mask_order,
+                ..self.run(kernels)
+            })
+            .collect()
+    }
+
     /// The emulated run (one training step: its peak is the second step's, the states made).
-    pub fn run(&self, kernels: crate::stack::ops::Kernels) -> crate::stack::run::Run {
+    fn run(&self, kernels: crate::stack::ops::Kernels) -> crate::stack::run::Run {
         use crate::stack::run::{Loading, Lora, Run, Work};
         let work = match &self.mode {
             Mode::Inference { generated } => Work::Generate {
@@ -387,6 +430,7 @@ impl Workload {
                 _ => Loading::Pretrained,
             },
             kernels,
+            mask_order: Default::default(),
         }
     }
 }

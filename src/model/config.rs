@@ -5,7 +5,7 @@
 
 use super::{
     Attention, Latent, Layer, Mlp, Model, ModelType, Moe, QkNorm, Quantization, Router,
-    SharedExperts,
+    SharedExperts, Vision,
 };
 use crate::dtype::Dtype;
 use serde_json::Value;
@@ -23,7 +23,7 @@ pub const MAX_SIZE: u64 = 1 << 24;
 pub enum ConfigError {
     #[error(
         "model_type `{0}` is not supported; supported: llama, mistral, mixtral, qwen2, qwen2_moe, \
-         qwen3, qwen3_moe, gemma2, gemma3_text, gemma3 (its text_config), phi3, deepseek_v2, \
+         qwen3, qwen3_moe, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, deepseek_v2, \
          deepseek_v3"
     )]
     UnknownType(String),
@@ -255,6 +255,11 @@ pub fn from_value(value: &Value) -> Result<Model, ConfigError> {
             prefix: "text_config.",
         };
         let mut model = build(ModelType::Gemma3Text, &fields)?;
+        model.vision = Some(vision_of(&top)?);
+        // `Gemma3ForConditionalGeneration` ties its head by the top-level flag and applies no
+        // final soft-capping.
+        model.tied_embeddings = top.flag("tie_word_embeddings", true)?;
+        model.final_softcap = false;
         if model.dtype.is_none() {
             model.dtype = dtype_of(&top)?;
         }
@@ -366,6 +371,46 @@ fn default_kv_heads(model_type: ModelType) -> Option<u64> {
         T::DeepseekV3 => Some(128),
         T::Llama | T::Phi3 | T::DeepseekV2 => None,
     }
+}
+
+/// A Gemma 3's vision tower from its `vision_config`, SiglipVisionConfig's defaults where a field
+/// (or the whole `vision_config`) is absent: 12 layers of 768, 224-pixel images in 16-pixel
+/// patches, the pooling head.
+fn vision_of(top: &Fields) -> Result<Vision, ConfigError> {
+    let empty = serde_json::Map::new();
+    let object = match top.get("vision_config") {
+        None => &empty,
+        Some(value) => value.as_object().ok_or_else(|| ConfigError::Type {
+            field: top.name("vision_config"),
+            expected: "an object",
+            found: shown(value),
+        })?,
+    };
+    let f = Fields {
+        object,
+        prefix: "vision_config.",
+    };
+    let image = f.size_or("image_size", 224)?;
+    let patch = f.size_or("patch_size", 16)?;
+    let side = image / patch;
+    let positions = side.checked_mul(side).filter(|&n| n > 0 && n <= MAX_SIZE);
+    let positions = positions.ok_or_else(|| ConfigError::Range {
+        field: f.name("image_size"),
+        value: image.to_string(),
+        range: format!(
+            "at least `{}` ({patch}), with (image_size / patch_size)² at most {MAX_SIZE}",
+            f.name("patch_size")
+        ),
+    })?;
+    Ok(Vision {
+        hidden: f.size_or("hidden_size", 768)?,
+        intermediate: f.size_or("intermediate_size", 3072)?,
+        layers: f.number("num_hidden_layers", Some(12), 1, MAX_LAYERS)?,
+        channels: f.size_or("num_channels", 3)?,
+        patch,
+        positions,
+        head: f.flag("vision_use_head", true)?,
+    })
 }
 
 /// The model of `model_type` from its fields.
@@ -513,6 +558,7 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         },
         dtype: dtype_of(f)?,
         quantization: quantization_of(f)?,
+        vision: None,
     })
 }
 

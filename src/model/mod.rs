@@ -1,7 +1,7 @@
 //! A causal language model as transformers 5.17 builds it from its `config.json`: the sizes,
 //! attention kind (full, sliding-window, interleaved local/global, latent), mixture of experts,
-//! norms and biases of each supported `model_type` ([`config`]), and its parameter tensors in
-//! the order `named_parameters()` yields them ([`tensors`]).
+//! norms and biases of each supported `model_type` ([`config`]), a Gemma 3's vision tower, and its
+//! parameter tensors in the order `named_parameters()` yields them ([`tensors`]).
 
 pub mod config;
 pub mod folder;
@@ -168,6 +168,22 @@ pub enum Quantization {
     Packed { bits: u64, group_size: u64 },
 }
 
+/// The SigLIP vision tower and projector of a multimodal Gemma 3 (`Gemma3ForConditionalGeneration`,
+/// what `AutoModelForCausalLM` builds from a `gemma3` configuration). A text-only run loads them
+/// and never runs them: no activation, no gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vision {
+    pub hidden: u64,
+    pub intermediate: u64,
+    pub layers: u64,
+    pub channels: u64,
+    pub patch: u64,
+    /// Patches of an image: `(image_size / patch_size)²`.
+    pub positions: u64,
+    /// SigLIP's attention-pooling head (`vision_use_head`).
+    pub head: bool,
+}
+
 /// A model as transformers builds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Model {
@@ -195,9 +211,29 @@ pub struct Model {
     /// The dtype the config names (`dtype` or `torch_dtype`).
     pub dtype: Option<crate::dtype::Dtype>,
     pub quantization: Option<Quantization>,
+    /// The vision tower beside the text model (`None`: a text-only model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<Vision>,
 }
 
 impl Model {
+    /// The `model_type` of the configuration read: `gemma3` for a Gemma 3 with its vision tower.
+    pub fn type_name(&self) -> &'static str {
+        match self.vision {
+            Some(_) => "gemma3",
+            None => self.model_type.name(),
+        }
+    }
+
+    /// Where the text model's tensors are named: `model.`, or `model.language_model.` beside a
+    /// vision tower.
+    pub fn text_prefix(&self) -> &'static str {
+        match self.vision {
+            Some(_) => "model.language_model.",
+            None => "model.",
+        }
+    }
+
     /// Queries' width (heads × per-head query width).
     pub fn q_dim(&self) -> u64 {
         match self.attention {
@@ -251,5 +287,10 @@ impl Model {
     /// Whether any layer uses a sliding window.
     pub fn has_sliding_layers(&self) -> bool {
         self.layers.iter().any(|l| l.window.is_some())
+    }
+
+    /// Whether sliding layers and layers of global attention alternate (Gemma 2 and 3).
+    pub fn mixes_sliding_and_global(&self) -> bool {
+        self.has_sliding_layers() && self.layers.iter().any(|l| l.window.is_none())
     }
 }

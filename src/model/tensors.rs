@@ -19,6 +19,11 @@ pub enum TensorRole {
     Router,
     /// A norm's weight or a bias.
     Vector,
+    /// A tensor no adapter or quantizer takes: a convolution's weight, a position embedding,
+    /// the vision projector's matrix.
+    Other,
+    /// A buffer of int64 position indices.
+    Positions,
 }
 
 /// One parameter tensor.
@@ -49,7 +54,24 @@ impl Parameter {
     pub fn is_bias(&self) -> bool {
         self.name.ends_with(".bias")
     }
+
+    /// Whether a text-only run uses the tensor (not the vision tower's or its projector's):
+    /// only those get gradients.
+    pub fn used_by_text(&self) -> bool {
+        !self.name.starts_with(VISION_TOWER) && !self.name.starts_with(PROJECTOR)
+    }
+
+    /// Bytes of an element of a buffer: int64 positions, float32 otherwise.
+    pub fn buffer_element_bytes(&self) -> u64 {
+        match self.role {
+            TensorRole::Positions => 8,
+            _ => 4,
+        }
+    }
 }
+
+const VISION_TOWER: &str = "model.vision_tower.";
+const PROJECTOR: &str = "model.multi_modal_projector.";
 
 struct List(Vec<Parameter>);
 
@@ -70,6 +92,11 @@ impl List {
     fn norm(&mut self, prefix: &str, width: u64) {
         self.push(format!("{prefix}.weight"), &[width], TensorRole::Vector);
     }
+    /// A LayerNorm: its weight and bias.
+    fn layer_norm(&mut self, prefix: &str, width: u64) {
+        self.norm(prefix, width);
+        self.push(format!("{prefix}.bias"), &[width], TensorRole::Vector);
+    }
 }
 
 impl Model {
@@ -77,13 +104,17 @@ impl Model {
     pub fn parameters(&self) -> Vec<Parameter> {
         let (h, v) = (self.hidden, self.vocab);
         let mut p = List(Vec::new());
+        if let Some(vision) = self.vision {
+            self.push_vision(&mut p, vision);
+        }
+        let text = self.text_prefix();
         p.push(
-            "model.embed_tokens.weight".into(),
+            format!("{text}embed_tokens.weight"),
             &[v, h],
             TensorRole::Embedding,
         );
         for (i, layer) in self.layers.iter().enumerate() {
-            let l = format!("model.layers.{i}");
+            let l = format!("{text}layers.{i}");
             self.push_attention(&mut p, &l);
             match layer.mlp {
                 Mlp::Dense { intermediate } => {
@@ -98,21 +129,30 @@ impl Model {
                 p.norm(&format!("{l}.post_feedforward_layernorm"), h);
             }
         }
-        p.norm("model.norm", h);
+        p.norm(&format!("{text}norm"), h);
         if !self.tied_embeddings {
             p.push("lm_head.weight".into(), &[v, h], TensorRole::LmHead);
         }
         p.0
     }
 
-    /// The buffers the model holds on the GPU besides its parameters, all float32: Gemma's
-    /// embedding scale, DeepSeek-V3's routers' score corrections, the rotary frequencies (with
-    /// their originals; Gemma 3 one pair per attention kind present).
+    /// The buffers the model holds on the GPU besides its parameters, in `named_buffers()`
+    /// order: the vision tower's patch positions (int64), then float32 ones: Gemma's embedding
+    /// scale, DeepSeek-V3's routers' score corrections, the rotary frequencies (with their
+    /// originals; Gemma 3 one pair per attention kind present).
     pub fn buffers(&self) -> Vec<Parameter> {
         let mut b = List(Vec::new());
+        if let Some(vision) = self.vision {
+            b.push(
+                format!("{VISION_TOWER}embeddings.position_ids"),
+                &[1, vision.positions],
+                TensorRole::Positions,
+            );
+        }
+        let text = self.text_prefix();
         if self.model_type.is_gemma() {
             b.push(
-                "model.embed_tokens.embed_scale".into(),
+                format!("{text}embed_tokens.embed_scale"),
                 &[],
                 TensorRole::Vector,
             );
@@ -122,7 +162,7 @@ impl Model {
             for (i, l) in self.layers.iter().enumerate() {
                 if l.mlp == Mlp::Experts {
                     b.push(
-                        format!("model.layers.{i}.mlp.gate.e_score_correction_bias"),
+                        format!("{text}layers.{i}.mlp.gate.e_score_correction_bias"),
                         &[experts],
                         TensorRole::Vector,
                     );
@@ -143,12 +183,12 @@ impl Model {
         }
         for k in kinds {
             b.push(
-                format!("model.rotary_emb.{k}inv_freq"),
+                format!("{text}rotary_emb.{k}inv_freq"),
                 &[half],
                 TensorRole::Vector,
             );
             b.push(
-                format!("model.rotary_emb.{k}original_inv_freq"),
+                format!("{text}rotary_emb.{k}original_inv_freq"),
                 &[half],
                 TensorRole::Vector,
             );
@@ -159,6 +199,60 @@ impl Model {
     /// The number of parameters (what `sum(p.numel() for p in model.parameters())` gives).
     pub fn parameter_count(&self) -> u64 {
         self.parameters().iter().map(Parameter::elements).sum()
+    }
+
+    /// SigLIP's vision tower (with its pooling head where it has one) and Gemma 3's projector,
+    /// in the order their modules make them.
+    fn push_vision(&self, p: &mut List, v: super::Vision) {
+        let t = VISION_TOWER;
+        let (h, i) = (v.hidden, v.intermediate);
+        p.push(
+            format!("{t}embeddings.patch_embedding.weight"),
+            &[h, v.channels, v.patch, v.patch],
+            TensorRole::Other,
+        );
+        p.push(
+            format!("{t}embeddings.patch_embedding.bias"),
+            &[h],
+            TensorRole::Vector,
+        );
+        p.push(
+            format!("{t}embeddings.position_embedding.weight"),
+            &[v.positions, h],
+            TensorRole::Other,
+        );
+        for layer in 0..v.layers {
+            let l = format!("{t}encoder.layers.{layer}");
+            p.layer_norm(&format!("{l}.layer_norm1"), h);
+            for proj in ["k_proj", "v_proj", "q_proj", "out_proj"] {
+                p.linear(&format!("{l}.self_attn.{proj}"), h, h, true);
+            }
+            p.layer_norm(&format!("{l}.layer_norm2"), h);
+            p.linear(&format!("{l}.mlp.fc1"), i, h, true);
+            p.linear(&format!("{l}.mlp.fc2"), h, i, true);
+        }
+        p.layer_norm(&format!("{t}post_layernorm"), h);
+        if v.head {
+            // SiglipMultiheadAttentionPoolingHead: a probe, `nn.MultiheadAttention`, a norm, an MLP.
+            let a = format!("{t}head.attention");
+            p.push(format!("{t}head.probe"), &[1, 1, h], TensorRole::Other);
+            p.push(
+                format!("{a}.in_proj_weight"),
+                &[3 * h, h],
+                TensorRole::Other,
+            );
+            p.push(format!("{a}.in_proj_bias"), &[3 * h], TensorRole::Vector);
+            p.linear(&format!("{a}.out_proj"), h, h, true);
+            p.layer_norm(&format!("{t}head.layernorm"), h);
+            p.linear(&format!("{t}head.mlp.fc1"), i, h, true);
+            p.linear(&format!("{t}head.mlp.fc2"), h, i, true);
+        }
+        p.push(
+            format!("{PROJECTOR}mm_input_projection_weight"),
+            &[h, self.hidden],
+            TensorRole::Other,
+        );
+        p.norm(&format!("{PROJECTOR}mm_soft_emb_norm"), h);
     }
 
     fn push_attention(&self, p: &mut List, l: &str) {

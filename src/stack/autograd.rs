@@ -246,13 +246,11 @@ pub fn backward(process: &mut dyn Backward, root: &Tensor, grad: Tensor) {
                     let slot = &mut buffer[edge.slot()];
                     *slot = Some(match slot.take() {
                         None => out,
+                        // `InputBuffer::accumulate`: in place in the first gradient when
+                        // nothing else holds it (never in the second, a dense one), else a sum.
                         Some(old) if unique_dense(&old) => {
                             drop(out);
                             old
-                        }
-                        Some(old) if unique_dense(&out) => {
-                            drop(old);
-                            out
                         }
                         Some(old) => {
                             let sum = process.add(&old, &out);

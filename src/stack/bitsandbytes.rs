@@ -101,7 +101,14 @@ impl Quantizer {
         drop(abs);
         drop(max);
         let offset = make(p, offset);
-        mean_staging(p, b);
+        // `absmax.mean()` of the block maxima: a whole reduction of `b` float32 values.
+        let mean = super::reduce::Reduction {
+            outputs: 1,
+            inputs_per_output: b,
+            along_fastest: true,
+            innermost_outputs: 1,
+        };
+        p.reduction_staging(mean, Elem::F32);
         let centred = p.empty(&[b], Elem::F32);
         if self.dynamic_map.is_none() {
             self.dynamic_map = Some(p.empty(&[DYNAMIC_MAP_ENTRIES], Elem::F32));
@@ -122,31 +129,6 @@ impl Quantizer {
     /// The dynamic map, kept by the process as long as the model.
     pub fn into_map(self) -> Option<Tensor> {
         self.dynamic_map
-    }
-}
-
-/// The H200's reduction grid: 132 SMs × 4 blocks of 512 threads (`target_grid_size`).
-const REDUCTION_GRID: u64 = 132 * 4;
-
-/// What `mean()` of `n` float32 values stages in global memory after its output (PyTorch's
-/// `setReduceConfig`): when each of the block's 512 threads would sum 256 values or more, the
-/// input is split over `ctas` blocks, whose partial sums (4 B each) and a semaphore (4 B) are
-/// allocated, then freed. The grid's cap depends on the GPU's SMs; it binds only above 4.3
-/// million values (a weight of 277 million elements), a few hundred bytes in the small pool.
-fn mean_staging(p: &mut Process, n: u64) {
-    let per_thread = n.div_ceil(512);
-    if per_thread < 256 {
-        return;
-    }
-    let ctas = per_thread
-        .div_ceil(16)
-        .min(REDUCTION_GRID)
-        .max(per_thread.div_ceil(256));
-    if ctas > 1 {
-        let partials = p.empty(&[ctas], Elem::F32);
-        let semaphore = p.empty(&[1], Elem::I32);
-        drop(semaphore);
-        drop(partials);
     }
 }
 

@@ -33,9 +33,10 @@ pub(super) fn joined(parts: &[&str]) -> String {
     out
 }
 
-/// The prefix of layer `layer`'s modules: `model.layers.{layer}`.
-pub(super) fn layer_prefix(layer: usize) -> String {
-    joined(&["model.layers.", &layer.to_string()])
+/// The prefix of layer `layer`'s modules: `model.layers.{layer}` (in a model with a vision
+/// tower, `model.language_model.layers.{layer}`).
+pub(super) fn layer_prefix(model: &Model, layer: usize) -> String {
+    joined(&[model.text_prefix(), "layers.", &layer.to_string()])
 }
 
 /// The model's tensors on the device.
@@ -388,15 +389,21 @@ impl Decoder<'_> {
                 drop(viewed);
                 self.p().transpose(&normed, 1, 2)
             }
-            QkNorm::AfterTranspose => {
-                let w = self.weights.get(&norm_weight()).clone();
-                let swapped = self.p().transpose(&viewed, 1, 2);
-                drop(viewed);
-                let normed = self.norm(&swapped, &w);
-                drop(swapped);
-                normed
-            }
+            // Normed by the attention once all three are projected.
+            QkNorm::AfterTranspose => self.p().transpose(&viewed, 1, 2),
         }
+    }
+
+    /// `self.{norm}(x)` of the attention `attn` (Gemma 3's per-head norms, after the three
+    /// projections): `x` goes as its name is rebound.
+    fn head_norm(&mut self, attn: &str, norm: &str, x: Tensor) -> Tensor {
+        let w = self
+            .weights
+            .get(&joined(&[attn, ".", norm, ".weight"]))
+            .clone();
+        let normed = self.norm(&x, &w);
+        drop(x);
+        normed
     }
 
     /// `repeat_kv`: grouped keys or values expanded to every query head (a copy).
@@ -435,7 +442,7 @@ impl Decoder<'_> {
         qk_norm: QkNorm,
     ) -> Tensor {
         let m = self.model;
-        let a = joined(&[&layer_prefix(layer), ".self_attn"]);
+        let a = joined(&[&layer_prefix(self.model, layer), ".self_attn"]);
         let (d, (b, t)) = (m.head_dim, (x.shape[0], x.shape[1]));
         let fused = matches!(
             m.attention,
@@ -469,7 +476,13 @@ impl Decoder<'_> {
                 QkNorm::None,
                 "",
             );
-            (q, k, v)
+            match qk_norm {
+                QkNorm::AfterTranspose => {
+                    let q = self.head_norm(&a, "q_norm", q);
+                    (q, self.head_norm(&a, "k_norm", k), v)
+                }
+                _ => (q, k, v),
+            }
         };
         let cos4 = self.p().unsqueeze(cos, 1);
         let sin4 = self.p().unsqueeze(sin, 1);
@@ -567,7 +580,7 @@ impl Decoder<'_> {
         cache: Option<&mut Cache>,
     ) -> Tensor {
         let m = self.model;
-        let l = layer_prefix(layer);
+        let l = layer_prefix(self.model, layer);
         let qk_norm = match m.attention {
             Attention::Standard { qk_norm, .. } => qk_norm,
             Attention::Latent(_) => QkNorm::None,
@@ -640,7 +653,10 @@ impl Decoder<'_> {
         labels: Option<&Tensor>,
     ) -> Output {
         let m = self.model;
-        let embed = self.weights.get("model.embed_tokens.weight").clone();
+        let embed = self
+            .weights
+            .get(&joined(&[m.text_prefix(), "embed_tokens.weight"]))
+            .clone();
         let dtype = embed.elem;
         let inputs_embeds = self.embed(&embed, ids);
         // Without positions, `arange(t) + past_seen_tokens`, unsqueezed.
@@ -664,8 +680,7 @@ impl Decoder<'_> {
             Rope::Real(cos, sin)
         };
         let local = (m.model_type == crate::model::ModelType::Gemma3Text
-            && m.has_sliding_layers()
-            && m.layers.iter().any(|l| l.window.is_none()))
+            && m.mixes_sliding_and_global())
         .then(|| {
             let (cos, sin) = self.rotary(positions, dtype);
             Rope::Real(cos, sin)
@@ -693,7 +708,10 @@ impl Decoder<'_> {
                 self.decoder_layer(layer, &hidden, rope, mask.as_ref(), cache.as_deref_mut())
             };
         }
-        let w = self.weights.get("model.norm.weight").clone();
+        let w = self
+            .weights
+            .get(&joined(&[m.text_prefix(), "norm.weight"]))
+            .clone();
         let normed = self.norm(&hidden, &w);
         drop(hidden);
         // The model's locals go at its return: positions it made, the embeddings, then the
@@ -704,9 +722,9 @@ impl Decoder<'_> {
         drop(local);
         drop(global);
         let head = if m.tied_embeddings {
-            "model.embed_tokens"
+            joined(&[m.text_prefix(), "embed_tokens"])
         } else {
-            "lm_head"
+            "lm_head".to_string()
         };
         let last = if keep_last {
             let t = normed.shape[1];
@@ -714,7 +732,7 @@ impl Decoder<'_> {
         } else {
             normed.clone()
         };
-        let mut logits = self.linear(head, &last);
+        let mut logits = self.linear(&head, &last);
         drop(last);
         if m.final_softcap {
             // logits / cap, tanh, * cap

@@ -22,7 +22,7 @@ impl Decoder<'_> {
         m: Latent,
     ) -> Tensor {
         let heads = self.model.heads;
-        let a = joined(&[&layer_prefix(layer), ".self_attn"]);
+        let a = joined(&[&layer_prefix(self.model, layer), ".self_attn"]);
         let (b, t) = (x.shape[0], x.shape[1]);
         let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
         let q_proj = match m.q_lora_rank {

@@ -25,6 +25,20 @@ impl Masks {
     }
 }
 
+/// The order in which a Gemma 3 with its vision tower makes its masks: `create_masks_for_generate`
+/// iterates `set(config.layer_types)`, whose order follows the process's string hashing
+/// (`PYTHONHASHSEED`, random in every process), so each run makes them one way or the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaskOrder {
+    #[default]
+    FullFirst,
+    SlidingFirst,
+}
+
+impl MaskOrder {
+    pub const BOTH: [MaskOrder; 2] = [MaskOrder::FullFirst, MaskOrder::SlidingFirst];
+}
+
 impl Decoder<'_> {
     /// The masks a model's forward creates for `q` new positions (`mask`: the 2-D attention
     /// mask `generate` passes; none in training).
@@ -47,18 +61,28 @@ impl Decoder<'_> {
             }
             _ => (true, false),
         };
-        let _ = has_full;
+        // Beside a vision tower, `create_masks_for_generate` makes one mask per kind of layer
+        // present, in the order the process iterates `set(layer_types)`.
+        let (causal, sliding, sliding_first) = match m.vision {
+            Some(_) => (
+                has_full,
+                sliding_window.is_some(),
+                self.process.mask_order == MaskOrder::SlidingFirst,
+            ),
+            None => (causal, sliding, false),
+        };
         let mut masks = Masks::default();
-        if causal {
-            let past = cache.map_or(0, |c| c.seen(None));
-            masks.full = self.create_mask(mask, cache.is_none(), b, q, past + q, None);
-        }
-        if sliding {
-            let w = sliding_window.unwrap_or(0);
-            let seen = cache.map_or(0, |c| c.seen(Some(w)));
-            // DynamicSlidingWindowLayer.get_mask_sizes: at most the window's keys.
-            let kv = if seen >= w { w - 1 + q } else { seen + q };
-            masks.sliding = self.create_mask(mask, cache.is_none(), b, q, kv, Some(w));
+        for make_sliding in [sliding_first, !sliding_first] {
+            if make_sliding && sliding {
+                let w = sliding_window.unwrap_or(0);
+                let seen = cache.map_or(0, |c| c.seen(Some(w)));
+                // DynamicSlidingWindowLayer.get_mask_sizes: at most the window's keys.
+                let kv = if seen >= w { w - 1 + q } else { seen + q };
+                masks.sliding = self.create_mask(mask, cache.is_none(), b, q, kv, Some(w));
+            } else if !make_sliding && causal {
+                let past = cache.map_or(0, |c| c.seen(None));
+                masks.full = self.create_mask(mask, cache.is_none(), b, q, past + q, None);
+            }
         }
         masks
     }

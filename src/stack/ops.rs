@@ -26,18 +26,37 @@ pub struct Kernels {
     pub cublas_workspace: u64,
     /// cuBLASLt's own workspace, allocated at a thread's first product with a bias.
     pub cublaslt_workspace: u64,
+    /// The resident threads that size a long reduction's grid (and so what it stages).
+    #[serde(default = "h200_grid")]
+    pub reduction_grid: super::reduce::ReductionGrid,
+}
+
+fn h200_grid() -> super::reduce::ReductionGrid {
+    super::reduce::ReductionGrid::H200
 }
 
 impl Kernels {
-    /// PyTorch 2.11's defaults on a GPU of compute capability `cc`.
+    /// PyTorch 2.11's defaults on a GPU of compute capability `cc`, reductions on the H200's grid
+    /// (the GPU the proofs ran on; a card's own count of multiprocessors changes only what a
+    /// long reduction stages for an instant).
     pub fn for_gpu(cc: crate::allocator::ComputeCapability) -> Kernels {
         let w = crate::allocator::Workspaces::for_gpu(cc, &Default::default())
             .expect("the default settings are valid");
         Kernels {
             cublas_workspace: w.cublas_bytes,
             cublaslt_workspace: w.cublaslt_bytes.unwrap_or(0),
+            reduction_grid: super::reduce::ReductionGrid::H200,
         }
     }
+}
+
+/// cuDNN's attention backward workspace for `b × h` heads (`kv` of keys and values) of `s`
+/// queries of width `d`: a float32 accumulator of the queries' gradient, another as large when
+/// the keys and values are grouped, the row sums of dO·O, and 256 bytes
+/// (`scripts/gpu/kernel-allocations.py attention` on the H200: `tests/fixtures/attention-workspace-h200.json`).
+pub fn cudnn_backward_workspace(b: u64, h: u64, kv: u64, s: u64, d: u64) -> u64 {
+    let accumulators = 1 + u64::from(kv < h);
+    4 * b * h * s * d * accumulators + 4 * b * h * s + 256
 }
 
 /// Reruns a checkpointed layer's forward: (the process, the layer, its inputs).
@@ -55,6 +74,8 @@ pub struct Process {
     /// Reruns a checkpointed layer's forward (`layer`, its inputs) during backward.
     pub recompute_layer: Option<RecomputeLayer>,
     pub kernels: Kernels,
+    /// The order this process's string hashing gives a vision model's masks.
+    pub mask_order: super::masks::MaskOrder,
     /// Whether the code runs on autograd's backward thread (its own cuBLAS handle).
     backward_thread: bool,
     /// Per thread (forward, backward): the cuBLAS and cuBLASLt workspaces once made.
@@ -89,6 +110,7 @@ impl Process {
             tape: Tape::new(),
             autograd: Autograd::new(),
             recompute_layer: None,
+            mask_order: Default::default(),
             autocast: None,
             autocast_cache: Vec::new(),
             kernels,
@@ -815,12 +837,27 @@ impl Process {
         (p, leaf)
     }
 
+    /// The staging of `reduction` of `elem` values, allocated and given back (after the
+    /// reduction's output, as the kernel's launch does).
+    pub fn reduction_staging(&mut self, reduction: super::reduce::Reduction, elem: Elem) {
+        let grid = self.kernels.reduction_grid;
+        let bytes = super::reduce::accumulator_bytes(elem);
+        if let Some(s) = reduction.staging(bytes, grid) {
+            let buffer = self.empty(&[s.buffer], Elem::U8);
+            let semaphores = self.empty(&[s.semaphores], Elem::U8);
+            drop(semaphores);
+            drop(buffer);
+        }
+    }
+
     /// The engine's reduction of a gradient to its input's shape (a broadcast input).
     fn sum_to(&mut self, grad: Tensor, meta: &Meta) -> Tensor {
         if grad.shape == meta.shape {
             return grad;
         }
         let out = self.empty(&meta.shape, grad.elem);
+        let reduction = super::reduce::Reduction::sum_to(&grad.shape, &meta.shape);
+        self.reduction_staging(reduction, grad.elem);
         drop(grad);
         out
     }
@@ -967,10 +1004,11 @@ impl Backward for Process {
             }
             Rule::AddScalar => out[0] = Some(grad.clone()),
             Rule::ToCopy { from } => {
+                // `grad.to(self.options())`: the gradient's own layout kept (not the input's).
                 out[0] = Some(if grad.elem == *from {
                     grad.clone()
                 } else {
-                    self.grad_like(&inputs[0], *from)
+                    self.laid_out_like(&grad.shape, &grad.strides, *from)
                 });
             }
             Rule::Pow => {
@@ -1025,7 +1063,7 @@ impl Backward for Process {
                 let dv = self.grad_like(&inputs[2], grad.elem);
                 let q = &inputs[0];
                 let (b, h, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-                let ws = 8 * b * h * s * d + 4 * b * h * s + 256;
+                let ws = cudnn_backward_workspace(b, h, inputs[1].shape[1], s, d);
                 drop(
                     self.tape
                         .with_role(Role::Workspaces, || self.empty(&[ws], Elem::U8)),
@@ -1190,4 +1228,46 @@ fn is_leaf_through_view(node: &Node, i: usize) -> bool {
         }
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every attention `scripts/gpu/kernel-allocations.py attention` ran on the H200 (head widths 64 to
+    /// 256, grouped and whole keys and values, causal and masked): its backward's allocations are
+    /// the three gradients, then the workspace.
+    #[test]
+    fn cudnn_backward_workspace_is_what_the_h200_allocated() {
+        let text = include_str!("../../tests/fixtures/attention-workspace-h200.json");
+        let measured: serde_json::Value = serde_json::from_str(text).unwrap();
+        let rows = measured["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 28);
+        for r in rows {
+            let n = |k: &str| r[k].as_u64().unwrap();
+            let (b, h, kv, s, d) = (
+                n("batch"),
+                n("heads"),
+                n("kv_heads"),
+                n("length"),
+                n("head_dim"),
+            );
+            assert_eq!(r["grad_fn"], "ScaledDotProductCudnnAttentionBackward0");
+            let allocated: Vec<u64> = r["backward"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e[0] == "alloc")
+                .map(|e| e[1].as_u64().unwrap())
+                .collect();
+            assert_eq!(
+                allocated[..4],
+                [
+                    2 * b * h * s * d,
+                    2 * b * kv * s * d,
+                    2 * b * kv * s * d,
+                    super::cudnn_backward_workspace(b, h, kv, s, d)
+                ],
+                "{r}"
+            );
+        }
+    }
 }

@@ -72,6 +72,8 @@ pub struct Run {
     pub work: Work,
     pub loading: Loading,
     pub kernels: Kernels,
+    /// The order the process's string hashing gives a vision model's masks.
+    pub mask_order: super::masks::MaskOrder,
 }
 
 /// A stage of the program: its name and the events it spans.
@@ -111,6 +113,14 @@ impl Stages for Marks {
     fn prefill_done(&mut self, d: &mut Decoder) {
         self.end(d.process);
         self.begin(d.process, "decode");
+    }
+}
+
+/// The elements of a buffer: int64 positions, float32 otherwise.
+fn buffer_elem(b: &Parameter) -> Elem {
+    match b.role {
+        TensorRole::Positions => Elem::I64,
+        _ => Elem::F32,
     }
 }
 
@@ -155,7 +165,7 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                     put(p, t);
                 }
                 for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, Elem::F32);
+                    let buffer = p.empty(&b.shape, buffer_elem(&b));
                     by_name.insert(b.name.clone(), buffer);
                 }
                 for t in head {
@@ -193,14 +203,14 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                     }
                 }
                 for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, Elem::F32);
+                    let buffer = p.empty(&b.shape, buffer_elem(&b));
                     by_name.insert(b.name.clone(), buffer);
                 }
             }
         }
     });
     if model.tied_embeddings {
-        let embed = by_name["model.embed_tokens.weight"].clone();
+        let embed = by_name[&format!("{}embed_tokens.weight", model.text_prefix())].clone();
         by_name.insert("lm_head.weight".into(), embed);
     }
     Weights {
@@ -342,6 +352,7 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
 
 fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Program {
     let mut p = Process::new(run.kernels);
+    p.mask_order = run.mask_order;
     if let Some(sink) = sink {
         p.tape.stream_to(sink);
     }
@@ -478,7 +489,14 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
                 drop(loss);
                 marks.end(&p);
                 marks.begin(&p, &format!("step{step}.optimizer"));
-                optimizer.step(&mut p, &trained);
+                // The group's parameters whose gradient exists (a vision tower's gets none).
+                let stepped: Vec<Tensor> = trained
+                    .iter()
+                    .zip(&leaves)
+                    .filter(|(_, leaf)| leaf.grad.borrow().is_some())
+                    .map(|(t, _)| t.clone())
+                    .collect();
+                optimizer.step(&mut p, &stepped);
                 // zero_grad(set_to_none=True), in the group's order.
                 for leaf in &leaves {
                     leaf.grad.borrow_mut().take();
@@ -756,10 +774,29 @@ pub enum SpecError {
     },
 }
 
+/// The order of a vision model's masks in the recorded process (`mask_order`: the kinds as its
+/// `set(layer_types)` iterated them, recorded by `scripts/gpu/hf-run.py`); full first when absent.
+fn mask_order(spec: &serde_json::Value) -> Result<super::masks::MaskOrder, SpecError> {
+    use super::masks::MaskOrder;
+    match spec.get("mask_order") {
+        None => Ok(MaskOrder::FullFirst),
+        Some(order) => match order.get(0).and_then(|k| k.as_str()) {
+            Some("sliding_attention") => Ok(MaskOrder::SlidingFirst),
+            Some("full_attention") => Ok(MaskOrder::FullFirst),
+            _ => Err(SpecError::Field {
+                field: "mask_order",
+                message: "not a list of layer kinds beginning with sliding_attention or \
+                          full_attention"
+                    .into(),
+            }),
+        },
+    }
+}
+
 impl Run {
     /// The workload a GPU proof script ran (`scripts/gpu/hf-run.py`'s specification: model_type,
     /// config, mode, dtype, batch, context, generated, lora, optimizer, optimizer_impl,
-    /// checkpointing, steps, loading), with the H200's kernels.
+    /// checkpointing, steps, loading, mask_order), with the H200's kernels.
     pub fn from_spec(spec: &serde_json::Value) -> Result<Run, SpecError> {
         let field = |field: &'static str, message: &str| SpecError::Field {
             field,
@@ -878,6 +915,7 @@ impl Run {
             work,
             loading,
             kernels: Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0)),
+            mask_order: mask_order(spec)?,
         })
     }
 }

@@ -843,10 +843,12 @@ impl Process {
         let grid = self.kernels.reduction_grid;
         let bytes = super::reduce::accumulator_bytes(elem);
         if let Some(s) = reduction.staging(bytes, grid) {
-            let buffer = self.empty(&[s.buffer], Elem::U8);
-            let semaphores = self.empty(&[s.semaphores], Elem::U8);
-            drop(semaphores);
-            drop(buffer);
+            self.tape.with_role(Role::Workspaces, || {
+                let buffer = self.tape.empty(&[s.buffer], Elem::U8);
+                let semaphores = self.tape.empty(&[s.semaphores], Elem::U8);
+                drop(semaphores);
+                drop(buffer);
+            });
         }
     }
 

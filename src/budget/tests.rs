@@ -473,3 +473,105 @@ fn replays_made_as_the_emulation_writes_equal_replays_of_the_kept_program() {
     // The two settings do differ, so the comparison can fail.
     assert_ne!(streamed[0].peak_reserved, streamed[1].peak_reserved);
 }
+
+/// A small Gemma 3 as its multimodal `config.json` describes it (SigLIP's vision tower beside
+/// the text model, sliding and global layers).
+fn gemma3_with_vision(mode: Mode) -> Workload {
+    let config = serde_json::json!({
+        "model_type": "gemma3",
+        "text_config": {
+            "vocab_size": 1160, "hidden_size": 320, "intermediate_size": 448,
+            "num_hidden_layers": 3, "num_attention_heads": 5, "num_key_value_heads": 1,
+            "head_dim": 72, "sliding_window": 24, "query_pre_attn_scalar": 72,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]
+        },
+        "vision_config": {
+            "hidden_size": 176, "intermediate_size": 232, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "image_size": 56, "patch_size": 14, "vision_use_head": false
+        }
+    });
+    Workload {
+        model: crate::model::config::from_value(&config).unwrap(),
+        mode,
+        batch: 2,
+        context: 40,
+        ..Workload::preset("llama-3.2-1b").unwrap()
+    }
+}
+
+#[test]
+fn a_vision_tower_is_loaded_never_trained_and_both_mask_orders_replayed() {
+    let lora = Mode::Lora {
+        rank: 8,
+        targets: vec!["q_proj".into(), "v_proj".into()],
+    };
+    let w = gemma3_with_vision(lora).validated().unwrap();
+    let vision: u64 = w
+        .model
+        .parameters()
+        .iter()
+        .filter(|p| !p.used_by_text())
+        .map(|p| p.elements())
+        .sum();
+    assert!(vision > 0);
+    // Two runs, one per order the process may make the masks in (with `generate`'s 2-D mask,
+    // different programs), and the budget is the one that needs more.
+    let inference = gemma3_with_vision(generate(4)).validated().unwrap();
+    let runs = inference.runs(BudgetSettings::h200().kernels);
+    assert_eq!(runs.len(), 2);
+    let replays: Vec<u64> = runs
+        .iter()
+        .map(|r| {
+            let p = crate::stack::run::program(r);
+            p.replay(super::terms::allocator_config(w.allocator), None)
+                .peak_reserved
+        })
+        .collect();
+    let b = budget(&inference, &BudgetSettings::h200());
+    assert_eq!(b.peak_reserved.0, *replays.iter().max().unwrap());
+    assert_eq!(b.programs.len(), 2);
+    assert_ne!(
+        crate::stack::run::program(&runs[0])
+            .events()
+            .collect::<Vec<_>>(),
+        crate::stack::run::program(&runs[1])
+            .events()
+            .collect::<Vec<_>>()
+    );
+    let b = budget(&w, &BudgetSettings::h200());
+    // PEFT's targets reach the tower's q_proj and v_proj (its adapters made, never trained).
+    let trained = |p: &crate::model::Parameter| {
+        p.role == crate::model::TensorRole::Linear
+            && !p.is_bias()
+            && (p.module() == "q_proj" || p.module() == "v_proj")
+    };
+    let adapters = |text_only: bool| -> u64 {
+        w.model
+            .parameters()
+            .iter()
+            .filter(|p| trained(p) && (!text_only || p.used_by_text()))
+            .map(|p| 8 * (p.shape[0] + p.shape[1]))
+            .sum()
+    };
+    assert_eq!(term(&b, "lora_adapters").bytes.0, adapters(false) * 4);
+    assert_eq!(term(&b, "gradients").bytes.0, adapters(true) * 4);
+    assert_eq!(b.trainable_parameters, adapters(true));
+    // Targets only the tower has would train nothing: refused; QLoRA of it is not replayed.
+    let tower_only = Mode::Lora {
+        rank: 8,
+        targets: vec!["fc1".into()],
+    };
+    let e = gemma3_with_vision(tower_only).validated().unwrap_err();
+    assert!(e.to_string().contains("vision tower"), "{e}");
+    // A text-only Gemma 3 makes one run.
+    let text = Workload {
+        model: crate::model::config::from_value(&serde_json::json!({
+            "model_type": "gemma3_text", "vocab_size": 1160, "hidden_size": 320,
+            "intermediate_size": 448, "num_hidden_layers": 3, "num_attention_heads": 5,
+            "num_key_value_heads": 1, "head_dim": 72, "sliding_window": 24
+        }))
+        .unwrap(),
+        ..w.clone()
+    };
+    assert_eq!(text.runs(BudgetSettings::h200().kernels).len(), 1);
+}

@@ -229,9 +229,9 @@ impl Decoder<'_> {
         if !self.model.model_type.is_gemma() {
             return e;
         }
-        let scale = p.empty(&[], weight.elem);
-        let out = p.mul(&e, &scale);
-        drop(scale);
+        // Gemma's `* normalizer` (Gemma 2: a host scalar) or `* embed_scale` (Gemma 3: a
+        // buffer already in the weights' type, its `.to(dtype)` a no-op): only the product.
+        let out = p.scale(&e);
         drop(e);
         out
     }

@@ -10,6 +10,21 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+def gemma3_public(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+                  head_dim, query_pre_attn_scalar):
+    """A public Gemma 3 config.json (model type gemma3): its text model's widths, and the SigLIP
+    vision tower and image tokens every size shares."""
+    text = dict(vocab_size=262208, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                num_key_value_heads=num_key_value_heads, head_dim=head_dim, sliding_window=1024,
+                query_pre_attn_scalar=query_pre_attn_scalar, max_position_embeddings=131072,
+                rope_scaling=dict(rope_type="linear", factor=8.0))
+    vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                  image_size=896, patch_size=14, vision_use_head=False)
+    return "gemma3", dict(text_config=text, vision_config=vision, mm_tokens_per_image=256,
+                          image_token_index=262144, boi_token_index=255999, eoi_token_index=256000)
+
+
 # Public configurations (the fields of each model's config.json that change memory).
 PUBLIC = {
     "llama-3.1-8b": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -50,22 +65,12 @@ PUBLIC = {
                                         num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
                                         head_dim=256, sliding_window=1024, query_pre_attn_scalar=256,
                                         max_position_embeddings=131072)),
-    "gemma-3-4b": ("gemma3", dict(
-        text_config=dict(vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=1024,
-                         query_pre_attn_scalar=256, max_position_embeddings=131072,
-                         rope_scaling=dict(rope_type="linear", factor=8.0)),
-        vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                           image_size=896, patch_size=14, vision_use_head=False),
-        mm_tokens_per_image=256, image_token_index=262144, boi_token_index=255999, eoi_token_index=256000)),
-    "gemma-3-27b": ("gemma3", dict(
-        text_config=dict(vocab_size=262208, hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
-                         num_attention_heads=32, num_key_value_heads=16, head_dim=128, sliding_window=1024,
-                         query_pre_attn_scalar=168, max_position_embeddings=131072,
-                         rope_scaling=dict(rope_type="linear", factor=8.0)),
-        vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                           image_size=896, patch_size=14, vision_use_head=False),
-        mm_tokens_per_image=256, image_token_index=262144, boi_token_index=255999, eoi_token_index=256000)),
+    "gemma-3-4b": gemma3_public(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                                num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                query_pre_attn_scalar=256),
+    "gemma-3-27b": gemma3_public(hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+                                 num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+                                 query_pre_attn_scalar=168),
     "phi-3-mini": ("phi3", dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
                                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
                                 sliding_window=2047, tie_word_embeddings=False)),

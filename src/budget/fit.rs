@@ -485,22 +485,20 @@ impl<'a> SizeSearch<'a> {
         memories: &[u64],
         allocators: &[AllocatorSetting],
     ) -> SizeSearch<'a> {
-        let outside = settings.outside.for_mode(workload.mode.trains());
-        let mut usables: Vec<u64> = memories
-            .iter()
-            .map(|&m| usable(m, outside, settings.reserve_bytes))
-            .collect();
-        usables.sort_unstable();
-        usables.dedup();
-        SizeSearch {
+        let mut search = SizeSearch {
             workload,
             settings,
             size,
             limit,
             allocators: allocators.to_vec(),
-            usables,
+            usables: Vec::new(),
             tried: HashMap::new(),
-        }
+        };
+        let mut usables: Vec<u64> = memories.iter().map(|&m| search.usable(m)).collect();
+        usables.sort_unstable();
+        usables.dedup();
+        search.usables = usables;
+        search
     }
 
     /// The workload at size `n`, if valid.

@@ -107,7 +107,7 @@ impl Budget {
              Hugging Face stack in its order: reserved peaks in the {} stage.",
             self.peak_stage
         )];
-        if self.workload.runs(self.kernels).len() > 1 {
+        if self.workload.mask_orders().len() > 1 {
             notes.push(
                 "Its masks come in the order the process's string hashing gives \
                  `set(layer_types)` (random in every Python process): the run is replayed in both \

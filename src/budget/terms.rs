@@ -196,7 +196,7 @@ fn weight_bytes(w: &Workload) -> (u64, String) {
         .model
         .buffers()
         .iter()
-        .map(|b| b.elements() * b.buffer_element_bytes())
+        .map(|b| b.elements() * crate::stack::tensor::Elem::of_buffer(b).size())
         .sum();
     let n = w.model.parameter_count();
     if w.weights == WeightFormat::Nf4 {
@@ -355,13 +355,12 @@ pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
         .map(|(_, r)| r)
         .expect("a workload makes a run");
     let budget = from_replay(w, settings, worst);
-    budget.with_programs(replays.into_iter().map(|(p, _)| p).collect())
-}
-
-impl Budget {
-    fn with_programs(mut self, programs: Vec<Program>) -> Budget {
-        self.programs = programs.into_iter().map(std::sync::Arc::new).collect();
-        self
+    Budget {
+        programs: replays
+            .into_iter()
+            .map(|(p, _)| std::sync::Arc::new(p))
+            .collect(),
+        ..budget
     }
 }
 

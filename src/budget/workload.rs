@@ -226,43 +226,37 @@ impl Workload {
                     max: crate::model::config::MAX_SIZE,
                 });
             }
-            let linears: Vec<String> = self
-                .model
-                .parameters()
-                .into_iter()
-                .filter(|p| p.role == TensorRole::Linear && !p.is_bias())
-                .map(|p| p.module().to_string())
-                .collect();
+            // Every linear layer's module name, and whether the text model has one of that name.
+            let mut linears: std::collections::BTreeMap<String, bool> = Default::default();
+            for p in self.model.parameters() {
+                if p.role == TensorRole::Linear && !p.is_bias() {
+                    *linears.entry(p.module().to_string()).or_default() |= p.used_by_text();
+                }
+            }
             let unknown: Vec<String> = targets
                 .iter()
-                .filter(|t| !linears.contains(t))
+                .filter(|t| !linears.contains_key(*t))
                 .cloned()
                 .collect();
-            let text_linears: Vec<String> = self
-                .model
-                .parameters()
-                .into_iter()
-                .filter(|p| p.role == TensorRole::Linear && p.used_by_text())
-                .map(|p| p.module().to_string())
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            if unknown.is_empty() && !targets.iter().any(|t| text_linears.contains(t)) {
-                return Err(WorkloadError::Unsupported(format!(
-                    "--targets {} names only the vision tower's layers, which a text-only run \
-                     never uses: nothing would be trained; the text model's: {}",
-                    targets.join(","),
-                    text_linears.join(", ")
-                )));
-            }
             if targets.is_empty() || !unknown.is_empty() {
-                let mut known = linears.clone();
-                known.sort();
-                known.dedup();
+                let known: Vec<&str> = linears.keys().map(String::as_str).collect();
                 return Err(WorkloadError::Targets {
                     targets: if targets.is_empty() { vec![] } else { unknown },
                     known: known.join(", "),
                 });
+            }
+            if !targets.iter().any(|t| linears[t]) {
+                let text: Vec<&str> = linears
+                    .iter()
+                    .filter(|(_, &text)| text)
+                    .map(|(m, _)| m.as_str())
+                    .collect();
+                return Err(WorkloadError::Unsupported(format!(
+                    "--targets {} names only the vision tower's layers, which a text-only run \
+                     never uses: nothing would be trained; the text model's: {}",
+                    targets.join(","),
+                    text.join(", ")
+                )));
             }
         }
         if self.autocast.is_some()
@@ -375,19 +369,24 @@ impl Workload {
     /// process's string hashing gives (Gemma 3 with its vision tower, with sliding and full
     /// layers), one for each order. A card holds the workload only if it holds every run.
     pub fn runs(&self, kernels: crate::stack::ops::Kernels) -> Vec<crate::stack::run::Run> {
-        use crate::stack::masks::MaskOrder;
-        let m = &self.model;
-        let orders: &[MaskOrder] = match m.vision.is_some() && m.mixes_sliding_and_global() {
-            true => &MaskOrder::BOTH,
-            false => &MaskOrder::BOTH[..1],
-        };
-        orders
+        self.mask_orders()
             .iter()
             .map(|&mask_order| crate::stack::run::Run {
                 mask_order,
                 ..self.run(kernels)
             })
             .collect()
+    }
+
+    /// The orders the process may make the masks in: both for a Gemma 3 with its vision tower
+    /// and sliding and full layers, else the one order of a model's own forward.
+    pub fn mask_orders(&self) -> &'static [crate::stack::masks::MaskOrder] {
+        use crate::stack::masks::MaskOrder;
+        let m = &self.model;
+        match m.vision.is_some() && m.mixes_sliding_and_global() {
+            true => &MaskOrder::BOTH,
+            false => &MaskOrder::BOTH[..1],
+        }
     }
 
     /// The emulated run (one training step: its peak is the second step's, the states made).

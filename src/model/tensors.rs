@@ -60,14 +60,6 @@ impl Parameter {
     pub fn used_by_text(&self) -> bool {
         !self.name.starts_with(VISION_TOWER) && !self.name.starts_with(PROJECTOR)
     }
-
-    /// Bytes of an element of a buffer: int64 positions, float32 otherwise.
-    pub fn buffer_element_bytes(&self) -> u64 {
-        match self.role {
-            TensorRole::Positions => 8,
-            _ => 4,
-        }
-    }
 }
 
 const VISION_TOWER: &str = "model.vision_tower.";

@@ -362,40 +362,30 @@ impl Decoder<'_> {
         out
     }
 
-    /// A projection viewed as heads and transposed (`[b, heads, t, d]`), its per-head norm
-    /// (`{prefix}.{norm}`) applied before the transpose (Qwen3) or after it (Gemma 3).
+    /// `prefix`'s projection of `x` viewed as `heads` heads of width `d` and transposed to
+    /// `[b, heads, t, d]`; normed first by the attention `attn`'s `norm` where given (Qwen3's
+    /// per-head norms, before the transpose).
     fn projected_heads(
         &mut self,
-        prefix: &str,
+        (attn, proj): (&str, &str),
         x: &Tensor,
         heads: u64,
         d: u64,
-        qk_norm: QkNorm,
-        norm: &str,
+        norm: Option<&str>,
     ) -> Tensor {
         let (b, t) = (x.shape[0], x.shape[1]);
-        let proj = self.linear(prefix, x);
-        let viewed = self.p().reshape(&proj, &[b, t, heads, d]);
-        drop(proj);
-        let norm_weight = || {
-            let attn = prefix.rsplit_once('.').map_or(prefix, |(a, _)| a);
-            joined(&[attn, ".", norm, ".weight"])
+        let projected = self.linear(&joined(&[attn, ".", proj]), x);
+        let viewed = self.p().reshape(&projected, &[b, t, heads, d]);
+        drop(projected);
+        let viewed = match norm {
+            Some(norm) => self.head_norm(attn, norm, viewed),
+            None => viewed,
         };
-        match qk_norm {
-            QkNorm::None => self.p().transpose(&viewed, 1, 2),
-            QkNorm::BeforeTranspose => {
-                let w = self.weights.get(&norm_weight()).clone();
-                let normed = self.norm(&viewed, &w);
-                drop(viewed);
-                self.p().transpose(&normed, 1, 2)
-            }
-            // Normed by the attention once all three are projected.
-            QkNorm::AfterTranspose => self.p().transpose(&viewed, 1, 2),
-        }
+        self.p().transpose(&viewed, 1, 2)
     }
 
-    /// `self.{norm}(x)` of the attention `attn` (Gemma 3's per-head norms, after the three
-    /// projections): `x` goes as its name is rebound.
+    /// `self.{norm}(x)` of the attention `attn` (a per-head norm): `x` goes as its name is
+    /// rebound.
     fn head_norm(&mut self, attn: &str, norm: &str, x: Tensor) -> Tensor {
         let w = self
             .weights
@@ -458,24 +448,12 @@ impl Decoder<'_> {
             fused_output = Some(qkv);
             (q, k, v)
         } else {
-            let q =
-                self.projected_heads(&joined(&[&a, ".q_proj"]), x, m.heads, d, qk_norm, "q_norm");
-            let k = self.projected_heads(
-                &joined(&[&a, ".k_proj"]),
-                x,
-                m.kv_heads,
-                d,
-                qk_norm,
-                "k_norm",
-            );
-            let v = self.projected_heads(
-                &joined(&[&a, ".v_proj"]),
-                x,
-                m.kv_heads,
-                d,
-                QkNorm::None,
-                "",
-            );
+            // Qwen3 norms each projection's heads before the transpose, Gemma 3 once all three
+            // are projected and transposed.
+            let before = |norm| (qk_norm == QkNorm::BeforeTranspose).then_some(norm);
+            let q = self.projected_heads((&a, "q_proj"), x, m.heads, d, before("q_norm"));
+            let k = self.projected_heads((&a, "k_proj"), x, m.kv_heads, d, before("k_norm"));
+            let v = self.projected_heads((&a, "v_proj"), x, m.kv_heads, d, None);
             match qk_norm {
                 QkNorm::AfterTranspose => {
                     let q = self.head_norm(&a, "q_norm", q);

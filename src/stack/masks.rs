@@ -51,25 +51,22 @@ impl Decoder<'_> {
     ) -> Masks {
         let m = self.model;
         let sliding_window = m.layers.iter().find_map(|l| l.window);
-        let has_full = m.layers.iter().any(|l| l.window.is_none());
-        // Which mask functions the model's forward calls.
-        let (causal, sliding) = match m.model_type {
-            ModelType::Gemma2 | ModelType::Gemma3Text => (true, true),
-            ModelType::Qwen2 | ModelType::Qwen3 => (true, sliding_window.is_some()),
-            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Qwen3Moe => {
-                (sliding_window.is_none(), sliding_window.is_some())
-            }
-            _ => (true, false),
-        };
-        // Beside a vision tower, `create_masks_for_generate` makes one mask per kind of layer
-        // present, in the order the process iterates `set(layer_types)`.
-        let (causal, sliding, sliding_first) = match m.vision {
-            Some(_) => (
-                has_full,
+        // Which mask functions the model's forward calls. Beside a vision tower,
+        // `create_masks_for_generate` makes one mask per kind of layer present, in the order the
+        // process iterates `set(layer_types)`.
+        let sliding_first = self.process.mask_order == MaskOrder::SlidingFirst;
+        let (causal, sliding, sliding_first) = match m.model_type {
+            _ if m.vision.is_some() => (
+                m.layers.iter().any(|l| l.window.is_none()),
                 sliding_window.is_some(),
-                self.process.mask_order == MaskOrder::SlidingFirst,
+                sliding_first,
             ),
-            None => (causal, sliding, false),
+            ModelType::Gemma2 | ModelType::Gemma3Text => (true, true, false),
+            ModelType::Qwen2 | ModelType::Qwen3 => (true, sliding_window.is_some(), false),
+            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Qwen3Moe => {
+                (sliding_window.is_none(), sliding_window.is_some(), false)
+            }
+            _ => (true, false, false),
         };
         let mut masks = Masks::default();
         for make_sliding in [sliding_first, !sliding_first] {

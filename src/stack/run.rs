@@ -116,14 +116,6 @@ impl Stages for Marks {
     }
 }
 
-/// The elements of a buffer: int64 positions, float32 otherwise.
-fn buffer_elem(b: &Parameter) -> Elem {
-    match b.role {
-        TensorRole::Positions => Elem::I64,
-        _ => Elem::F32,
-    }
-}
-
 /// The elements of a parameter's type.
 fn elem(dtype: Dtype) -> Elem {
     Elem::of(dtype)
@@ -165,7 +157,7 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                     put(p, t);
                 }
                 for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, buffer_elem(&b));
+                    let buffer = p.empty(&b.shape, Elem::of_buffer(&b));
                     by_name.insert(b.name.clone(), buffer);
                 }
                 for t in head {
@@ -203,7 +195,7 @@ fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weigh
                     }
                 }
                 for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, buffer_elem(&b));
+                    let buffer = p.empty(&b.shape, Elem::of_buffer(&b));
                     by_name.insert(b.name.clone(), buffer);
                 }
             }

@@ -38,6 +38,14 @@ impl Elem {
         }
     }
 
+    /// The elements of a model's buffer: int64 positions, float32 otherwise.
+    pub fn of_buffer(b: &crate::model::Parameter) -> Elem {
+        match b.role {
+            crate::model::TensorRole::Positions => Elem::I64,
+            _ => Elem::F32,
+        }
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, Elem::F32 | Elem::F16 | Elem::Bf16)
     }

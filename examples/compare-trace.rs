@@ -42,12 +42,14 @@ fn emulated(events: &[Event]) -> Vec<String> {
     let mut n = 0;
     events[2..]
         .iter()
-        .map(|e| match *e {
+        .filter_map(|e| match *e {
             Event::Alloc { bytes, role } => {
                 n += 1;
-                format!("+{bytes} #{} ({})", n - 1, role.name())
+                Some(format!("+{bytes} #{} ({})", n - 1, role.name()))
             }
-            Event::Free { alloc } => format!("-#{}", alloc - 1),
+            Event::Free { alloc } => Some(format!("-#{}", alloc - 1)),
+            // A layer written again: its events follow.
+            Event::LayerBegin { .. } | Event::LayerEnd => None,
         })
         .collect()
 }

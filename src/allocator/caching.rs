@@ -103,6 +103,9 @@ pub struct CachingAllocator {
     capacity: Option<u64>,
     labels: Vec<String>,
     label_ids: HashMap<String, Label>,
+    /// Per pool (small, large): a fingerprint of its segments, allocated blocks and unmapped
+    /// blocks, which together decide everything else about the pool (see [`window`]).
+    fingerprints: [u128; 2],
 }
 
 impl Default for CachingAllocator {
@@ -110,6 +113,8 @@ impl Default for CachingAllocator {
         Self::new()
     }
 }
+
+mod window;
 
 fn pool_index(pool: Pool) -> usize {
     match pool {
@@ -149,6 +154,7 @@ impl CachingAllocator {
             capacity: None,
             labels: vec![String::new()],
             label_ids: HashMap::new(),
+            fingerprints: [0; 2],
         }
     }
 
@@ -235,7 +241,7 @@ impl CachingAllocator {
     /// Whether `bytes` more device memory can be had under the capacity.
     fn device_has(&self, bytes: u64) -> bool {
         self.capacity
-            .is_none_or(|c| self.stats().reserved.current.saturating_add(bytes) <= c)
+            .is_none_or(|c| self.reserved_now().saturating_add(bytes) <= c)
     }
 
     /// `num_alloc_retries`: how many allocations released the cache and tried again.
@@ -253,6 +259,7 @@ impl CachingAllocator {
             Some(b) if b.in_use && b.allocated && b.generation == id.generation => {}
             _ => return false,
         }
+        self.fingerprint_block(slot);
         let (pool, size, requested) = {
             let b = &mut self.slots[slot];
             b.allocated = false;
@@ -299,6 +306,16 @@ impl CachingAllocator {
     /// Aggregate statistics (`StatType::AGGREGATE`, the `*.all.*` keys).
     pub fn stats(&self) -> Stats {
         self.stats.all()
+    }
+
+    /// `allocated_bytes.all.current`.
+    pub fn allocated_now(&self) -> u64 {
+        self.stats.aggregate().allocated.current
+    }
+
+    /// `reserved_bytes.all.current`.
+    pub fn reserved_now(&self) -> u64 {
+        self.stats.aggregate().reserved.current
     }
 
     /// Statistics of one pool (`small_pool` / `large_pool` keys).
@@ -383,6 +400,18 @@ impl CachingAllocator {
 
     // ----- internals -----
 
+    /// Adds or removes (the same) allocated block `slot` in its pool's fingerprint.
+    fn fingerprint_block(&mut self, slot: usize) {
+        let b = &self.slots[slot];
+        self.fingerprints[pool_index(b.pool)] ^=
+            window::fingerprint_of(1, b.stream, b.address, b.size);
+    }
+
+    /// Adds or removes (the same) segment in its pool's fingerprint.
+    fn fingerprint_segment(&mut self, pool: Pool, address: u64, size: u64) {
+        self.fingerprints[pool_index(pool)] ^= window::fingerprint_of(2, 0, address, size);
+    }
+
     fn live(&self, id: BlockId) -> Option<&Block> {
         self.slots
             .get(id.slot)
@@ -408,6 +437,7 @@ impl CachingAllocator {
             self.free[pool].insert(b.stream, b.size, b.address, slot);
         } else {
             self.unmapped[pool].insert((b.stream, b.address), slot);
+            self.fingerprints[pool] ^= window::fingerprint_of(3, b.stream, b.address, b.size);
         }
     }
 
@@ -417,7 +447,9 @@ impl CachingAllocator {
         if b.mapped {
             self.free[pool].remove(b.stream, b.size, b.address);
         } else {
-            self.unmapped[pool].remove(&(b.stream, b.address));
+            if self.unmapped[pool].remove(&(b.stream, b.address)).is_some() {
+                self.fingerprints[pool] ^= window::fingerprint_of(3, b.stream, b.address, b.size);
+            }
         }
     }
 
@@ -494,18 +526,19 @@ impl CachingAllocator {
     /// when no other fits. The `max_split_size` checks never reject with the default unlimited
     /// `max_split_size`.
     fn get_free_block(&mut self, pool: Pool, stream: u32, rounded: u64) -> Option<usize> {
-        let chosen = {
-            let mut candidates = self.free[pool_index(pool)].at_least(stream, rounded);
+        let free = &self.free[pool_index(pool)];
+        let chosen = if self.config.expandable_segments {
+            let mut candidates = free.at_least(stream, rounded);
             let mut chosen = candidates.next()?;
-            if self.config.expandable_segments {
-                for next in candidates {
-                    if self.expandable_size(next) >= self.expandable_size(chosen) {
-                        break;
-                    }
-                    chosen = next;
+            for next in candidates {
+                if self.expandable_size(next) >= self.expandable_size(chosen) {
+                    break;
                 }
+                chosen = next;
             }
             chosen
+        } else {
+            free.first_at_least(stream, rounded)?
         };
         let b = &self.slots[chosen];
         self.free[pool_index(pool)].remove(b.stream, b.size, b.address);
@@ -573,6 +606,7 @@ impl CachingAllocator {
             },
         );
         self.extents.insert(address, size);
+        self.fingerprint_segment(pool, address, size);
         Some(slot)
     }
 
@@ -712,9 +746,11 @@ impl CachingAllocator {
     /// address range.
     fn release_expandable_segment(&mut self, slot: usize) {
         self.remove_free(slot);
-        let address = self.slots[slot].address;
+        let (address, pool) = (self.slots[slot].address, self.slots[slot].pool);
         self.segments.remove(&address);
-        self.extents.remove(&address);
+        if let Some(size) = self.extents.remove(&address) {
+            self.fingerprint_segment(pool, address, size);
+        }
         self.drop_slot(slot);
     }
 
@@ -778,6 +814,7 @@ impl CachingAllocator {
             b.label = label;
             b.size
         };
+        self.fingerprint_block(block);
         self.stats.update(pool, |s| {
             s.allocations.increase(1);
             s.allocated.increase(size);
@@ -868,6 +905,7 @@ impl CachingAllocator {
         };
         self.segments.remove(&address);
         self.extents.remove(&address);
+        self.fingerprint_segment(pool, address, size);
         self.stats.update(pool, |s| {
             s.segments.decrease(1);
             s.reserved.decrease(size);

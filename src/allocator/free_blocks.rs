@@ -138,6 +138,30 @@ impl StreamBlocks {
         self.at_least(0)
     }
 
+    /// The first block of [`StreamBlocks::at_least`], found without walking the classes.
+    fn first_at_least(&self, size: u64) -> Option<usize> {
+        let first = usize::try_from(size.div_ceil(UNIT))
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let classed = (first < CLASSES)
+            .then(|| self.next_held(first))
+            .flatten()
+            .map(|c| {
+                let (address, slot) = self.classes[c][0];
+                (c as u64 * UNIT, address, slot)
+            });
+        let other = self
+            .others
+            .range(key(size, 0)..)
+            .next()
+            .map(|(&k, &slot)| ((k >> 64) as u64, k as u64, slot));
+        match (classed, other) {
+            (Some(a), Some(b)) if (b.0, b.1) < (a.0, a.1) => Some(b.2),
+            (Some(a), _) => Some(a.2),
+            (None, b) => b.map(|b| b.2),
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.classes.iter().map(Vec::len).sum::<usize>() + self.others.len()
@@ -173,6 +197,14 @@ impl FreeBlocks {
             .ok()
             .into_iter()
             .flat_map(move |i| self.0[i].at_least(size))
+    }
+
+    /// The stream's smallest free block of at least `size` bytes (the lowest address among
+    /// equals): the first of [`FreeBlocks::at_least`].
+    pub(super) fn first_at_least(&self, stream: u32, size: u64) -> Option<usize> {
+        self.find(stream)
+            .ok()
+            .and_then(|i| self.0[i].first_at_least(size))
     }
 
     /// Every free block, in the pool's order.

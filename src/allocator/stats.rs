@@ -80,6 +80,31 @@ impl Stats {
         ]
     }
 
+    /// Every counter's current value, in a fixed order (allocated, reserved, requested, active,
+    /// inactive split bytes and blocks, segments, allocations, active blocks).
+    pub fn currents(&self) -> [u64; 9] {
+        [
+            self.allocated.current,
+            self.reserved.current,
+            self.requested.current,
+            self.active.current,
+            self.inactive_split.current,
+            self.inactive_split_blocks.current,
+            self.segments.current,
+            self.allocations.current,
+            self.active_blocks.current,
+        ]
+    }
+
+    /// Moves each counter by `net`, its peak raised to `rise` above its value before
+    /// ([`Stats::currents`] order).
+    pub(super) fn move_by(&mut self, net: &[i64; 9], rise: &[i64; 9]) {
+        for ((c, &n), &r) in self.counters_mut().into_iter().zip(net).zip(rise) {
+            c.peak = c.peak.max(c.current.saturating_add_signed(r));
+            c.current = c.current.saturating_add_signed(n);
+        }
+    }
+
     /// `Stat::reset_peak` on every counter: each peak becomes the current value.
     pub(super) fn reset_peaks(&mut self) {
         for counter in self.counters_mut() {
@@ -104,6 +129,16 @@ impl PoolStats {
     /// The aggregate (`*.all.*`).
     pub fn all(&self) -> Stats {
         self.0[0]
+    }
+
+    /// One pool's, borrowed.
+    pub fn pool_ref(&self, pool: Pool) -> &Stats {
+        &self.0[Self::index(pool)]
+    }
+
+    /// The aggregate, borrowed.
+    pub fn aggregate(&self) -> &Stats {
+        &self.0[0]
     }
 
     /// One pool's (`small_pool` / `large_pool`).

@@ -13,7 +13,7 @@ use crate::model::{Attention, TensorRole};
 use crate::stack::bitsandbytes;
 use crate::stack::ops::Kernels;
 use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
-use crate::stack::run::{program_replayed, Program, Replayed, RoleBytes};
+use crate::stack::run::{program_replayed, replayed, Program, Replayed, RoleBytes};
 use crate::stack::tensor::Role;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
@@ -341,27 +341,39 @@ impl crate::status::Classify for BudgetError {
     }
 }
 
-/// The budget of a validated workload.
+/// The budget of a validated workload, with the programs of its runs (for the verdicts on
+/// cards).
 pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
-    let replays: Vec<(Program, Replayed)> = w
+    let (programs, replays): (Vec<Program>, Vec<Replayed>) = w
         .runs(settings.kernels)
         .iter()
         .map(|run| program_replayed(run, allocator_config(w.allocator)))
+        .unzip();
+    Budget {
+        programs: programs.into_iter().map(std::sync::Arc::new).collect(),
+        ..budget_of(w, settings, &replays)
+    }
+}
+
+/// The budget of a validated workload alone: the programs of its runs are not kept (verdicts
+/// on cards emulate them again), so that a long run takes no memory for its events.
+pub fn budget_alone(w: &Workload, settings: &BudgetSettings) -> Budget {
+    let replays: Vec<Replayed> = w
+        .runs(settings.kernels)
+        .iter()
+        .map(|run| replayed(run, allocator_config(w.allocator)))
         .collect();
-    // Of several possible runs, the one that needs the most.
+    budget_of(w, settings, &replays)
+}
+
+/// The budget from the replays of a workload's runs: of several possible runs, the one that
+/// needs the most.
+fn budget_of(w: &Workload, settings: &BudgetSettings, replays: &[Replayed]) -> Budget {
     let worst = replays
         .iter()
-        .max_by_key(|(_, r)| (r.peak_reserved, r.peak_allocated))
-        .map(|(_, r)| r)
+        .max_by_key(|r| (r.peak_reserved, r.peak_allocated))
         .expect("a workload makes a run");
-    let budget = from_replay(w, settings, worst);
-    Budget {
-        programs: replays
-            .into_iter()
-            .map(|(p, _)| std::sync::Arc::new(p))
-            .collect(),
-        ..budget
-    }
+    from_replay(w, settings, worst)
 }
 
 /// The budget of `w` from a replay of its run.

@@ -557,9 +557,13 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     }
     let (workload, checkpoint) = a.workload()?;
     let settings = a.settings()?;
+    // The programs are kept only for the verdicts on cards.
     let b = Budget {
         checkpoint,
-        ..budget::budget(&workload, &settings)
+        ..match a.fit || a.plot.is_some() {
+            true => budget::budget(&workload, &settings),
+            false => budget::terms::budget_alone(&workload, &settings),
+        }
     };
     // Everything is computed and checked before anything is written.
     let catalog = if a.fit || a.plot.is_some() {

@@ -76,6 +76,59 @@ impl Cache {
         self.layers.is_empty() || self.len(0) == 0
     }
 
+    /// Layer `layer`'s tensors (keys, values, the sliding window as a tensor) and the tokens it
+    /// has seen, as a repeated layer finds them.
+    pub(super) fn slots(&self, layer: usize) -> ([Option<&Tensor>; 3], u64) {
+        match &self.layers[layer] {
+            Layer::Full { keys, values } => ([keys.as_ref(), values.as_ref(), None], 0),
+            Layer::Sliding {
+                seen,
+                window_tensor,
+                keys,
+                values,
+                ..
+            } => (
+                [keys.as_ref(), values.as_ref(), window_tensor.as_ref()],
+                *seen,
+            ),
+        }
+    }
+
+    /// Takes layer `layer`'s tensors out, in the order of [`Cache::slots`].
+    pub(super) fn take_slots(&mut self, layer: usize) -> [Option<Tensor>; 3] {
+        match &mut self.layers[layer] {
+            Layer::Full { keys, values } => [keys.take(), values.take(), None],
+            Layer::Sliding {
+                window_tensor,
+                keys,
+                values,
+                ..
+            } => [keys.take(), values.take(), window_tensor.take()],
+        }
+    }
+
+    /// Gives layer `layer` its tensors (in the order of [`Cache::slots`]), having seen `added`
+    /// more tokens.
+    pub(super) fn put_slots(&mut self, layer: usize, slots: [Option<Tensor>; 3], added: u64) {
+        let [k, v, w] = slots;
+        match &mut self.layers[layer] {
+            Layer::Full { keys, values } => {
+                debug_assert!(w.is_none() && added == 0, "a full layer has no window");
+                (*keys, *values) = (k, v);
+            }
+            Layer::Sliding {
+                seen,
+                window_tensor,
+                keys,
+                values,
+                ..
+            } => {
+                (*keys, *values, *window_tensor) = (k, v, w);
+                *seen += added;
+            }
+        }
+    }
+
     /// `update(key_states, value_states, layer)`: the keys and values the attention uses.
     pub fn update(
         &mut self,

@@ -5,6 +5,7 @@
 
 use super::cache::Cache;
 use super::ops::Process;
+use super::repeat::{Capture, ForwardRecords, LayerKinds};
 use super::tensor::{Elem, Tensor};
 use crate::model::{Attention, Mlp, Model, QkNorm};
 use rustc_hash::FxHashMap;
@@ -79,6 +80,9 @@ pub struct Decoder<'a> {
     pub checkpointing: bool,
     /// How mixtures of experts run (`generate` switches to batched products for its decode).
     pub experts_path: ExpertsPath,
+    /// Which layers are alike, for a forward that fills a cache to write them again rather
+    /// than run them (`None`: every layer runs).
+    pub layer_kinds: Option<LayerKinds>,
 }
 
 /// The rotary embedding of one forward: `cos` and `sin`, or DeepSeek-V2's complex frequencies.
@@ -549,6 +553,35 @@ impl Decoder<'_> {
     }
 
     /// A decoder layer on `hidden` (which the model's loop holds until the layer returns).
+    /// Decoder layer `layer` of a forward that fills `cache`, run, or written again from the
+    /// record of the layers of its kind before it ([`super::repeat`]).
+    fn layer_or_repeat(
+        &mut self,
+        records: &mut ForwardRecords,
+        layer: usize,
+        hidden: &Tensor,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+        cache: &mut Cache,
+    ) -> Tensor {
+        let repeatable = !self.process.autograd.enabled && self.process.tape.allocates_plainly();
+        let kind = self.layer_kinds.as_ref().and_then(|k| k.of_layer(layer));
+        let Some(kind) = kind.filter(|_| repeatable) else {
+            return self.decoder_layer(layer, hidden, rope, mask, Some(cache));
+        };
+        if let Some(out) = records.write_again(kind, hidden, cache, layer) {
+            return out;
+        }
+        if !records.records(kind) {
+            return self.decoder_layer(layer, hidden, rope, mask, Some(cache));
+        }
+        let capture = Capture::begin(&self.process.tape, hidden, cache, layer);
+        let out = self.decoder_layer(layer, hidden, rope, mask, Some(cache));
+        let record = capture.end(&out, cache, layer);
+        records.note(kind, record, &self.process.tape);
+        out
+    }
+
     fn decoder_layer(
         &mut self,
         layer: usize,
@@ -664,6 +697,7 @@ impl Decoder<'_> {
             Rope::Real(cos, sin)
         });
         let mut hidden = inputs_embeds.clone();
+        let mut records = ForwardRecords::default();
         for layer in 0..m.layers.len() {
             let mask = masks.for_window(m.layers[layer].window).cloned();
             let rope = match (&local, m.layers[layer].window) {
@@ -682,8 +716,10 @@ impl Decoder<'_> {
                 let out = self.decoder_layer(layer, &hidden, rope, mask.as_ref(), None);
                 self.process.end_checkpoint();
                 out
+            } else if let Some(cache) = cache.as_deref_mut() {
+                self.layer_or_repeat(&mut records, layer, &hidden, rope, mask.as_ref(), cache)
             } else {
-                self.decoder_layer(layer, &hidden, rope, mask.as_ref(), cache.as_deref_mut())
+                self.decoder_layer(layer, &hidden, rope, mask.as_ref(), None)
             };
         }
         let w = self

@@ -90,6 +90,8 @@ pub struct Program {
     /// What the tape wrote, in order: the events in its chunks (never copied into one), and
     /// where each stage begins and ends.
     chunks: Vec<Chunk>,
+    /// Decoder layers written again from another's record rather than run.
+    written_again: u64,
 }
 
 /// Where the stages begin and end, marked on the tape.
@@ -270,11 +272,30 @@ fn emulated<R>(
     sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
     read: impl FnOnce() -> R,
 ) -> (Program, R) {
+    emulated_with(run, sink, LayerRepeats::Written, read)
+}
+
+/// Whether alike decoder layers of a decode step are written again or each run
+/// ([`super::repeat`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LayerRepeats {
+    Written,
+    /// Every layer run: what the tests compare the written program with.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Run,
+}
+
+fn emulated_with<R>(
+    run: &Run,
+    sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
+    repeats: LayerRepeats,
+    read: impl FnOnce() -> R,
+) -> (Program, R) {
     std::thread::scope(|s| {
         let emulation = std::thread::Builder::new()
             .name("emulation".into())
             .stack_size(EMULATION_STACK)
-            .spawn_scoped(s, move || emulate(run, sink))
+            .spawn_scoped(s, move || emulate(run, sink, repeats))
             .expect("a thread for the emulation");
         let read = read();
         let program = emulation
@@ -287,6 +308,12 @@ fn emulated<R>(
 /// The program of `run`.
 pub fn program(run: &Run) -> Program {
     emulated(run, None, || ()).0
+}
+
+/// The program of `run` with every layer run, none written again from another's record.
+#[cfg(test)]
+pub(super) fn program_running_every_layer(run: &Run) -> Program {
+    emulated_with(run, None, LayerRepeats::Run, || ()).0
 }
 
 /// Chunks of events in flight between the emulation and its replays.
@@ -302,6 +329,18 @@ pub fn program_replayed(run: &Run, config: AllocatorConfig) -> (Program, Replaye
 /// The program of `run` and its replays under each of `configs` on an unlimited device, each
 /// replay reading the events as the emulation writes them, on a thread of its own.
 pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Program, Vec<Replayed>) {
+    replayed_under(run, configs, true)
+}
+
+/// The replay of `run` under `config` on an unlimited device, reading the events as the
+/// emulation writes them; the program is not kept.
+pub fn replayed(run: &Run, config: AllocatorConfig) -> Replayed {
+    replayed_under(run, &[config], false).1.remove(0)
+}
+
+/// The replays of `run` under each of `configs`, and its program if `keep` (else a program of
+/// no events).
+fn replayed_under(run: &Run, configs: &[AllocatorConfig], keep: bool) -> (Program, Vec<Replayed>) {
     let (sink, chunks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
     let (mut program, (written, replayed)) = emulated(run, Some(sink), || {
         std::thread::scope(|s| {
@@ -321,7 +360,9 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
                 .unzip();
             let mut written = Vec::new();
             for chunk in chunks {
-                written.push(chunk.clone());
+                if keep {
+                    written.push(chunk.clone());
+                }
                 for feed in &feeds {
                     feed.send(chunk.clone()).expect("a replay reads to the end");
                 }
@@ -342,7 +383,11 @@ pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Progra
     (program, replayed)
 }
 
-fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Program {
+fn emulate(
+    run: &Run,
+    sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
+    repeats: LayerRepeats,
+) -> Program {
     let mut p = Process::new(run.kernels);
     p.mask_order = run.mask_order;
     if let Some(sink) = sink {
@@ -370,6 +415,13 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
                 process: &mut p,
                 checkpointing: false,
                 experts_path: super::decoder::ExpertsPath::Grouped,
+                layer_kinds: (repeats == LayerRepeats::Written).then(|| {
+                    super::repeat::LayerKinds::of(
+                        &run.model,
+                        weights.by_name.iter(),
+                        weights.adapters.keys().chain(weights.quantized.keys()),
+                    )
+                }),
             };
             generate::generate(&mut d, &ids, &mask, *generated, &mut marks);
             marks.end(&p);
@@ -437,6 +489,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
                             process: p,
                             checkpointing: false,
                             experts_path: super::decoder::ExpertsPath::Grouped,
+                            layer_kinds: None,
                         };
                         d.recompute(layer, inputs);
                     },
@@ -455,6 +508,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
                         process: &mut p,
                         checkpointing: *checkpointing,
                         experts_path: super::decoder::ExpertsPath::Grouped,
+                        layer_kinds: None,
                     };
                     // The model builds a DynamicCache in training too, unless checkpointing
                     // turns `use_cache` off.
@@ -501,6 +555,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
     }
     p.tape.close();
     Program {
+        written_again: p.tape.written_again(),
         chunks: p.tape.take(),
     }
 }
@@ -510,7 +565,7 @@ fn emulate(run: &Run, sink: Option<std::sync::mpsc::SyncSender<Chunk>>) -> Progr
 pub type RoleBytes = [u64; Role::ALL.len()];
 
 /// What a replay of a program gives.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Replayed {
     /// Each stage's figures, as the GPU script reads them (peaks reset at the stage's start).
     pub stages: Vec<(String, Figures)>,
@@ -523,13 +578,6 @@ pub struct Replayed {
     pub roles_at_peak: RoleBytes,
     /// The allocation the device had no room for, and its stage.
     pub out_of_memory: Option<(String, OutOfMemory)>,
-}
-
-fn role_index(role: Role) -> usize {
-    Role::ALL
-        .iter()
-        .position(|r| *r == role)
-        .expect("every role is listed")
 }
 
 /// An allocation's block, the index of its role and the block's size.
@@ -561,6 +609,49 @@ impl LiveBlocks {
         *live += 1;
     }
 
+    /// The number the next allocation gets.
+    fn next_number(&self) -> u32 {
+        let filled = match self.pages.last() {
+            Some(Some((entries, _))) => entries.len(),
+            _ => Self::PAGE,
+        };
+        u32::try_from(self.pages.len().saturating_sub(1) * Self::PAGE + filled)
+            .expect("allocations are numbered in 32 bits")
+    }
+
+    /// Numbers the next allocation, freed already.
+    fn push_freed(&mut self) {
+        match self.pages.last_mut() {
+            Some(Some((entries, live))) if entries.len() < Self::PAGE => {
+                entries.push(None);
+                if *live == 0 && entries.len() == Self::PAGE {
+                    *self.pages.last_mut().expect("the page just filled") = None;
+                }
+            }
+            _ => {
+                let mut entries = Vec::with_capacity(Self::PAGE);
+                entries.push(None);
+                self.pages.push(Some((entries, 0)));
+            }
+        }
+    }
+
+    /// Allocation `alloc`'s block, if it lives.
+    fn get(&self, alloc: u32) -> Option<&LiveBlock> {
+        let (page, at) = (alloc as usize / Self::PAGE, alloc as usize % Self::PAGE);
+        self.pages.get(page)?.as_ref()?.0.get(at)?.as_ref()
+    }
+
+    /// Gives live allocation `alloc` its block.
+    fn set_block(&mut self, alloc: u32, block: crate::allocator::BlockId) {
+        let (page, at) = (alloc as usize / Self::PAGE, alloc as usize % Self::PAGE);
+        if let Some(Some((entries, _))) = self.pages.get_mut(page) {
+            if let Some(Some(entry)) = entries.get_mut(at) {
+                entry.0 = block;
+            }
+        }
+    }
+
     /// Allocation `alloc`'s block, taken out (`None`: freed already, or never made).
     fn take(&mut self, alloc: u32) -> Option<LiveBlock> {
         let (page, at) = (alloc as usize / Self::PAGE, alloc as usize % Self::PAGE);
@@ -575,6 +666,8 @@ impl LiveBlocks {
     }
 }
 
+mod windows;
+
 /// A replay in progress: events and stage marks in, figures out.
 struct Replaying {
     allocator: crate::allocator::CachingAllocator,
@@ -585,6 +678,8 @@ struct Replaying {
     out: Replayed,
     /// The stage open, and `allocated` and `reserved` at its start.
     open: Option<(String, (u64, u64))>,
+    /// The layers written again: their windows recorded, and the one being read.
+    windows: windows::Windows,
 }
 
 impl Replaying {
@@ -607,6 +702,7 @@ impl Replaying {
                 out_of_memory: None,
             },
             open: None,
+            windows: windows::Windows::default(),
         }
     }
 
@@ -655,17 +751,28 @@ impl Replaying {
             return false;
         }
         match e {
+            Event::LayerBegin { record } => self.begin_window(record),
+            Event::LayerEnd => self.end_window(),
+            _ => return self.windowed_event(e),
+        }
+        true
+    }
+
+    /// Replays one allocation or free through the block structure.
+    fn plain_event(&mut self, e: Event) -> bool {
+        match e {
             Event::Alloc { bytes, role } => match self.allocator.malloc(bytes, 0, self.label) {
                 Some(block) => {
                     let size = self.allocator.block_size(block).unwrap_or(0);
-                    let r = role_index(role);
+                    let r = role.index();
                     self.roles[r] += size;
                     self.blocks.push((block, r, size));
-                    let st = self.allocator.stats();
-                    self.out.peak_allocated = self.out.peak_allocated.max(st.allocated.current);
-                    if st.reserved.current > self.out.peak_reserved {
-                        self.out.peak_reserved = st.reserved.current;
-                        self.out.allocated_at_peak = st.allocated.current;
+                    let allocated = self.allocator.allocated_now();
+                    let reserved = self.allocator.reserved_now();
+                    self.out.peak_allocated = self.out.peak_allocated.max(allocated);
+                    if reserved > self.out.peak_reserved {
+                        self.out.peak_reserved = reserved;
+                        self.out.allocated_at_peak = allocated;
                         self.out.roles_at_peak = self.roles;
                         self.out.peak_stage = self
                             .open
@@ -688,6 +795,7 @@ impl Replaying {
                     self.allocator.free(block);
                 }
             }
+            Event::LayerBegin { .. } | Event::LayerEnd => {}
         }
         true
     }
@@ -732,7 +840,12 @@ impl Program {
         self.event_chunks().flatten().copied()
     }
 
-    /// How many events there are.
+    /// How many decoder layers were written again from another layer's record.
+    pub fn layers_written_again(&self) -> u64 {
+        self.written_again
+    }
+
+    /// How many events there are (a layer written again is marked by two, around its own).
     pub fn len(&self) -> usize {
         self.event_chunks().map(<[Event]>::len).sum()
     }

@@ -105,6 +105,11 @@ impl Role {
         Role::Workspaces,
     ];
 
+    /// Its place in [`Role::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Role::Weights => "weights",
@@ -120,14 +125,34 @@ impl Role {
     }
 }
 
+// `Role::ALL` lists the roles in their declared order, so that `index` is their place in it.
+const _: () = {
+    let mut i = 0;
+    while i < Role::ALL.len() {
+        assert!(Role::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// One event of a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A tensor's storage of `bytes` (as asked of the allocator); allocations are numbered in
     /// order from 0.
-    Alloc { bytes: u64, role: Role },
+    Alloc {
+        bytes: u64,
+        role: Role,
+    },
     /// The storage of allocation `alloc` returned to the allocator.
-    Free { alloc: u32 },
+    Free {
+        alloc: u32,
+    },
+    /// A decoder layer written again from a record begins: until `LayerEnd`, its events are
+    /// those of every layer written from record `record` of this program, numbered for it.
+    LayerBegin {
+        record: u32,
+    },
+    LayerEnd,
 }
 
 /// What a tape writes, in order: events (each chunk shared by every reader and the program),
@@ -157,10 +182,22 @@ pub(crate) struct Log {
     pub role: Option<Role>,
     /// A recomputation stopped early: what the rest of it makes is never allocated.
     pub stopped: bool,
+    /// While a layer is recorded to be repeated: a copy of every event written.
+    pub captured: Option<Vec<Event>>,
+    /// Decoder layers written again from another's record.
+    pub written_again: u64,
+    /// Records layers were written again from.
+    pub records: u32,
 }
 
 impl Log {
     fn push(&mut self, e: Event) {
+        if let Some(captured) = &mut self.captured {
+            captured.push(e);
+        }
+        if let Event::Alloc { .. } = e {
+            self.allocations += 1;
+        }
         self.events.push(e);
         if self.events.len() >= CHUNK_EVENTS {
             self.flush();
@@ -207,10 +244,63 @@ impl Tape {
             return None;
         }
         let role = log.role.unwrap_or(Role::Activations);
-        log.push(Event::Alloc { bytes, role });
         let n = log.allocations;
-        log.allocations += 1;
+        log.push(Event::Alloc { bytes, role });
         Some(n)
+    }
+
+    /// The number the next allocation gets.
+    pub(super) fn next_allocation(&self) -> u32 {
+        self.0.borrow().allocations
+    }
+
+    /// Whether allocations go on the tape with the default role (and are not stopped).
+    pub(super) fn allocates_plainly(&self) -> bool {
+        let log = self.0.borrow();
+        log.role.is_none() && !log.stopped
+    }
+
+    /// Starts keeping a copy of every event written.
+    pub(super) fn start_capture(&self) {
+        self.0.borrow_mut().captured = Some(Vec::new());
+    }
+
+    /// The events written since `start_capture`.
+    pub(super) fn end_capture(&self) -> Vec<Event> {
+        self.0.borrow_mut().captured.take().unwrap_or_default()
+    }
+
+    /// A number for a new record of a layer to write again.
+    pub(super) fn new_record(&self) -> u32 {
+        let mut log = self.0.borrow_mut();
+        log.records += 1;
+        log.records - 1
+    }
+
+    /// Counts a decoder layer written again from another's record.
+    pub(super) fn count_written_again(&self) {
+        self.0.borrow_mut().written_again += 1;
+    }
+
+    pub(super) fn written_again(&self) -> u64 {
+        self.0.borrow().written_again
+    }
+
+    /// Writes `events` as they are (each allocation takes the next number).
+    pub(super) fn write(&self, events: impl Iterator<Item = Event>) {
+        let mut log = self.0.borrow_mut();
+        for e in events {
+            log.push(e);
+        }
+    }
+
+    /// The storage of allocation `alloc` of `bytes`, written already.
+    pub(super) fn written_storage(&self, alloc: Option<u32>, bytes: u64) -> Rc<Storage> {
+        Rc::new(Storage {
+            tape: self.clone(),
+            alloc,
+            bytes,
+        })
     }
 
     /// Runs `f` with the allocations it makes given `role`.
@@ -279,6 +369,18 @@ pub struct Storage {
     tape: Tape,
     alloc: Option<u32>,
     pub bytes: u64,
+}
+
+impl Storage {
+    /// The allocation this storage holds (none for zero bytes).
+    pub fn alloc(&self) -> Option<u32> {
+        self.alloc
+    }
+
+    /// Forgets its allocation, whose free is on the tape already.
+    pub(super) fn forget(&mut self) {
+        self.alloc = None;
+    }
 }
 
 impl Drop for Storage {

@@ -1,0 +1,105 @@
+//! What lets a replay write a recorded window of events again without running it through the
+//! block structure. A pool is decided by its segments, its allocated blocks and (with expandable
+//! segments) its unmapped blocks: every free block is a whole mapped gap between them, since a
+//! freed block always merges with its free mapped neighbours and a small block is always split
+//! to its rounded size. So a fingerprint of those sets (kept as blocks and segments come and go)
+//! tells when a pool is where it was; the pool's counters can then move as the recorded window
+//! moved them, and the blocks it left allocated can be placed where it left them.
+
+use super::{pool_index, BlockId, CachingAllocator, Label, Pool};
+
+/// One member of a pool's fingerprint: an allocated block (`kind` 1), a segment (`kind` 2) or
+/// an unmapped block (`kind` 3).
+/// The fingerprint is the exclusive or of its members'; 128 bits of two independent mixes.
+pub(super) fn fingerprint_of(kind: u64, stream: u32, address: u64, size: u64) -> u128 {
+    // SplitMix64's finaliser.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let hash = |seed: u64| mix(mix(mix(seed ^ (kind << 40) ^ u64::from(stream)) ^ address) ^ size);
+    (u128::from(hash(0x9e37_79b9_7f4a_7c15)) << 64) | u128::from(hash(0x2545_f491_4f6c_dd1d))
+}
+
+impl BlockId {
+    /// A block not placed yet (an allocation of a window written again, until the window ends).
+    pub const PENDING: BlockId = BlockId {
+        slot: usize::MAX,
+        generation: u64::MAX,
+    };
+}
+
+impl CachingAllocator {
+    /// The fingerprint of `pool`'s segments, allocated blocks and unmapped blocks.
+    pub fn pool_fingerprint(&self, pool: Pool) -> u128 {
+        self.fingerprints[pool_index(pool)]
+    }
+
+    /// The device memory this allocator may get, if limited.
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    /// `pool`'s counters now ([`super::super::stats::Stats::currents`] order).
+    pub fn pool_currents(&self, pool: Pool) -> [u64; 9] {
+        self.stats.pool_ref(pool).currents()
+    }
+
+    /// Moves `pool`'s counters and the aggregate's by `net`, each peak raised to where the
+    /// counter was `rise` above its value now, as a recorded run of events moved them
+    /// ([`super::super::stats::Stats::currents`] order).
+    pub fn move_counters(&mut self, pool: Pool, net: &[i64; 9], rise: &[i64; 9]) {
+        self.stats.update(pool, |s| s.move_by(net, rise));
+    }
+
+    /// Bytes asked for a live allocated block.
+    pub fn requested_size(&self, id: BlockId) -> Option<u64> {
+        self.live(id).map(|b| b.requested_size)
+    }
+
+    /// Allocates `size` bytes at `address` in `pool`, carved out of the free block that holds
+    /// them, counting nothing (the counters moved already); `None` if no free block holds them.
+    pub fn place_block(
+        &mut self,
+        pool: Pool,
+        stream: u32,
+        address: u64,
+        size: u64,
+        requested: u64,
+        label: Label,
+    ) -> Option<BlockId> {
+        let holder = self.free[pool_index(pool)].slots().find(|&s| {
+            let b = &self.slots[s];
+            b.stream == stream && b.address <= address && address + size <= b.address + b.size
+        })?;
+        self.remove_free(holder);
+        let (start, end) = {
+            let b = &self.slots[holder];
+            (b.address, b.address + b.size)
+        };
+        if start < address {
+            let front = self.block(holder, start, address - start, true);
+            let front = self.new_slot(front);
+            self.splice(front, self.slots[holder].prev, Some(holder));
+            self.insert_free(front);
+        }
+        if address + size < end {
+            let back = self.block(holder, address + size, end - address - size, true);
+            let back = self.new_slot(back);
+            self.splice(back, Some(holder), self.slots[holder].next);
+            self.insert_free(back);
+        }
+        let b = &mut self.slots[holder];
+        b.address = address;
+        b.size = size;
+        b.allocated = true;
+        b.requested_size = requested;
+        b.label = label;
+        self.fingerprint_block(holder);
+        Some(BlockId {
+            slot: holder,
+            generation: self.slots[holder].generation,
+        })
+    }
+}

@@ -1,0 +1,475 @@
+//! Decoder layers written again instead of run again. In one forward of `generate` (no autograd,
+//! a cache), layers alike (the same configuration, weights of the same shapes and types, no
+//! adapter and no quantized weight) make the same allocations and frees: each layer's own
+//! allocations numbered from where it starts, and the frees of what it was given (its cache's
+//! old keys and values). Once two layers of a kind in a row have written the same record (their
+//! events, and the shapes of the tensors they return and leave in the cache), the next layers of
+//! that kind in the forward are written from the record without running them: the same events,
+//! numbered for the layer, and the same tensors out. A record is taken only when every
+//! allocation the layer makes is freed by it or held by what it returns, so that what is
+//! written stays what running the layer would write (`repeated_layers_write_what_running_them_writes`
+//! compares whole programs).
+
+use super::cache::Cache;
+use super::tensor::{Dims, Elem, Event, Role, Storage, Tape, Tensor};
+use crate::model::{Layer, Model};
+use rustc_hash::FxHashMap;
+use std::rc::Rc;
+
+/// What makes layers alike: the layer's configuration, and its tensors (name within the layer,
+/// shape, type) in name order.
+type Signature = (Layer, Vec<(String, Dims, Elem)>);
+
+/// Which layers are alike: per layer, its kind, or `None` for a layer never repeated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerKinds(Vec<Option<usize>>);
+
+impl LayerKinds {
+    /// The layers of `model` by kind, from the model's tensors by name and the names of the
+    /// linear layers given adapters or quantized weights.
+    pub fn of<'a>(
+        model: &Model,
+        tensors: impl Iterator<Item = (&'a String, &'a Tensor)>,
+        altered: impl Iterator<Item = &'a String>,
+    ) -> LayerKinds {
+        let prefix = [model.text_prefix(), "layers."].concat();
+        let layer_of = |name: &str| -> Option<(usize, String)> {
+            let rest = name.strip_prefix(&prefix)?;
+            let (index, suffix) = rest.split_once('.')?;
+            Some((index.parse().ok()?, suffix.to_string()))
+        };
+        let n = model.layers.len();
+        let mut by_layer: Vec<Vec<(String, Dims, Elem)>> = vec![Vec::new(); n];
+        for (name, t) in tensors {
+            if let Some((i, suffix)) = layer_of(name).filter(|(i, _)| *i < n) {
+                by_layer[i].push((suffix, t.shape.clone(), t.elem));
+            }
+        }
+        let mut changed = vec![false; n];
+        for name in altered {
+            if let Some((i, _)) = layer_of(&[name.as_str(), "."].concat()).filter(|(i, _)| *i < n) {
+                changed[i] = true;
+            }
+        }
+        let mut signatures: Vec<Signature> = Vec::new();
+        let kinds = (0..n)
+            .map(|i| {
+                if changed[i] {
+                    return None;
+                }
+                by_layer[i].sort_by(|a, b| a.0.cmp(&b.0));
+                let signature = (model.layers[i], std::mem::take(&mut by_layer[i]));
+                Some(
+                    signatures
+                        .iter()
+                        .position(|s| *s == signature)
+                        .unwrap_or_else(|| {
+                            signatures.push(signature);
+                            signatures.len() - 1
+                        }),
+                )
+            })
+            .collect();
+        LayerKinds(kinds)
+    }
+
+    /// Layer `layer`'s kind (`None`: never written again).
+    pub fn of_layer(&self, layer: usize) -> Option<usize> {
+        self.0[layer]
+    }
+}
+
+/// Where a tensor out of a layer views its storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// The layer's allocation of this number (counted from its first).
+    Local(u32),
+    /// A tensor the cache held for the layer before it ran (`Cache::slots` order).
+    Slot(usize),
+    /// A storage of no bytes, made by the layer.
+    Empty,
+}
+
+/// A tensor's view, without its storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct View {
+    shape: Dims,
+    strides: Dims,
+    elem: Elem,
+    is_view: bool,
+}
+
+impl View {
+    /// Whether `t` is viewed so.
+    fn fits(&self, t: &Tensor) -> bool {
+        self.shape == t.shape
+            && self.strides == t.strides
+            && self.elem == t.elem
+            && self.is_view == t.is_view
+    }
+
+    fn of(t: &Tensor) -> View {
+        View {
+            shape: t.shape.clone(),
+            strides: t.strides.clone(),
+            elem: t.elem,
+            is_view: t.is_view,
+        }
+    }
+}
+
+/// One event of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Alloc {
+        bytes: u64,
+        role: Role,
+    },
+    /// The free of the layer's allocation of this number.
+    FreeLocal(u32),
+    /// The free of the storage of a tensor the cache held (`Cache::slots` order).
+    FreeSlot(usize),
+}
+
+/// What running one layer wrote and left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The layer's input and its cache as the layer found them.
+    hidden_in: View,
+    slots_in: [Option<View>; 3],
+    seen_in: u64,
+    steps: Vec<Step>,
+    /// The tensor it returned and the tensors it left in the cache.
+    hidden_out: (Source, View),
+    slots_out: [Option<(Source, View)>; 3],
+    seen_added: u64,
+}
+
+impl Record {
+    /// Bytes of the layer's allocation `n`.
+    fn bytes_of(&self, n: u32) -> u64 {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Alloc { bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .nth(n as usize)
+            .expect("an allocation of the record")
+    }
+
+    fn frees_slot(&self, slot: usize) -> bool {
+        self.steps.contains(&Step::FreeSlot(slot))
+    }
+
+    fn keeps_slot(&self, slot: usize) -> bool {
+        let kept =
+            |o: &Option<(Source, View)>| matches!(o, Some((Source::Slot(s), _)) if *s == slot);
+        self.slots_out.iter().any(kept) || matches!(self.hidden_out.0, Source::Slot(s) if s == slot)
+    }
+}
+
+/// Where a kind of layer stands in one forward.
+enum KindState {
+    /// The last layer of the kind ran and wrote this record.
+    Recorded(Record),
+    /// Two layers in a row wrote this record (numbered in the program): the next ones are
+    /// written from it.
+    Repeated(Record, u32),
+    /// A layer of the kind cannot be recorded, or its record did not fit a layer.
+    Unrepeatable,
+}
+
+/// The records of one forward.
+#[derive(Default)]
+pub struct ForwardRecords(FxHashMap<usize, KindState>);
+
+impl ForwardRecords {
+    /// Layer `layer` of `kind` written again from the record of the layers before it, if two in
+    /// a row wrote it and it fits this one's input and cache (if not, no layer of the kind is
+    /// written again in this forward).
+    pub fn write_again(
+        &mut self,
+        kind: usize,
+        hidden: &Tensor,
+        cache: &mut Cache,
+        layer: usize,
+    ) -> Option<Tensor> {
+        let Some(KindState::Repeated(record, number)) = self.0.get(&kind) else {
+            return None;
+        };
+        let out = write_again(record, *number, hidden, cache, layer);
+        if out.is_none() {
+            self.0.insert(kind, KindState::Unrepeatable);
+        }
+        out
+    }
+
+    /// Whether a layer of `kind` that runs is to be recorded.
+    pub fn records(&self, kind: usize) -> bool {
+        !matches!(self.0.get(&kind), Some(KindState::Unrepeatable))
+    }
+
+    /// What a layer of `kind` recorded (`None`: nothing that can be written again); the second
+    /// record in a row equal to the first makes the next layers of the kind written again.
+    pub fn note(&mut self, kind: usize, record: Option<Record>, tape: &Tape) {
+        let state = match (record, self.0.remove(&kind)) {
+            (Some(r), Some(KindState::Recorded(last))) if r == last => {
+                KindState::Repeated(r, tape.new_record())
+            }
+            (Some(r), _) => KindState::Recorded(r),
+            (None, _) => KindState::Unrepeatable,
+        };
+        self.0.insert(kind, state);
+    }
+}
+
+/// What a layer is given, noted before it runs, and the events it writes, kept as it runs.
+pub struct Capture {
+    tape: Tape,
+    first: u32,
+    hidden_in: View,
+    slots_in: [Option<View>; 3],
+    slot_allocs: [Option<u32>; 3],
+    seen_in: u64,
+}
+
+impl Capture {
+    /// Starts keeping what layer `layer` writes, given `hidden` and `cache`.
+    pub fn begin(tape: &Tape, hidden: &Tensor, cache: &Cache, layer: usize) -> Capture {
+        let (slots, seen_in) = cache.slots(layer);
+        let capture = Capture {
+            tape: tape.clone(),
+            first: tape.next_allocation(),
+            hidden_in: View::of(hidden),
+            slots_in: slots.map(|s| s.map(View::of)),
+            slot_allocs: slots.map(|s| s.and_then(|t| t.storage.alloc())),
+            seen_in,
+        };
+        tape.start_capture();
+        capture
+    }
+
+    /// The record of the layer that returned `out` and left `cache`, when what it wrote can be
+    /// written again.
+    pub fn end(self, out: &Tensor, cache: &Cache, layer: usize) -> Option<Record> {
+        let events = self.tape.end_capture();
+        let (slots_after, seen_after) = cache.slots(layer);
+        let (first, slot_allocs) = (self.first, self.slot_allocs);
+        let mut steps = Vec::with_capacity(events.len());
+        let mut freed = Vec::new();
+        for e in events {
+            steps.push(match e {
+                Event::Alloc { bytes, role } => Step::Alloc { bytes, role },
+                Event::Free { alloc } if alloc >= first => {
+                    freed.push(alloc - first);
+                    Step::FreeLocal(alloc - first)
+                }
+                Event::Free { alloc } => {
+                    Step::FreeSlot(slot_allocs.iter().position(|&a| a == Some(alloc))?)
+                }
+                Event::LayerBegin { .. } | Event::LayerEnd => return None,
+            });
+        }
+        let source = |t: &Tensor| -> Option<Source> {
+            if t.grad_fn.is_some() {
+                return None;
+            }
+            match t.storage.alloc() {
+                Some(a) if a >= first => Some(Source::Local(a - first)),
+                Some(a) => Some(Source::Slot(
+                    slot_allocs.iter().position(|&s| s == Some(a))?,
+                )),
+                None => Some(Source::Empty),
+            }
+        };
+        let hidden_out = (source(out)?, View::of(out));
+        let mut slots_out: [Option<(Source, View)>; 3] = [None, None, None];
+        for (o, s) in slots_out.iter_mut().zip(slots_after) {
+            if let Some(t) = s {
+                *o = Some((source(t)?, View::of(t)));
+            }
+        }
+        let record = Record {
+            hidden_in: self.hidden_in,
+            slots_in: self.slots_in,
+            seen_in: self.seen_in,
+            steps,
+            hidden_out,
+            slots_out,
+            seen_added: seen_after - self.seen_in,
+        };
+        // Every allocation is freed by the layer or held by what it returns.
+        let allocations = u32::try_from(
+            record
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Alloc { .. }))
+                .count(),
+        )
+        .ok()?;
+        let held: Vec<u32> = std::iter::once(&record.hidden_out)
+            .chain(record.slots_out.iter().flatten())
+            .filter_map(|(s, _)| match s {
+                Source::Local(n) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        (0..allocations)
+            .all(|n| freed.contains(&n) || held.contains(&n))
+            .then_some(record)
+    }
+}
+
+/// Writes layer `layer` from `record`, or `None` (nothing written) where its input or cache do
+/// not match the record's.
+fn write_again(
+    record: &Record,
+    number: u32,
+    hidden: &Tensor,
+    cache: &mut Cache,
+    layer: usize,
+) -> Option<Tensor> {
+    let (slots, seen) = cache.slots(layer);
+    let fits = |v: &Option<View>, t: Option<&Tensor>| match (v, t) {
+        (Some(v), Some(t)) => v.fits(t),
+        (None, None) => true,
+        _ => false,
+    };
+    if !record.hidden_in.fits(hidden)
+        || seen != record.seen_in
+        || !record.slots_in.iter().zip(slots).all(|(v, t)| fits(v, t))
+    {
+        return None;
+    }
+    // What the layer frees of its cache must be held by the cache alone, and what it lets go
+    // otherwise must stay held elsewhere.
+    for (i, s) in slots.iter().enumerate() {
+        let Some(t) = s else { continue };
+        let alone = Rc::strong_count(&t.storage) == 1 && t.storage.alloc().is_some();
+        let elsewhere = Rc::strong_count(&t.storage) > 1 || t.storage.alloc().is_none();
+        let fits = if record.frees_slot(i) {
+            alone
+        } else {
+            record.keeps_slot(i) || elsewhere
+        };
+        if !fits {
+            return None;
+        }
+    }
+    let tape = hidden.tape().clone();
+    let mut taken = cache.take_slots(layer);
+    let first = tape.next_allocation();
+    let slot_allocs = taken
+        .each_ref()
+        .map(|t| t.as_ref().and_then(|t| t.storage.alloc()));
+    let events = record.steps.iter().map(|step| match *step {
+        Step::Alloc { bytes, role } => Event::Alloc { bytes, role },
+        Step::FreeLocal(n) => Event::Free { alloc: first + n },
+        Step::FreeSlot(i) => Event::Free {
+            alloc: slot_allocs[i].expect("a slot freed by the record holds an allocation"),
+        },
+    });
+    tape.write(
+        std::iter::once(Event::LayerBegin { record: number })
+            .chain(events)
+            .chain(std::iter::once(Event::LayerEnd)),
+    );
+    // The storages of the layer's allocations that outlive it, each made once.
+    let mut storages: Vec<(u32, Rc<Storage>)> = Vec::new();
+    let mut made = |(source, view): &(Source, View), taken: &[Option<Tensor>; 3]| -> Tensor {
+        let storage = match source {
+            Source::Local(n) => match storages.iter().find(|(m, _)| m == n) {
+                Some((_, s)) => s.clone(),
+                None => {
+                    let s = tape.written_storage(Some(first + n), record.bytes_of(*n));
+                    storages.push((*n, s.clone()));
+                    s
+                }
+            },
+            Source::Slot(i) => taken[*i]
+                .as_ref()
+                .expect("a slot kept by the record")
+                .storage
+                .clone(),
+            Source::Empty => tape.written_storage(None, 0),
+        };
+        Tensor {
+            storage,
+            shape: view.shape.clone(),
+            strides: view.strides.clone(),
+            elem: view.elem,
+            grad_fn: None,
+            is_view: view.is_view,
+        }
+    };
+    let out = made(&record.hidden_out, &taken);
+    let slots_out = [0, 1, 2].map(|i| record.slots_out[i].as_ref().map(|o| made(o, &taken)));
+    // The slots' storages the record freed are freed on the tape already.
+    for (i, t) in taken.iter_mut().enumerate() {
+        if record.frees_slot(i) {
+            if let Some(t) = t {
+                Rc::get_mut(&mut t.storage)
+                    .expect("a freed slot's storage is held by the cache alone")
+                    .forget();
+            }
+        }
+    }
+    drop(taken);
+    cache.put_slots(layer, slots_out, record.seen_added);
+    tape.count_written_again();
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::run::{program, program_running_every_layer, Program, Run};
+    use super::super::tensor::Event;
+    use crate::budget::proof::Report;
+
+    /// Every inference run of the four recorded proofs (Llama, Mistral, Mixtral, Qwen3 and its
+    /// mixture, DeepSeek-V2 and V3's latent attention, Gemma 2 past its window, Gemma 3 with its
+    /// vision tower under both mask orders, expandable segments): the program with alike layers
+    /// written again is the program with every layer run, event for event and stage for stage.
+    #[test]
+    fn repeated_layers_write_what_running_them_writes() {
+        let reports = [
+            Report::recorded(),
+            Report::recorded_held_out(),
+            Report::recorded_bitsandbytes(),
+            Report::recorded_edge(),
+        ];
+        let (mut compared, mut written_again) = (0, 0);
+        for rec in reports.iter().flat_map(|r| &r.records) {
+            let run = Run::from_spec(&rec.spec).expect("a recorded spec");
+            if run.work.trains() {
+                continue;
+            }
+            let (written, ran) = (program(&run), program_running_every_layer(&run));
+            let names = |p: &Program| p.stages().into_iter().map(|s| s.name).collect::<Vec<_>>();
+            assert_eq!(names(&written), names(&ran), "{}: stages", rec.name);
+            assert_eq!(ran.layers_written_again(), 0);
+            written_again += written.layers_written_again();
+            let plain = |e: &Event| matches!(e, Event::Alloc { .. } | Event::Free { .. });
+            let (w, r): (Vec<Event>, Vec<Event>) = (
+                written.events().filter(plain).collect(),
+                ran.events().collect(),
+            );
+            assert_eq!(w.len(), r.len(), "{}: events", rec.name);
+            if let Some(i) = (0..w.len()).find(|&i| w[i] != r[i]) {
+                panic!("{}: event {i} written {:?}, run {:?}", rec.name, w[i], r[i]);
+            }
+            // Each layer written again is marked as one, around the events of its record.
+            let marks = written.events().filter(|e| !plain(e)).count() as u64;
+            assert_eq!(marks, 2 * written.layers_written_again(), "{}", rec.name);
+            compared += 1;
+        }
+        assert!(compared >= 20, "{compared} inference runs compared");
+        // Most layers of a decode step are written again (of the 21 runs' 4 700 decode steps).
+        println!("{compared} runs, {written_again} layers written again");
+        assert!(
+            written_again > 100_000,
+            "{written_again} layers written again"
+        );
+    }
+}

@@ -1,0 +1,423 @@
+//! Layers written again, replayed without going through the small pool's blocks. A layer
+//! written again from a record comes as a window of events (`LayerBegin` to `LayerEnd`). The
+//! first time a record's window meets the small pool in a given state (its fingerprint: its
+//! segments and allocated blocks), the window is replayed event by event and what it did to the
+//! small pool is kept: the pool's counters after each of its events and the blocks it left
+//! allocated. When a window of the same record later meets the small pool in the same state, the
+//! same events would make the same choices there: the counters move as they moved, the blocks
+//! it leaves are placed where they were left, and only its large-pool events (the cache's keys
+//! and values) go through the blocks. The figures are those of the whole replay
+//! (`windows_give_what_the_whole_replay_gives` compares them on every recorded inference run,
+//! under both settings, on an unlimited device and on cards where they run out of memory). A
+//! window is kept only if it freed nothing of the small pool made before it (which block it
+//! frees is not in the fingerprint) and the device's cache was not released during it; on a
+//! limited device it is followed only where the device has room for every large allocation it
+//! makes to take memory of its own, so that none can release the small pool's cache.
+
+use super::{Event, Replaying};
+use crate::allocator::size::{allocation_size, round_size, Pool, SMALL_SIZE};
+use crate::allocator::BlockId;
+use crate::stack::tensor::Role;
+use std::rc::Rc;
+
+/// Windows kept at most (the records of one forward's kinds of layer, in each of their states).
+const KEPT: usize = 16;
+
+/// Consecutive small-pool events of a window, as they moved the counters.
+#[derive(Default)]
+struct SmallRun {
+    events: u32,
+    /// The small pool's counters (and the aggregate's) after the run less before it, and the
+    /// most they rose above their value before it.
+    net: [i64; 9],
+    rise: [i64; 9],
+    /// Bytes by role after the run less before it.
+    roles: [i64; Role::ALL.len()],
+    /// Its allocations in order: role and block size, and whether the window leaves it live.
+    allocations: Vec<(usize, u64, bool)>,
+}
+
+enum Item {
+    Small(Box<SmallRun>),
+    /// One event of the large pool, replayed through the blocks.
+    Large,
+}
+
+/// What one window did to the small pool.
+struct Trajectory {
+    items: Vec<Item>,
+    /// The small blocks it left allocated: (allocation number from the window's first, address,
+    /// size, bytes asked for).
+    kept: Vec<(u32, u64, u64, u64)>,
+    /// The small pool's fingerprint when it ended.
+    end: u128,
+    /// The most device memory its large allocations could take (each its own segment).
+    large_need: u64,
+}
+
+/// A window being replayed event by event, to keep what it does.
+struct Recording {
+    key: (u32, u128),
+    first: u32,
+    retries: u64,
+    ooms: u64,
+    start: [u64; 9],
+    /// The small pool's counters when the current run of small events began.
+    run_start: [u64; 9],
+    items: Vec<Item>,
+    /// Its allocations in the small pool: (number, block).
+    small: Vec<(u32, BlockId)>,
+    /// It freed a small block allocated before it: which one it frees decides its choices, and
+    /// the fingerprint does not say, so the window is not kept.
+    frees_older: bool,
+    large_need: u64,
+}
+
+/// A window written from what an earlier one did.
+struct Following {
+    trajectory: Rc<Trajectory>,
+    at: usize,
+    /// Events of the current run of small events still to pass.
+    left: u32,
+    first: u32,
+}
+
+enum Window {
+    Recording(Box<Recording>),
+    Following(Following),
+}
+
+pub(super) struct Windows {
+    /// Whether windows are followed (the tests compare with a replay where none is).
+    pub(super) follow: bool,
+    kept: Vec<((u32, u128), Rc<Trajectory>)>,
+    open: Option<Window>,
+    /// Windows followed so far.
+    pub(super) followed: u64,
+}
+
+impl Default for Windows {
+    fn default() -> Windows {
+        Windows {
+            follow: true,
+            kept: Vec::new(),
+            open: None,
+            followed: 0,
+        }
+    }
+}
+
+/// A counter or a block's size as a signed amount (all are far below 2^63).
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).expect("a counter below 2^63")
+}
+
+impl Replaying {
+    pub(super) fn begin_window(&mut self, record: u32) {
+        let a = &self.allocator;
+        self.windows.open = None;
+        if !self.windows.follow {
+            return;
+        }
+        let key = (record, a.pool_fingerprint(Pool::Small));
+        let first = self.blocks.next_number();
+        let room = |t: &Trajectory| {
+            a.capacity()
+                .is_none_or(|c| a.reserved_now().saturating_add(t.large_need) <= c)
+        };
+        self.windows.open = Some(match self.windows.kept.iter().find(|(k, _)| *k == key) {
+            Some((_, t)) if !room(t) => return,
+            Some((_, t)) => {
+                self.windows.followed += 1;
+                Window::Following(Following {
+                    trajectory: t.clone(),
+                    at: 0,
+                    left: 0,
+                    first,
+                })
+            }
+            None => {
+                let start = a.pool_currents(Pool::Small);
+                Window::Recording(Box::new(Recording {
+                    key,
+                    first,
+                    retries: a.alloc_retries(),
+                    ooms: a.ooms(),
+                    start,
+                    run_start: start,
+                    items: Vec::new(),
+                    small: Vec::new(),
+                    frees_older: false,
+                    large_need: 0,
+                }))
+            }
+        });
+    }
+
+    pub(super) fn end_window(&mut self) {
+        match self.windows.open.take() {
+            Some(Window::Recording(r)) => self.keep(r),
+            Some(Window::Following(f)) => self.follow_to_end(f),
+            None => {}
+        }
+    }
+
+    /// Replays an allocation or free, inside a window or not.
+    pub(super) fn windowed_event(&mut self, e: Event) -> bool {
+        match &mut self.windows.open {
+            None => self.plain_event(e),
+            Some(Window::Recording(_)) => self.recorded_event(e),
+            Some(Window::Following(f)) => {
+                if f.left > 0 {
+                    f.left -= 1;
+                    return true;
+                }
+                let t = f.trajectory.clone();
+                let item = &t.items[f.at];
+                f.at += 1;
+                match item {
+                    Item::Large => {
+                        let done = self.plain_event(e);
+                        if !done {
+                            self.windows.open = None;
+                        }
+                        done
+                    }
+                    Item::Small(run) => {
+                        f.left = run.events - 1;
+                        self.follow_run(run);
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    /// An event of a window recorded: replayed through the blocks, and noted.
+    fn recorded_event(&mut self, e: Event) -> bool {
+        // The pool, role and block size of what the event allocates or frees.
+        let small_block = match e {
+            Event::Alloc { bytes, role } => Some((role.index(), round_size(bytes), 1)),
+            Event::Free { alloc } => self.blocks.get(alloc).map(|&(_, r, size)| (r, size, -1)),
+            _ => None,
+        }
+        .filter(|&(_, size, _)| size <= SMALL_SIZE);
+        let before = small_block.map(|_| self.allocator.pool_currents(Pool::Small));
+        let number = self.blocks.next_number();
+        let done = self.plain_event(e);
+        let after = self.allocator.pool_currents(Pool::Small);
+        let block = self.blocks.get(number).map(|b| b.0);
+        let Some(Window::Recording(r)) = &mut self.windows.open else {
+            unreachable!("the window recorded stays open")
+        };
+        match small_block {
+            None => {
+                if let Event::Alloc { bytes, .. } = e {
+                    r.large_need += allocation_size(round_size(bytes));
+                }
+                r.items.push(Item::Large);
+            }
+            Some((role, size, sign)) => {
+                if !matches!(r.items.last(), Some(Item::Small(_))) {
+                    r.run_start = before.expect("read for a small event");
+                    r.items.push(Item::Small(Box::default()));
+                }
+                let Some(Item::Small(run)) = r.items.last_mut() else {
+                    unreachable!("a run of small events")
+                };
+                run.events += 1;
+                for (((net, rise), &a), &b) in run
+                    .net
+                    .iter_mut()
+                    .zip(&mut run.rise)
+                    .zip(&after)
+                    .zip(&r.run_start)
+                {
+                    *net = signed(a) - signed(b);
+                    *rise = (*rise).max(*net);
+                }
+                run.roles[role] += sign * signed(size);
+                match (e, block) {
+                    (Event::Alloc { .. }, Some(b)) => {
+                        run.allocations.push((role, size, false));
+                        r.small.push((number, b));
+                    }
+                    (Event::Free { alloc }, _) if alloc < r.first => r.frees_older = true,
+                    _ => {}
+                }
+            }
+        }
+        if !done {
+            self.windows.open = None;
+        }
+        done
+    }
+
+    /// A run of small events of a window followed, at once: the counters and roles moved as
+    /// they moved, the peaks raised as high, the allocations numbered (those the window leaves
+    /// live get their block when it ends).
+    fn follow_run(&mut self, run: &SmallRun) {
+        let allocated = self.allocator.allocated_now();
+        self.allocator
+            .move_counters(Pool::Small, &run.net, &run.rise);
+        self.out.peak_allocated = self
+            .out
+            .peak_allocated
+            .max(allocated.saturating_add_signed(run.rise[0]));
+        for (bytes, delta) in self.roles.iter_mut().zip(run.roles) {
+            *bytes = bytes.saturating_add_signed(delta);
+        }
+        for &(role, size, kept) in &run.allocations {
+            match kept {
+                true => self.blocks.push((BlockId::PENDING, role, size)),
+                false => self.blocks.push_freed(),
+            }
+        }
+    }
+
+    /// Ends a window followed: the small blocks it left allocated are placed.
+    fn follow_to_end(&mut self, f: Following) {
+        let t = &f.trajectory;
+        debug_assert!(
+            f.at == t.items.len() && f.left == 0,
+            "a window followed to its end"
+        );
+        for &(n, address, size, requested) in &t.kept {
+            let block = self
+                .allocator
+                .place_block(Pool::Small, 0, address, size, requested, self.label)
+                .expect("a block left by a window fits where it was left");
+            self.blocks.set_block(f.first + n, block);
+        }
+        debug_assert_eq!(
+            self.allocator.pool_fingerprint(Pool::Small),
+            t.end,
+            "the small pool ends as the window left it"
+        );
+    }
+
+    /// Keeps what a window replayed event by event did, if it left the small pool's segments
+    /// and the device's cache as they were.
+    fn keep(&mut self, mut r: Box<Recording>) {
+        let a = &self.allocator;
+        let now = a.pool_currents(Pool::Small);
+        // Reserved bytes and segments (counters 1 and 6) unchanged, no release of the cache.
+        let same_segments = now[1] == r.start[1] && now[6] == r.start[6];
+        if r.frees_older || !same_segments || a.alloc_retries() != r.retries || a.ooms() != r.ooms {
+            return;
+        }
+        let live: Vec<bool> = r
+            .small
+            .iter()
+            .map(|(n, _)| self.blocks.get(*n).is_some())
+            .collect();
+        let kept = r
+            .small
+            .iter()
+            .zip(&live)
+            .filter(|(_, &l)| l)
+            .map(|(&(n, b), _)| {
+                let live = |v: Option<u64>| v.expect("a live block");
+                (
+                    n - r.first,
+                    live(a.address(b)),
+                    live(a.block_size(b)),
+                    live(a.requested_size(b)),
+                )
+            })
+            .collect();
+        let mut live = live.into_iter();
+        for item in &mut r.items {
+            if let Item::Small(run) = item {
+                for allocation in &mut run.allocations {
+                    allocation.2 = live.next().expect("one per small allocation");
+                }
+            }
+        }
+        if self.windows.kept.len() == KEPT {
+            self.windows.kept.remove(0);
+        }
+        self.windows.kept.push((
+            r.key,
+            Rc::new(Trajectory {
+                items: r.items,
+                kept,
+                end: a.pool_fingerprint(Pool::Small),
+                large_need: r.large_need,
+            }),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{program, Program, Replayed, Replaying, Run};
+    use crate::allocator::AllocatorConfig;
+    use crate::budget::proof::Report;
+
+    fn replayed(
+        p: &Program,
+        config: AllocatorConfig,
+        capacity: Option<u64>,
+        follow: bool,
+    ) -> (Replayed, u64) {
+        let mut r = Replaying::new(config, capacity);
+        r.windows.follow = follow;
+        for chunk in &p.chunks {
+            if !r.read(chunk) {
+                break;
+            }
+        }
+        let followed = r.windows.followed;
+        (r.finish(), followed)
+    }
+
+    /// Every inference run of the four recorded proofs, replayed with the windows of its layers
+    /// written again followed and with every event through the blocks, under both settings, on
+    /// an unlimited device and on devices just below and just above its peak: the same figures,
+    /// stage for stage, the same roles at the peak, the same stage out of memory.
+    #[test]
+    fn windows_give_what_the_whole_replay_gives() {
+        let reports = [
+            Report::recorded(),
+            Report::recorded_held_out(),
+            Report::recorded_bitsandbytes(),
+            Report::recorded_edge(),
+        ];
+        // Windows followed, per setting and device.
+        let mut followed = [[0; 3]; 2];
+        for rec in reports.iter().flat_map(|r| &r.records) {
+            let run = Run::from_spec(&rec.spec).expect("a recorded spec");
+            if run.work.trains() {
+                continue;
+            }
+            let p = program(&run);
+            for expandable in [false, true] {
+                let config = AllocatorConfig {
+                    expandable_segments: expandable,
+                    ..AllocatorConfig::default()
+                };
+                let (whole, _) = replayed(&p, config, None, false);
+                // Unlimited, then on devices of 99 % and 101 % of the peak reserved.
+                let peak = whole.peak_reserved;
+                let devices = [None, Some(peak / 100 * 99), Some(peak / 100 * 101)];
+                for (d, capacity) in devices.into_iter().enumerate() {
+                    let (written, windows) = replayed(&p, config, capacity, true);
+                    let (whole, _) = replayed(&p, config, capacity, false);
+                    assert_eq!(written, whole, "{} {config:?} {capacity:?}", rec.name);
+                    followed[usize::from(expandable)][d] += windows;
+                }
+            }
+        }
+        println!("windows followed (default, expandable; unlimited, 99 %, 101 %): {followed:?}");
+        // Just below the peak most runs stop before their decode (at the default settings, all).
+        let [[plain, _, plain_above], [grown, grown_below, grown_above]] = followed;
+        assert!(
+            [plain, plain_above, grown, grown_above]
+                .iter()
+                .all(|&n| n > 100_000)
+                && grown_below > 10_000,
+            "{followed:?}"
+        );
+    }
+}

@@ -527,7 +527,12 @@ impl CachingAllocator {
     /// `max_split_size`.
     fn get_free_block(&mut self, pool: Pool, stream: u32, rounded: u64) -> Option<usize> {
         let free = &self.free[pool_index(pool)];
-        let chosen = if self.config.expandable_segments {
+        let first = free.first_at_least(stream, rounded)?;
+        // A candidate can grow to no less than its size, and the next are no smaller: the first
+        // wins at once unless unmapped memory follows it.
+        let chosen = if self.config.expandable_segments
+            && self.expandable_size(first) > self.slots[first].size
+        {
             let mut candidates = free.at_least(stream, rounded);
             let mut chosen = candidates.next()?;
             for next in candidates {
@@ -538,7 +543,7 @@ impl CachingAllocator {
             }
             chosen
         } else {
-            free.first_at_least(stream, rounded)?
+            first
         };
         let b = &self.slots[chosen];
         self.free[pool_index(pool)].remove(b.stream, b.size, b.address);

@@ -1,18 +1,19 @@
 //! Layers written again, replayed without going through the small pool's blocks. A layer
 //! written again from a record comes as a window of events (`LayerBegin` to `LayerEnd`). The
 //! first time a record's window meets the small pool in a given state (its fingerprint: its
-//! segments and allocated blocks), the window is replayed event by event and what it did to the
-//! small pool is kept: the pool's counters after each of its events and the blocks it left
-//! allocated. When a window of the same record later meets the small pool in the same state, the
-//! same events would make the same choices there: the counters move as they moved, the blocks
-//! it leaves are placed where they were left, and only its large-pool events (the cache's keys
-//! and values) go through the blocks. The figures are those of the whole replay
-//! (`windows_give_what_the_whole_replay_gives` compares them on every recorded inference run,
-//! under both settings, on an unlimited device and on cards where they run out of memory). A
-//! window is kept only if it freed nothing of the small pool made before it (which block it
-//! frees is not in the fingerprint) and the device's cache was not released during it; on a
-//! limited device it is followed only where the device has room for every large allocation it
-//! makes to take memory of its own, so that none can release the small pool's cache.
+//! segments, allocated and unmapped blocks), the window is replayed event by event and what it
+//! did to the small pool is kept: for each run of its small-pool events, how the counters and
+//! the bytes by role moved, and the blocks the window left allocated. When a window of the same
+//! record later meets the small pool in the same state, the same events make the same choices
+//! there: the counters move as they moved, run by run, the blocks it leaves are placed where they
+//! were left, and only its large-pool events (the cache's keys and values) go through the blocks.
+//! The figures are those of the whole replay (`windows_give_what_the_whole_replay_gives` compares
+//! them on every recorded inference run, under both settings, on an unlimited device and on
+//! devices just below and above its peak). A window is kept only if it freed nothing of the
+//! small pool made before it (which block it frees is not in the fingerprint) and the device's
+//! cache was not released during it; on a limited device it is followed only where the device
+//! has room for every large allocation it makes to take memory of its own, so that none can
+//! release the small pool's cache.
 
 use super::{Event, Replaying};
 use crate::allocator::size::{allocation_size, round_size, Pool, SMALL_SIZE};

@@ -578,7 +578,9 @@ impl Decoder<'_> {
         let capture = Capture::begin(&self.process.tape, hidden, cache, layer);
         let out = self.decoder_layer(layer, hidden, rope, mask, Some(cache));
         let record = capture.end(&out, cache, layer);
-        records.note(kind, record, &self.process.tape);
+        if let Some(kinds) = self.layer_kinds.as_mut() {
+            records.note(kind, record, kinds);
+        }
         out
     }
 

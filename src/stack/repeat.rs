@@ -12,6 +12,7 @@
 
 use super::cache::Cache;
 use super::tensor::{Dims, Elem, Event, Role, Storage, Tape, Tensor};
+use crate::allocator::size::{allocation_size, round_size, SMALL_SIZE};
 use crate::model::{Layer, Model};
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
@@ -20,9 +21,22 @@ use std::rc::Rc;
 /// shape, type) in name order.
 type Signature = (Layer, Vec<(String, Dims, Elem)>);
 
-/// Which layers are alike: per layer, its kind, or `None` for a layer never repeated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayerKinds(Vec<Option<usize>>);
+/// Which layers are alike (per layer, its kind, or `None` for a layer never repeated), and
+/// the shapes of the records layers were written again from, numbered.
+#[derive(Debug, Clone)]
+pub struct LayerKinds {
+    kinds: Vec<Option<usize>>,
+    shapes: FxHashMap<Vec<Shaped>, u32>,
+}
+
+/// A step of a record as the small pool sees it: the sizes of large-pool allocations left out.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Shaped {
+    Small { bytes: u64, role: Role },
+    Large,
+    FreeLocal(u32),
+    FreeSlot { slot: usize, small: bool },
+}
 
 impl LayerKinds {
     /// The layers of `model` by kind, from the model's tensors by name and the names of the
@@ -70,12 +84,40 @@ impl LayerKinds {
                 )
             })
             .collect();
-        LayerKinds(kinds)
+        LayerKinds {
+            kinds,
+            shapes: FxHashMap::default(),
+        }
     }
 
     /// Layer `layer`'s kind (`None`: never written again).
     pub fn of_layer(&self, layer: usize) -> Option<usize> {
-        self.0[layer]
+        self.kinds[layer]
+    }
+
+    /// The number of `record`'s shape (records of one shape make the same choices in the small
+    /// pool), and the most device memory its large-pool allocations could take.
+    fn shape_of(&mut self, record: &Record) -> (u32, u64) {
+        let small = |bytes: u64| round_size(bytes) <= SMALL_SIZE;
+        let mut large_need = 0u64;
+        let shape: Vec<Shaped> = record
+            .steps
+            .iter()
+            .map(|step| match *step {
+                Step::Alloc { bytes, role } if small(bytes) => Shaped::Small { bytes, role },
+                Step::Alloc { bytes, .. } => {
+                    large_need = large_need.saturating_add(allocation_size(round_size(bytes)));
+                    Shaped::Large
+                }
+                Step::FreeLocal(n) => Shaped::FreeLocal(n),
+                Step::FreeSlot(slot) => Shaped::FreeSlot {
+                    slot,
+                    small: record.slot_bytes[slot].is_some_and(small),
+                },
+            })
+            .collect();
+        let next = u32::try_from(self.shapes.len()).expect("fewer than 2^32 shapes");
+        (*self.shapes.entry(shape).or_insert(next), large_need)
     }
 }
 
@@ -137,8 +179,12 @@ pub struct Record {
     /// The layer's input and its cache as the layer found them.
     hidden_in: View,
     slots_in: [Option<View>; 3],
+    /// The bytes of the storages of those.
+    slot_bytes: [Option<u64>; 3],
     seen_in: u64,
     steps: Vec<Step>,
+    /// How many of the steps are allocations.
+    allocations: u32,
     /// The tensor it returned and the tensors it left in the cache.
     hidden_out: (Source, View),
     slots_out: [Option<(Source, View)>; 3],
@@ -173,9 +219,9 @@ impl Record {
 enum KindState {
     /// The last layer of the kind ran and wrote this record.
     Recorded(Record),
-    /// Two layers in a row wrote this record (numbered in the program): the next ones are
-    /// written from it.
-    Repeated(Record, u32),
+    /// Two layers in a row wrote this record (of this shape, with large allocations that could
+    /// take this much): the next ones are written from it.
+    Repeated(Record, u32, u64),
     /// A layer of the kind cannot be recorded, or its record did not fit a layer.
     Unrepeatable,
 }
@@ -195,10 +241,10 @@ impl ForwardRecords {
         cache: &mut Cache,
         layer: usize,
     ) -> Option<Tensor> {
-        let Some(KindState::Repeated(record, number)) = self.0.get(&kind) else {
+        let Some(KindState::Repeated(record, shape, large_need)) = self.0.get(&kind) else {
             return None;
         };
-        let out = write_again(record, *number, hidden, cache, layer);
+        let out = write_again(record, (*shape, *large_need), hidden, cache, layer);
         if out.is_none() {
             self.0.insert(kind, KindState::Unrepeatable);
         }
@@ -212,10 +258,11 @@ impl ForwardRecords {
 
     /// What a layer of `kind` recorded (`None`: nothing that can be written again); the second
     /// record in a row equal to the first makes the next layers of the kind written again.
-    pub fn note(&mut self, kind: usize, record: Option<Record>, tape: &Tape) {
+    pub fn note(&mut self, kind: usize, record: Option<Record>, kinds: &mut LayerKinds) {
         let state = match (record, self.0.remove(&kind)) {
             (Some(r), Some(KindState::Recorded(last))) if r == last => {
-                KindState::Repeated(r, tape.new_record())
+                let (shape, large_need) = kinds.shape_of(&r);
+                KindState::Repeated(r, shape, large_need)
             }
             (Some(r), _) => KindState::Recorded(r),
             (None, _) => KindState::Unrepeatable,
@@ -231,6 +278,7 @@ pub struct Capture {
     hidden_in: View,
     slots_in: [Option<View>; 3],
     slot_allocs: [Option<u32>; 3],
+    slot_bytes: [Option<u64>; 3],
     seen_in: u64,
 }
 
@@ -244,6 +292,7 @@ impl Capture {
             hidden_in: View::of(hidden),
             slots_in: slots.map(|s| s.map(View::of)),
             slot_allocs: slots.map(|s| s.and_then(|t| t.storage.alloc())),
+            slot_bytes: slots.map(|s| s.map(|t| t.storage.bytes)),
             seen_in,
         };
         tape.start_capture();
@@ -290,24 +339,25 @@ impl Capture {
                 *o = Some((source(t)?, View::of(t)));
             }
         }
-        let record = Record {
-            hidden_in: self.hidden_in,
-            slots_in: self.slots_in,
-            seen_in: self.seen_in,
-            steps,
-            hidden_out,
-            slots_out,
-            seen_added: seen_after - self.seen_in,
-        };
-        // Every allocation is freed by the layer or held by what it returns.
         let allocations = u32::try_from(
-            record
-                .steps
+            steps
                 .iter()
                 .filter(|s| matches!(s, Step::Alloc { .. }))
                 .count(),
         )
         .ok()?;
+        let record = Record {
+            hidden_in: self.hidden_in,
+            slots_in: self.slots_in,
+            slot_bytes: self.slot_bytes,
+            seen_in: self.seen_in,
+            steps,
+            allocations,
+            hidden_out,
+            slots_out,
+            seen_added: seen_after - self.seen_in,
+        };
+        // Every allocation is freed by the layer or held by what it returns.
         let held: Vec<u32> = std::iter::once(&record.hidden_out)
             .chain(record.slots_out.iter().flatten())
             .filter_map(|(s, _)| match s {
@@ -325,7 +375,7 @@ impl Capture {
 /// not match the record's.
 fn write_again(
     record: &Record,
-    number: u32,
+    (shape, large_need): (u32, u64),
     hidden: &Tensor,
     cache: &mut Cache,
     layer: usize,
@@ -370,11 +420,11 @@ fn write_again(
             alloc: slot_allocs[i].expect("a slot freed by the record holds an allocation"),
         },
     });
-    tape.write(
-        std::iter::once(Event::LayerBegin { record: number })
-            .chain(events)
-            .chain(std::iter::once(Event::LayerEnd)),
-    );
+    tape.append(record.steps.len() + 2, record.allocations, |to| {
+        to.push(Event::LayerBegin { shape, large_need });
+        to.extend(events);
+        to.push(Event::LayerEnd);
+    });
     // The storages of the layer's allocations that outlive it, each made once.
     let mut storages: Vec<(u32, Rc<Storage>)> = Vec::new();
     let mut made = |(source, view): &(Source, View), taken: &[Option<Tensor>; 3]| -> Tensor {

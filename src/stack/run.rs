@@ -751,7 +751,7 @@ impl Replaying {
             return false;
         }
         match e {
-            Event::LayerBegin { record } => self.begin_window(record),
+            Event::LayerBegin { shape, large_need } => self.begin_window(shape, large_need),
             Event::LayerEnd => self.end_window(),
             _ => return self.windowed_event(e),
         }

@@ -148,9 +148,13 @@ pub enum Event {
         alloc: u32,
     },
     /// A decoder layer written again from a record begins: until `LayerEnd`, its events are
-    /// those of every layer written from record `record` of this program, numbered for it.
+    /// those of every layer written from a record of shape `shape` in this program (the same
+    /// small-pool events, its large-pool events at the same places), numbered for it; its
+    /// large-pool allocations would take at most `large_need` bytes of device memory, each in
+    /// a segment of its own.
     LayerBegin {
-        record: u32,
+        shape: u32,
+        large_need: u64,
     },
     LayerEnd,
 }
@@ -186,8 +190,6 @@ pub(crate) struct Log {
     pub captured: Option<Vec<Event>>,
     /// Decoder layers written again from another's record.
     pub written_again: u64,
-    /// Records layers were written again from.
-    pub records: u32,
 }
 
 impl Log {
@@ -270,13 +272,6 @@ impl Tape {
         self.0.borrow_mut().captured.take().unwrap_or_default()
     }
 
-    /// A number for a new record of a layer to write again.
-    pub(super) fn new_record(&self) -> u32 {
-        let mut log = self.0.borrow_mut();
-        log.records += 1;
-        log.records - 1
-    }
-
     /// Counts a decoder layer written again from another's record.
     pub(super) fn count_written_again(&self) {
         self.0.borrow_mut().written_again += 1;
@@ -286,11 +281,26 @@ impl Tape {
         self.0.borrow().written_again
     }
 
-    /// Writes `events` as they are (each allocation takes the next number).
-    pub(super) fn write(&self, events: impl Iterator<Item = Event>) {
+    /// Writes the `count` events that `fill` appends, `allocations` of them allocations (which
+    /// take the next numbers), at once.
+    pub(super) fn append(
+        &self,
+        count: usize,
+        allocations: u32,
+        fill: impl FnOnce(&mut Vec<Event>),
+    ) {
         let mut log = self.0.borrow_mut();
-        for e in events {
-            log.push(e);
+        debug_assert!(
+            log.captured.is_none(),
+            "events appended at once are not captured"
+        );
+        if log.events.len() + count > log.events.capacity() {
+            log.flush();
+        }
+        fill(&mut log.events);
+        log.allocations += allocations;
+        if log.events.len() >= CHUNK_EVENTS {
+            log.flush();
         }
     }
 

@@ -1,10 +1,11 @@
 //! Layers written again, replayed without going through the small pool's blocks. A layer
-//! written again from a record comes as a window of events (`LayerBegin` to `LayerEnd`). The
-//! first time a record's window meets the small pool in a given state (its fingerprint: its
+//! written again from a record comes as a window of events (`LayerBegin` to `LayerEnd`), marked
+//! with the record's shape: its small-pool events, and where its large-pool events fall. The
+//! first time a window of a shape meets the small pool in a given state (its fingerprint: its
 //! segments, allocated and unmapped blocks), the window is replayed event by event and what it
 //! did to the small pool is kept: for each run of its small-pool events, how the counters and
 //! the bytes by role moved, and the blocks the window left allocated. When a window of the same
-//! record later meets the small pool in the same state, the same events make the same choices
+//! shape later meets the small pool in the same state, the same events make the same choices
 //! there: the counters move as they moved, run by run, the blocks it leaves are placed where they
 //! were left, and only its large-pool events (the cache's keys and values) go through the blocks.
 //! The figures are those of the whole replay (`windows_give_what_the_whole_replay_gives` compares
@@ -16,13 +17,14 @@
 //! release the small pool's cache.
 
 use super::{Event, Replaying};
-use crate::allocator::size::{allocation_size, round_size, Pool, SMALL_SIZE};
+use crate::allocator::size::{round_size, Pool, SMALL_SIZE};
 use crate::allocator::BlockId;
 use crate::stack::tensor::Role;
 use std::rc::Rc;
 
-/// Windows kept at most (the records of one forward's kinds of layer, in each of their states).
-const KEPT: usize = 16;
+/// Windows kept at most (the shapes of the kinds of layer, in each state of the small pool they
+/// meet).
+const KEPT: usize = 64;
 
 /// Consecutive small-pool events of a window, as they moved the counters.
 #[derive(Default)]
@@ -52,8 +54,6 @@ struct Trajectory {
     kept: Vec<(u32, u64, u64, u64)>,
     /// The small pool's fingerprint when it ended.
     end: u128,
-    /// The most device memory its large allocations could take (each its own segment).
-    large_need: u64,
 }
 
 /// A window being replayed event by event, to keep what it does.
@@ -71,7 +71,6 @@ struct Recording {
     /// It freed a small block allocated before it: which one it frees decides its choices, and
     /// the fingerprint does not say, so the window is not kept.
     frees_older: bool,
-    large_need: u64,
 }
 
 /// A window written from what an earlier one did.
@@ -114,20 +113,19 @@ fn signed(v: u64) -> i64 {
 }
 
 impl Replaying {
-    pub(super) fn begin_window(&mut self, record: u32) {
+    pub(super) fn begin_window(&mut self, shape: u32, large_need: u64) {
         let a = &self.allocator;
         self.windows.open = None;
         if !self.windows.follow {
             return;
         }
-        let key = (record, a.pool_fingerprint(Pool::Small));
+        let key = (shape, a.pool_fingerprint(Pool::Small));
         let first = self.blocks.next_number();
-        let room = |t: &Trajectory| {
-            a.capacity()
-                .is_none_or(|c| a.reserved_now().saturating_add(t.large_need) <= c)
-        };
+        let room = a
+            .capacity()
+            .is_none_or(|c| a.reserved_now().saturating_add(large_need) <= c);
         self.windows.open = Some(match self.windows.kept.iter().find(|(k, _)| *k == key) {
-            Some((_, t)) if !room(t) => return,
+            Some(_) if !room => return,
             Some((_, t)) => {
                 self.windows.followed += 1;
                 Window::Following(Following {
@@ -149,7 +147,6 @@ impl Replaying {
                     items: Vec::new(),
                     small: Vec::new(),
                     frees_older: false,
-                    large_need: 0,
                 }))
             }
         });
@@ -212,12 +209,7 @@ impl Replaying {
             unreachable!("the window recorded stays open")
         };
         match small_block {
-            None => {
-                if let Event::Alloc { bytes, .. } = e {
-                    r.large_need += allocation_size(round_size(bytes));
-                }
-                r.items.push(Item::Large);
-            }
+            None => r.items.push(Item::Large),
             Some((role, size, sign)) => {
                 if !matches!(r.items.last(), Some(Item::Small(_))) {
                     r.run_start = before.expect("read for a small event");
@@ -344,7 +336,6 @@ impl Replaying {
                 items: r.items,
                 kept,
                 end: a.pool_fingerprint(Pool::Small),
-                large_need: r.large_need,
             }),
         ));
     }

@@ -552,7 +552,6 @@ impl Decoder<'_> {
         drop(out);
     }
 
-    /// A decoder layer on `hidden` (which the model's loop holds until the layer returns).
     /// Decoder layer `layer` of a forward that fills `cache`, run, or written again from the
     /// record of the layers of its kind before it ([`super::repeat`]).
     fn layer_or_repeat(
@@ -584,6 +583,7 @@ impl Decoder<'_> {
         out
     }
 
+    /// A decoder layer on `hidden` (which the model's loop holds until the layer returns).
     fn decoder_layer(
         &mut self,
         layer: usize,

@@ -612,8 +612,10 @@ impl LiveBlocks {
     /// The number the next allocation gets.
     fn next_number(&self) -> u32 {
         let filled = match self.pages.last() {
+            None => return 0,
             Some(Some((entries, _))) => entries.len(),
-            _ => Self::PAGE,
+            // A page given back was full.
+            Some(None) => Self::PAGE,
         };
         u32::try_from(self.pages.len().saturating_sub(1) * Self::PAGE + filled)
             .expect("allocations are numbered in 32 bits")

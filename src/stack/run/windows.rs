@@ -347,6 +347,32 @@ mod tests {
     use crate::allocator::AllocatorConfig;
     use crate::budget::proof::Report;
 
+    /// Allocation numbers run on through allocations numbered freed already and through pages
+    /// given back, and a live one gets its block.
+    #[test]
+    fn allocations_are_numbered_through_freed_ones_and_pages_given_back() {
+        use super::super::LiveBlocks;
+        use crate::allocator::BlockId;
+        let mut blocks = LiveBlocks::default();
+        assert_eq!(blocks.next_number(), 0);
+        let page = u32::try_from(LiveBlocks::PAGE).expect("a page of 2 048");
+        // A first page wholly freed (given back as it fills), then one live allocation.
+        for n in 0..page {
+            blocks.push_freed();
+            assert_eq!(blocks.next_number(), n + 1);
+        }
+        assert!(blocks.get(0).is_none());
+        blocks.push((BlockId::PENDING, 2, 512));
+        assert_eq!(blocks.next_number(), page + 1);
+        assert_eq!(blocks.get(page).map(|b| (b.1, b.2)), Some((2, 512)));
+        let mut allocator = crate::allocator::CachingAllocator::new();
+        let label = allocator.label("t");
+        let block = allocator.malloc(512, 0, label).expect("a block");
+        blocks.set_block(page, block);
+        assert_eq!(blocks.take(page).map(|b| b.0), Some(block));
+        assert!(blocks.get(page).is_none());
+    }
+
     fn replayed(
         p: &Program,
         config: AllocatorConfig,

@@ -305,22 +305,22 @@ impl CachingAllocator {
 
     /// Aggregate statistics (`StatType::AGGREGATE`, the `*.all.*` keys).
     pub fn stats(&self) -> Stats {
-        self.stats.all()
+        *self.stats.all()
     }
 
     /// `allocated_bytes.all.current`.
     pub fn allocated_now(&self) -> u64 {
-        self.stats.aggregate().allocated.current
+        self.stats.all().allocated.current
     }
 
     /// `reserved_bytes.all.current`.
     pub fn reserved_now(&self) -> u64 {
-        self.stats.aggregate().reserved.current
+        self.stats.all().reserved.current
     }
 
     /// Statistics of one pool (`small_pool` / `large_pool` keys).
     pub fn pool_stats(&self, pool: Pool) -> Stats {
-        self.stats.pool(pool)
+        *self.stats.pool(pool)
     }
 
     /// The statistics as `torch.cuda.memory_stats` would report them now.

@@ -127,23 +127,13 @@ impl PoolStats {
     }
 
     /// The aggregate (`*.all.*`).
-    pub fn all(&self) -> Stats {
-        self.0[0]
-    }
-
-    /// One pool's, borrowed.
-    pub fn pool_ref(&self, pool: Pool) -> &Stats {
-        &self.0[Self::index(pool)]
-    }
-
-    /// The aggregate, borrowed.
-    pub fn aggregate(&self) -> &Stats {
+    pub fn all(&self) -> &Stats {
         &self.0[0]
     }
 
     /// One pool's (`small_pool` / `large_pool`).
-    pub fn pool(&self, pool: Pool) -> Stats {
-        self.0[Self::index(pool)]
+    pub fn pool(&self, pool: Pool) -> &Stats {
+        &self.0[Self::index(pool)]
     }
 
     /// `get_stat_types_for_pool`: applies `f` to the aggregate and to the pool's own type.

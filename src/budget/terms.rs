@@ -9,7 +9,7 @@ use super::outside::OutsideAllocator;
 use super::workload::{AllocatorSetting, Mode, Optimizer, WeightFormat, Workload};
 use crate::allocator::AllocatorConfig;
 use crate::files::JsonError;
-use crate::model::{Attention, TensorRole};
+use crate::model::Attention;
 use crate::stack::bitsandbytes;
 use crate::stack::ops::Kernels;
 use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
@@ -264,9 +264,7 @@ fn lora_parameters(w: &Workload, rank: u64, targets: &[String]) -> (u64, u64) {
     w.model
         .parameters()
         .iter()
-        .filter(|p| {
-            p.role == TensorRole::Linear && !p.is_bias() && targets.iter().any(|t| t == p.module())
-        })
+        .filter(|p| p.is_linear_weight() && targets.iter().any(|t| t == p.module()))
         .fold((0, 0), |(all, trained), p| {
             let n = rank * (p.shape[0] + p.shape[1]);
             (all + n, trained + if p.used_by_text() { n } else { 0 })

@@ -4,7 +4,7 @@
 //! Validated once, with every size bounded, so that the replay and every formula may rely on it.
 
 use crate::dtype::Dtype;
-use crate::model::{Attention, Model, TensorRole};
+use crate::model::{Attention, Model};
 use crate::stack::optimizer::OptimizerImpl;
 use serde::{Deserialize, Serialize};
 
@@ -229,7 +229,7 @@ impl Workload {
             // Every linear layer's module name, and whether the text model has one of that name.
             let mut linears: std::collections::BTreeMap<String, bool> = Default::default();
             for p in self.model.parameters() {
-                if p.role == TensorRole::Linear && !p.is_bias() {
+                if p.is_linear_weight() {
                     *linears.entry(p.module().to_string()).or_default() |= p.used_by_text();
                 }
             }

@@ -289,8 +289,13 @@ impl Model {
         self.layers.iter().any(|l| l.window.is_some())
     }
 
+    /// Whether some layer attends to every position (no sliding window).
+    pub fn has_global_layers(&self) -> bool {
+        self.layers.iter().any(|l| l.window.is_none())
+    }
+
     /// Whether sliding layers and layers of global attention alternate (Gemma 2 and 3).
     pub fn mixes_sliding_and_global(&self) -> bool {
-        self.has_sliding_layers() && self.layers.iter().any(|l| l.window.is_none())
+        self.has_sliding_layers() && self.has_global_layers()
     }
 }

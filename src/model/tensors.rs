@@ -55,6 +55,11 @@ impl Parameter {
         self.name.ends_with(".bias")
     }
 
+    /// Whether it is a linear layer's weight (what PEFT's targets name by its module).
+    pub fn is_linear_weight(&self) -> bool {
+        self.role == TensorRole::Linear && !self.is_bias()
+    }
+
     /// Whether a text-only run uses the tensor (not the vision tower's or its projector's):
     /// only those get gradients.
     pub fn used_by_text(&self) -> bool {
@@ -164,7 +169,7 @@ impl Model {
         let half = self.rotary_dim.div_ceil(2);
         let mut kinds: Vec<&str> = Vec::new();
         if self.model_type == ModelType::Gemma3Text {
-            if self.layers.iter().any(|l| l.window.is_none()) {
+            if self.has_global_layers() {
                 kinds.push("full_attention_");
             }
             if self.has_sliding_layers() {

@@ -102,13 +102,7 @@ impl Quantizer {
         drop(max);
         let offset = make(p, offset);
         // `absmax.mean()` of the block maxima: a whole reduction of `b` float32 values.
-        let mean = super::reduce::Reduction {
-            outputs: 1,
-            inputs_per_output: b,
-            along_fastest: true,
-            innermost_outputs: 1,
-        };
-        p.reduction_staging(mean, Elem::F32);
+        p.reduction_staging(super::reduce::Reduction::whole(b), Elem::F32);
         let centred = p.empty(&[b], Elem::F32);
         if self.dynamic_map.is_none() {
             self.dynamic_map = Some(p.empty(&[DYNAMIC_MAP_ENTRIES], Elem::F32));

@@ -57,7 +57,7 @@ impl Decoder<'_> {
         let sliding_first = self.process.mask_order == MaskOrder::SlidingFirst;
         let (causal, sliding, sliding_first) = match m.model_type {
             _ if m.vision.is_some() => (
-                m.layers.iter().any(|l| l.window.is_none()),
+                m.has_global_layers(),
                 sliding_window.is_some(),
                 sliding_first,
             ),

@@ -75,6 +75,11 @@ impl Reduction {
         }
     }
 
+    /// The reduction of all of `n` values to one (`mean()` or `sum()` of a whole tensor).
+    pub fn whole(n: u64) -> Reduction {
+        Reduction::sum_to(&[n], &[])
+    }
+
     /// What `setReduceConfig` stages for accumulators of `acc_bytes` on `grid`; `None` when each
     /// output is reduced within one block.
     pub fn staging(&self, acc_bytes: u64, grid: ReductionGrid) -> Option<Staging> {

@@ -43,7 +43,7 @@ impl CachingAllocator {
 
     /// `pool`'s counters now ([`super::super::stats::Stats::currents`] order).
     pub fn pool_currents(&self, pool: Pool) -> [u64; 9] {
-        self.stats.pool_ref(pool).currents()
+        self.stats.pool(pool).currents()
     }
 
     /// Moves `pool`'s counters and the aggregate's by `net`, each peak raised to where the

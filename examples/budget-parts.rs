@@ -1,13 +1,13 @@
 //! Where a budget's time goes: the emulation of the run (its program: every allocation and free)
-//! and one replay of that program through the allocator model, timed apart (a budget runs them
-//! side by side, each on a core), best of three. `generate` of a preset:
+//! and its replays through the allocator model under each setting, timed apart (a budget runs
+//! them side by side), best of three. `generate` of a preset:
 //!
 //!     cargo run --release --example budget-parts -- MODEL BATCH CONTEXT GENERATED
 //!
 //! (recorded in docs/benchmarks.md).
 
 use iteragpu_lab::budget::terms::allocator_config;
-use iteragpu_lab::budget::workload::{Mode, Workload};
+use iteragpu_lab::budget::workload::{AllocatorSetting, Mode, Workload};
 use iteragpu_lab::budget::BudgetSettings;
 use iteragpu_lab::stack::run::program;
 use std::time::{Duration, Instant};
@@ -30,15 +30,21 @@ fn main() {
     .validated()
     .expect("a valid workload");
     let run = w.runs(BudgetSettings::h200().kernels).remove(0);
-    let (mut emulation, mut replay) = (Duration::MAX, Duration::MAX);
+    let settings = [
+        AllocatorSetting::Default,
+        AllocatorSetting::ExpandableSegments,
+    ];
+    let (mut emulation, mut replays) = (Duration::MAX, [Duration::MAX; 2]);
     let mut events = 0;
     for _ in 0..3 {
         let started = Instant::now();
         let p = program(&run);
         emulation = emulation.min(started.elapsed());
-        let started = Instant::now();
-        p.replay(allocator_config(w.allocator), None);
-        replay = replay.min(started.elapsed());
+        for (replay, setting) in replays.iter_mut().zip(settings) {
+            let started = Instant::now();
+            p.replay(allocator_config(setting), None);
+            *replay = (*replay).min(started.elapsed());
+        }
         events = p.len();
     }
     let per_event = |d: Duration| d.as_nanos() as f64 / events as f64;
@@ -47,8 +53,10 @@ fn main() {
         "emulation {emulation:.1?} ({:.0} ns an event)",
         per_event(emulation)
     );
-    println!(
-        "replay    {replay:.1?} ({:.0} ns an event)",
-        per_event(replay)
-    );
+    for (replay, setting) in replays.iter().zip(settings) {
+        println!(
+            "replay    {replay:.1?} ({:.0} ns an event), {setting:?}",
+            per_event(*replay)
+        );
+    }
 }

@@ -707,12 +707,8 @@ impl CachingAllocator {
     /// pages at its edges stay as free mapped blocks); the unmapped part joins unmapped
     /// neighbours.
     fn unmap_block(&mut self, slot: usize) {
-        let page = self.slots[slot].pool.page();
-        let segment = self.segment_of(slot);
         let (address, size) = (self.slots[slot].address, self.slots[slot].size);
-        // `segmentRight(ptr)` and `segmentLeft(ptr + size)`, in pages from the segment's start.
-        let begin = segment + (address - segment).div_ceil(page) * page;
-        let end = segment + (address + size - segment) / page * page;
+        let (begin, end) = self.whole_pages(slot);
         if begin >= end {
             return;
         }
@@ -745,6 +741,19 @@ impl CachingAllocator {
         let pool = self.slots[slot].pool;
         self.stats
             .update(pool, |s| s.reserved.decrease(end - begin));
+    }
+
+    /// The whole pages inside block `slot` of an expandable segment, from the first's address
+    /// to the end of the last (`segmentRight(ptr)` and `segmentLeft(ptr + size)`, in pages from
+    /// the segment's start); none where the first is not before the end.
+    fn whole_pages(&self, slot: usize) -> (u64, u64) {
+        let page = self.slots[slot].pool.page();
+        let segment = self.segment_of(slot);
+        let (address, size) = (self.slots[slot].address, self.slots[slot].size);
+        (
+            segment + (address - segment).div_ceil(page) * page,
+            segment + (address + size - segment) / page * page,
+        )
     }
 
     /// Mirrors `release_expandable_segment`: a segment left as one unmapped block gives back its

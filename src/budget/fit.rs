@@ -603,19 +603,20 @@ impl<'a> SizeSearch<'a> {
             let next = match bad {
                 Some(b) if b - good == 1 => return Some(good),
                 None if good == self.limit => return Some(good),
-                // The last try did not halve the bounds, or the line puts the edge at the bound
-                // that does not hold (it rises less than the verdicts): the middle.
+                // The last try did not halve the bounds: the middle.
                 Some(b) => match self.estimate(good, Some(b), usable, setting) {
-                    n if b - good > last_width / 2 || (n == b - 1 && b - good > 2) => {
-                        good + (b - good) / 2
-                    }
+                    _ if b - good > last_width / 2 => good + (b - good) / 2,
                     n => n,
                 },
                 None => match self.estimate(good, None, usable, setting) {
-                    // The line says the card is full, but it may be low: the next size, then
-                    // steps twice as long each time one holds.
+                    // The line says the card is full, but it may be low: the next size, then,
+                    // while sizes hold within their peak of `reserved`, steps twice as long each
+                    // time one holds (beyond it, a replay on the card decided: the edge is near).
                     n if n <= good => {
-                        step = step.saturating_mul(2).max(1);
+                        step = match self.peaks(good, setting) {
+                            Some((_, reserved)) if reserved > usable => 1,
+                            _ => step.saturating_mul(2).max(1),
+                        };
                         good.saturating_add(step)
                     }
                     n => n,
@@ -646,21 +647,26 @@ impl<'a> SizeSearch<'a> {
         (good, bad)
     }
 
+    /// The peaks of `allocated` and `reserved` of size `n` under `setting`, if tried and valid.
+    fn peaks(&self, n: u64, setting: AllocatorSetting) -> Option<(u64, u64)> {
+        self.tried
+            .get(&n)
+            .and_then(Option::as_ref)
+            .map(|t| t.peaks[&setting])
+    }
+
     /// The next size to try between `good` (holds) and `bad` (does not, or no such size tried):
-    /// where the line through the peaks of `reserved` (of `allocated`, where `good` held beyond
-    /// its peak of `reserved`) at `good` and at `bad`, else at the smallest size tried (the
-    /// average slope: peaks grow in steps of whole segments), reaches `usable` (without `bad`, possibly `good` or below); without
-    /// two such peaks, twice `good`.
+    /// where the line through the peaks at `good` and at `bad`, else at the smallest size tried
+    /// (the average slope: peaks grow in steps of whole segments), reaches `usable` (without
+    /// `bad`, possibly `good` or below); without two such peaks, twice `good`. The peaks are
+    /// those of `reserved` under the default setting, where a segment with any block in use
+    /// cannot be given back, so that a run holds on a card little beyond where its peak of
+    /// `reserved` fills it; and those of `allocated` with expandable segments, whose pages not
+    /// in use are given back when the card is full, so that a run holds nearly until its peak
+    /// of `allocated` fills the card.
     fn estimate(&self, good: u64, bad: Option<u64>, usable: u64, setting: AllocatorSetting) -> u64 {
-        let peaks = |n: u64| {
-            self.tried
-                .get(&n)
-                .and_then(Option::as_ref)
-                .map(|t| t.peaks[&setting])
-        };
-        // Where `good` holds with its peak of `reserved` beyond the card (a replay on the card
-        // decided), the card's edge is nearer the peak of `allocated`.
-        let by_allocated = peaks(good).is_some_and(|(_, reserved)| reserved > usable);
+        let peaks = |n: u64| self.peaks(n, setting);
+        let by_allocated = setting == AllocatorSetting::ExpandableSegments;
         let peak = |n: u64| peaks(n).map(|(a, r)| if by_allocated { a } else { r });
         let other = bad.or_else(|| {
             self.tried

@@ -12,7 +12,7 @@
 
 use super::cache::Cache;
 use super::tensor::{Dims, Elem, Event, Role, Storage, Tape, Tensor};
-use crate::allocator::size::{allocation_size, round_size, SMALL_SIZE};
+use crate::allocator::size::{round_size, SMALL_SIZE};
 use crate::model::{Layer, Model};
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
@@ -96,19 +96,15 @@ impl LayerKinds {
     }
 
     /// The number of `record`'s shape (records of one shape make the same choices in the small
-    /// pool), and the most device memory its large-pool allocations could take.
-    fn shape_of(&mut self, record: &Record) -> (u32, u64) {
+    /// pool).
+    fn shape_of(&mut self, record: &Record) -> u32 {
         let small = |bytes: u64| round_size(bytes) <= SMALL_SIZE;
-        let mut large_need = 0u64;
         let shape: Vec<Shaped> = record
             .steps
             .iter()
             .map(|step| match *step {
                 Step::Alloc { bytes, role } if small(bytes) => Shaped::Small { bytes, role },
-                Step::Alloc { bytes, .. } => {
-                    large_need = large_need.saturating_add(allocation_size(round_size(bytes)));
-                    Shaped::Large
-                }
+                Step::Alloc { .. } => Shaped::Large,
                 Step::FreeLocal(n) => Shaped::FreeLocal(n),
                 Step::FreeSlot(slot) => Shaped::FreeSlot {
                     slot,
@@ -117,7 +113,7 @@ impl LayerKinds {
             })
             .collect();
         let next = u32::try_from(self.shapes.len()).expect("fewer than 2^32 shapes");
-        (*self.shapes.entry(shape).or_insert(next), large_need)
+        *self.shapes.entry(shape).or_insert(next)
     }
 }
 
@@ -219,9 +215,8 @@ impl Record {
 enum KindState {
     /// The last layer of the kind ran and wrote this record.
     Recorded(Record),
-    /// Two layers in a row wrote this record (of this shape, with large allocations that could
-    /// take this much): the next ones are written from it.
-    Repeated(Record, u32, u64),
+    /// Two layers in a row wrote this record (of this shape): the next ones are written from it.
+    Repeated(Record, u32),
     /// A layer of the kind cannot be recorded, or its record did not fit a layer.
     Unrepeatable,
 }
@@ -241,10 +236,10 @@ impl ForwardRecords {
         cache: &mut Cache,
         layer: usize,
     ) -> Option<Tensor> {
-        let Some(KindState::Repeated(record, shape, large_need)) = self.0.get(&kind) else {
+        let Some(KindState::Repeated(record, shape)) = self.0.get(&kind) else {
             return None;
         };
-        let out = write_again(record, (*shape, *large_need), hidden, cache, layer);
+        let out = write_again(record, *shape, hidden, cache, layer);
         if out.is_none() {
             self.0.insert(kind, KindState::Unrepeatable);
         }
@@ -261,8 +256,8 @@ impl ForwardRecords {
     pub fn note(&mut self, kind: usize, record: Option<Record>, kinds: &mut LayerKinds) {
         let state = match (record, self.0.remove(&kind)) {
             (Some(r), Some(KindState::Recorded(last))) if r == last => {
-                let (shape, large_need) = kinds.shape_of(&r);
-                KindState::Repeated(r, shape, large_need)
+                let shape = kinds.shape_of(&r);
+                KindState::Repeated(r, shape)
             }
             (Some(r), _) => KindState::Recorded(r),
             (None, _) => KindState::Unrepeatable,
@@ -375,7 +370,7 @@ impl Capture {
 /// not match the record's.
 fn write_again(
     record: &Record,
-    (shape, large_need): (u32, u64),
+    shape: u32,
     hidden: &Tensor,
     cache: &mut Cache,
     layer: usize,
@@ -421,7 +416,7 @@ fn write_again(
         },
     });
     tape.append(record.steps.len() + 2, record.allocations, |to| {
-        to.push(Event::LayerBegin { shape, large_need });
+        to.push(Event::LayerBegin { shape });
         to.extend(events);
         to.push(Event::LayerEnd);
     });

@@ -753,7 +753,7 @@ impl Replaying {
             return false;
         }
         match e {
-            Event::LayerBegin { shape, large_need } => self.begin_window(shape, large_need),
+            Event::LayerBegin { shape } => self.begin_window(shape),
             Event::LayerEnd => self.end_window(),
             _ => return self.windowed_event(e),
         }
@@ -815,7 +815,7 @@ impl Program {
     /// The chunks of events, in order.
     fn event_chunks(&self) -> impl Iterator<Item = &[Event]> + '_ {
         self.chunks.iter().filter_map(|c| match c {
-            Chunk::Events(events) => Some(events.as_slice()),
+            Chunk::Events(events) => Some(&events[..]),
             _ => None,
         })
     }

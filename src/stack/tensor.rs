@@ -149,12 +149,9 @@ pub enum Event {
     },
     /// A decoder layer written again from a record begins: until `LayerEnd`, its events are
     /// those of every layer written from a record of shape `shape` in this program (the same
-    /// small-pool events, its large-pool events at the same places), numbered for it; its
-    /// large-pool allocations would take at most `large_need` bytes of device memory, each in
-    /// a segment of its own.
+    /// small-pool events, its large-pool events at the same places), numbered for it.
     LayerBegin {
         shape: u32,
-        large_need: u64,
     },
     LayerEnd,
 }
@@ -163,13 +160,61 @@ pub enum Event {
 /// and where stages begin and end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Chunk {
-    Events(std::sync::Arc<Vec<Event>>),
+    Events(std::sync::Arc<Events>),
     Begin(String),
     End,
 }
 
 /// Events a streaming tape sends at a time.
 const CHUNK_EVENTS: usize = 1 << 16;
+
+/// Buffers of chunks let go, kept to write the next chunks in, at most.
+const SPARE_BUFFERS: usize = 64;
+
+/// Buffers of chunks no longer read, for the next chunks written: memory already the process's
+/// is written again, where memory asked of the system anew has every page cleared first.
+static SPARE: std::sync::Mutex<Vec<Vec<Event>>> = std::sync::Mutex::new(Vec::new());
+
+/// The events of one chunk. Once the last reader lets it go, its buffer is kept for the next
+/// chunk written (up to [`SPARE_BUFFERS`] of them).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Events(Vec<Event>);
+
+impl Events {
+    /// An empty buffer for a chunk: a spare one if any.
+    fn buffer() -> Vec<Event> {
+        let spare = SPARE.lock().ok().and_then(|mut s| s.pop());
+        spare.unwrap_or_else(|| Vec::with_capacity(CHUNK_EVENTS))
+    }
+}
+
+impl From<Vec<Event>> for Events {
+    fn from(events: Vec<Event>) -> Events {
+        Events(events)
+    }
+}
+
+impl std::ops::Deref for Events {
+    type Target = [Event];
+    fn deref(&self) -> &[Event] {
+        &self.0
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let mut buffer = std::mem::take(&mut self.0);
+        if buffer.capacity() != CHUNK_EVENTS {
+            return;
+        }
+        buffer.clear();
+        if let Ok(mut spare) = SPARE.lock() {
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(buffer);
+            }
+        }
+    }
+}
 
 #[derive(Default, Debug)]
 pub(crate) struct Log {
@@ -200,9 +245,17 @@ impl Log {
         if let Event::Alloc { .. } = e {
             self.allocations += 1;
         }
+        self.writable();
         self.events.push(e);
         if self.events.len() >= CHUNK_EVENTS {
             self.flush();
+        }
+    }
+
+    /// Gives the events not yet sent a buffer of a chunk's size, if they have none yet.
+    fn writable(&mut self) {
+        if self.events.capacity() == 0 {
+            self.events = Events::buffer();
         }
     }
 
@@ -211,9 +264,9 @@ impl Log {
         if self.events.is_empty() {
             return;
         }
-        let chunk = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK_EVENTS));
+        let chunk = std::mem::take(&mut self.events);
         self.sent += chunk.len();
-        self.emit(Chunk::Events(std::sync::Arc::new(chunk)));
+        self.emit(Chunk::Events(std::sync::Arc::new(Events(chunk))));
     }
 
     /// Sends `chunk` if the tape streams, else keeps it.
@@ -297,6 +350,7 @@ impl Tape {
         if log.events.len() + count > log.events.capacity() {
             log.flush();
         }
+        log.writable();
         fill(&mut log.events);
         log.allocations += allocations;
         if log.events.len() >= CHUNK_EVENTS {
@@ -571,13 +625,13 @@ mod tests {
         drop(view);
         assert_eq!(
             tape.take(),
-            vec![Chunk::Events(std::sync::Arc::new(vec![
+            vec![Chunk::Events(std::sync::Arc::new(Events::from(vec![
                 Event::Alloc {
                     bytes: 24,
                     role: Role::Activations
                 },
                 Event::Free { alloc: 0 }
-            ]))]
+            ])))]
         );
     }
 

@@ -7,6 +7,7 @@
 //! moved them, and the blocks it left allocated can be placed where it left them.
 
 use super::{pool_index, BlockId, CachingAllocator, Label, Pool};
+use crate::allocator::size::{allocation_size, pool_of, round_size};
 
 /// One member of a pool's fingerprint: an allocated block (`kind` 1), a segment (`kind` 2) or
 /// an unmapped block (`kind` 3).
@@ -34,6 +35,38 @@ impl CachingAllocator {
     /// The fingerprint of `pool`'s segments, allocated blocks and unmapped blocks.
     pub fn pool_fingerprint(&self, pool: Pool) -> u128 {
         self.fingerprints[pool_index(pool)]
+    }
+
+    /// Whether releasing the cache ([`CachingAllocator::empty_cache`]) would change `pool`: one
+    /// of its free blocks is a whole segment or, in an expandable segment, holds a whole page.
+    pub fn cache_release_changes(&self, pool: Pool) -> bool {
+        self.free[pool_index(pool)].slots().any(|slot| {
+            if self.segments[&self.segment_of(slot)].expandable {
+                let (begin, end) = self.whole_pages(slot);
+                begin < end
+            } else {
+                !self.slots[slot].is_split()
+            }
+        })
+    }
+
+    /// Whether an allocation of `size` bytes may release the cache: no free block holds it, and
+    /// the device may lack the memory it would take (a segment of its own; with expandable
+    /// segments, at most a page more than its size: what it lacks, rounded up to a page once).
+    pub fn might_release_cache(&self, size: u64) -> bool {
+        let rounded = round_size(size);
+        let pool = pool_of(rounded);
+        if self.free[pool_index(pool)]
+            .first_at_least(0, rounded)
+            .is_some()
+        {
+            return false;
+        }
+        let need = match self.config.expandable_segments {
+            true => rounded.saturating_add(pool.page()),
+            false => allocation_size(rounded),
+        };
+        !self.device_has(need)
     }
 
     /// The device memory this allocator may get, if limited.

@@ -239,7 +239,14 @@ impl Replaying {
             _ => None,
         }
         .filter(|&(_, size, _)| size <= SMALL_SIZE);
-        let before = small_block.map(|_| self.allocator.pool_currents(Pool::Small));
+        // The counters before a run of small events begins (within a run, where the last
+        // event left them).
+        let starts_run = small_block.is_some()
+            && !matches!(
+                &self.windows.open,
+                Some(Window::Recording(r)) if matches!(r.items.last(), Some(Item::Small(_)))
+            );
+        let before = starts_run.then(|| self.allocator.pool_currents(Pool::Small));
         // Where a large allocation could release the cache and change the small pool (only on
         // a limited device), the small blocks the window holds.
         let held = (small_block.is_none()
@@ -249,7 +256,7 @@ impl Replaying {
         .then(|| self.held_by_window());
         let number = self.blocks.next_number();
         let done = self.plain_event(e);
-        let after = self.allocator.pool_currents(Pool::Small);
+        let after = small_block.map(|_| self.allocator.pool_currents(Pool::Small));
         let block = self.blocks.get(number).map(|b| b.0);
         let Some(Window::Recording(r)) = &mut self.windows.open else {
             unreachable!("the window recorded stays open")
@@ -262,10 +269,11 @@ impl Replaying {
                 })
             }))),
             Some((role, size, sign)) => {
-                if !matches!(r.items.last(), Some(Item::Small(_))) {
-                    r.run_start = before.expect("read for a small event");
+                if let Some(before) = before {
+                    r.run_start = before;
                     r.items.push(Item::Small(Box::default()));
                 }
+                let after = after.expect("read for a small event");
                 let Some(Item::Small(run)) = r.items.last_mut() else {
                     unreachable!("a run of small events")
                 };

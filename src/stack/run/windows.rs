@@ -215,6 +215,7 @@ impl Replaying {
     /// A window followed stops before a large allocation that may release the cache: the small
     /// blocks it holds are placed where they were (its other allocations numbered live were
     /// freed), and its other events go through the blocks.
+    #[cold]
     fn place_held(&mut self, first: u32, placement: &Placement) {
         for &(n, address, size, requested) in &placement.held {
             let block = self
@@ -389,41 +390,49 @@ impl Replaying {
             return;
         }
         let kept = self.live_blocks(&r);
-        // Numbered live: what the window leaves, and what it holds at a large allocation.
-        let mut live: Vec<u32> = kept.iter().map(|h| h.0).collect();
+        // Numbered live, per small allocation: what the window leaves, and what it holds at a
+        // large allocation.
+        let mut live: Vec<bool> = r
+            .small
+            .iter()
+            .map(|(n, _)| self.blocks.get(*n).is_some())
+            .collect();
+        let position = |n: u32| {
+            r.small
+                .binary_search_by_key(&(r.first + n), |s| s.0)
+                .expect("a small allocation of the window")
+        };
         for item in &r.items {
             if let Item::Large(Some(p)) = item {
-                live.extend(p.held.iter().map(|h| h.0));
+                for h in &p.held {
+                    live[position(h.0)] = true;
+                }
             }
         }
-        live.sort_unstable();
-        live.dedup();
-        let mut numbers = r.small.iter().map(|(n, _)| n - r.first);
-        // The allocations numbered live so far, at each item.
-        let mut numbered_live = Vec::new();
+        let numbered_live = |upto: usize| {
+            (0..upto)
+                .filter(|&k| live[k])
+                .map(|k| r.small[k].0 - r.first)
+        };
+        let mut allocations = 0;
         for item in &mut r.items {
             match item {
                 Item::Small(run) => {
                     for allocation in &mut run.allocations {
-                        let n = numbers.next().expect("one per small allocation");
-                        allocation.2 = live.binary_search(&n).is_ok();
-                        if allocation.2 {
-                            numbered_live.push(n);
-                        }
+                        allocation.2 = live[allocations];
+                        allocations += 1;
                     }
                 }
                 Item::Large(Some(p)) => {
-                    p.freed = numbered_live
-                        .iter()
-                        .copied()
-                        .filter(|n| p.held.binary_search_by_key(n, |h| h.0).is_err())
+                    let held = &p.held;
+                    p.freed = numbered_live(allocations)
+                        .filter(|n| held.binary_search_by_key(n, |h| h.0).is_err())
                         .collect();
                 }
                 Item::Large(None) => {}
             }
         }
-        let freed_pending = live
-            .into_iter()
+        let freed_pending = numbered_live(live.len())
             .filter(|n| kept.binary_search_by_key(n, |h| h.0).is_err())
             .collect();
         if self.windows.kept.len() == KEPT {

@@ -103,9 +103,10 @@ pub struct CachingAllocator {
     capacity: Option<u64>,
     labels: Vec<String>,
     label_ids: HashMap<String, Label>,
-    /// Per pool (small, large): a fingerprint of its segments, allocated blocks and unmapped
-    /// blocks, which together decide everything else about the pool (see [`window`]).
-    fingerprints: [u128; 2],
+    /// A fingerprint of the small pool's segments, allocated blocks and unmapped blocks, which
+    /// together decide everything else about the pool (see [`window`]; the windows a replay
+    /// follows are keyed on the small pool alone, so the large pool keeps none).
+    small_fingerprint: u128,
 }
 
 impl Default for CachingAllocator {
@@ -154,7 +155,7 @@ impl CachingAllocator {
             capacity: None,
             labels: vec![String::new()],
             label_ids: HashMap::new(),
-            fingerprints: [0; 2],
+            small_fingerprint: 0,
         }
     }
 
@@ -400,16 +401,23 @@ impl CachingAllocator {
 
     // ----- internals -----
 
+    /// Adds or removes (the same) member of the fingerprint of `pool`, if it is the small pool.
+    fn fingerprint(&mut self, pool: Pool, kind: u64, stream: u32, address: u64, size: u64) {
+        if pool == Pool::Small {
+            self.small_fingerprint ^= window::fingerprint_of(kind, stream, address, size);
+        }
+    }
+
     /// Adds or removes (the same) allocated block `slot` in its pool's fingerprint.
     fn fingerprint_block(&mut self, slot: usize) {
         let b = &self.slots[slot];
-        self.fingerprints[pool_index(b.pool)] ^=
-            window::fingerprint_of(1, b.stream, b.address, b.size);
+        let (pool, stream, address, size) = (b.pool, b.stream, b.address, b.size);
+        self.fingerprint(pool, 1, stream, address, size);
     }
 
     /// Adds or removes (the same) segment in its pool's fingerprint.
     fn fingerprint_segment(&mut self, pool: Pool, address: u64, size: u64) {
-        self.fingerprints[pool_index(pool)] ^= window::fingerprint_of(2, 0, address, size);
+        self.fingerprint(pool, 2, 0, address, size);
     }
 
     fn live(&self, id: BlockId) -> Option<&Block> {
@@ -432,24 +440,25 @@ impl CachingAllocator {
     /// `BlockPool::insert_into_blocks`, or `unmapped.insert` for an unmapped block.
     fn insert_free(&mut self, slot: usize) {
         let b = &self.slots[slot];
-        let pool = pool_index(b.pool);
+        let (pool, stream, address, size) = (b.pool, b.stream, b.address, b.size);
         if b.mapped {
-            self.free[pool].insert(b.stream, b.size, b.address, slot);
+            self.free[pool_index(pool)].insert(stream, size, address, slot);
         } else {
-            self.unmapped[pool].insert((b.stream, b.address), slot);
-            self.fingerprints[pool] ^= window::fingerprint_of(3, b.stream, b.address, b.size);
+            self.unmapped[pool_index(pool)].insert((stream, address), slot);
+            self.fingerprint(pool, 3, stream, address, size);
         }
     }
 
     fn remove_free(&mut self, slot: usize) {
         let b = &self.slots[slot];
-        let pool = pool_index(b.pool);
+        let (pool, stream, address, size) = (b.pool, b.stream, b.address, b.size);
         if b.mapped {
-            self.free[pool].remove(b.stream, b.size, b.address);
-        } else {
-            if self.unmapped[pool].remove(&(b.stream, b.address)).is_some() {
-                self.fingerprints[pool] ^= window::fingerprint_of(3, b.stream, b.address, b.size);
-            }
+            self.free[pool_index(pool)].remove(stream, size, address);
+        } else if self.unmapped[pool_index(pool)]
+            .remove(&(stream, address))
+            .is_some()
+        {
+            self.fingerprint(pool, 3, stream, address, size);
         }
     }
 

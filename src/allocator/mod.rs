@@ -1,7 +1,7 @@
 //! An exact model of PyTorch 2.11.0's CUDA caching allocator, with its default settings or with
 //! `expandable_segments:True`: the size rules ([`size`]), the statistics it reports ([`stats`]),
-//! the block structure that caches, splits and merges ([`caching`], with each pool's fingerprint
-//! that lets a replay write a recorded window again) and its free blocks in best-fit order
+//! the block structure that caches, splits and merges ([`caching`], with the small pool's
+//! fingerprint that lets a replay write a recorded window again) and its free blocks in best-fit order
 //! (`free_blocks`), where new segments are
 //! placed ([`address`]), the map it shows ([`view`]), the real map read back from libtorch into
 //! the same views ([`snapshot`]), a trace recorded on a GPU replayed through it ([`trace`]), the cuBLAS/cuBLASLt workspaces ([`workspace`]), and one

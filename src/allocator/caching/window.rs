@@ -2,9 +2,10 @@
 //! block structure. A pool is decided by its segments, its allocated blocks and (with expandable
 //! segments) its unmapped blocks: every free block is a whole mapped gap between them, since a
 //! freed block always merges with its free mapped neighbours and a small block is always split
-//! to its rounded size. So a fingerprint of those sets (kept as blocks and segments come and go)
-//! tells when a pool is where it was; the pool's counters can then move as the recorded window
-//! moved them, and the blocks it left allocated can be placed where it left them.
+//! to its rounded size. So a fingerprint of those sets (kept as blocks and segments come and go,
+//! for the small pool, the one windows are keyed on) tells when the pool is where it was; its
+//! counters can then move as the recorded window moved them, and the blocks it left allocated
+//! can be placed where it left them.
 
 use super::{pool_index, BlockId, CachingAllocator, Label, Pool};
 use crate::allocator::size::{allocation_size, pool_of, round_size};
@@ -32,9 +33,9 @@ impl BlockId {
 }
 
 impl CachingAllocator {
-    /// The fingerprint of `pool`'s segments, allocated blocks and unmapped blocks.
-    pub fn pool_fingerprint(&self, pool: Pool) -> u128 {
-        self.fingerprints[pool_index(pool)]
+    /// The fingerprint of the small pool's segments, allocated blocks and unmapped blocks.
+    pub fn small_pool_fingerprint(&self) -> u128 {
+        self.small_fingerprint
     }
 
     /// Whether releasing the cache ([`CachingAllocator::empty_cache`]) would change `pool`: one

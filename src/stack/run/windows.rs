@@ -138,7 +138,7 @@ impl Replaying {
         if !self.windows.follow {
             return;
         }
-        let key = (shape, a.pool_fingerprint(Pool::Small));
+        let key = (shape, a.small_pool_fingerprint());
         let first = self.blocks.next_number();
         self.windows.open = Some(match self.windows.kept.iter().find(|(k, _)| *k == key) {
             Some((_, t)) => {
@@ -373,7 +373,7 @@ impl Replaying {
             self.blocks.take(f.first + n);
         }
         debug_assert_eq!(
-            self.allocator.pool_fingerprint(Pool::Small),
+            self.allocator.small_pool_fingerprint(),
             t.end,
             "the small pool ends as the window left it"
         );
@@ -444,7 +444,7 @@ impl Replaying {
                 items: r.items,
                 kept,
                 freed_pending,
-                end: a.pool_fingerprint(Pool::Small),
+                end: a.small_pool_fingerprint(),
             }),
         ));
     }

@@ -83,17 +83,8 @@ impl Stats {
     /// Every counter's current value, in a fixed order (allocated, reserved, requested, active,
     /// inactive split bytes and blocks, segments, allocations, active blocks).
     pub fn currents(&self) -> [u64; 9] {
-        [
-            self.allocated.current,
-            self.reserved.current,
-            self.requested.current,
-            self.active.current,
-            self.inactive_split.current,
-            self.inactive_split_blocks.current,
-            self.segments.current,
-            self.allocations.current,
-            self.active_blocks.current,
-        ]
+        let mut copy = *self;
+        copy.counters_mut().map(|c| c.current)
     }
 
     /// Moves each counter by `net`, its peak raised to `rise` above its value before

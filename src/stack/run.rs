@@ -597,16 +597,27 @@ impl LiveBlocks {
 
     /// The next allocation's block.
     fn push(&mut self, block: LiveBlock) {
-        let page = match self.pages.last_mut() {
-            Some(Some((entries, _))) if entries.len() < Self::PAGE => self.pages.last_mut(),
-            _ => {
-                self.pages.push(Some((Vec::with_capacity(Self::PAGE), 0)));
-                self.pages.last_mut()
-            }
-        };
-        let (entries, live) = page.and_then(Option::as_mut).expect("a page being filled");
-        entries.push(Some(block));
-        *live += 1;
+        self.push_entry(Some(block));
+    }
+
+    /// Numbers the next allocation, freed already.
+    fn push_freed(&mut self) {
+        self.push_entry(None);
+    }
+
+    /// Numbers the next allocation: its block, or `None` where it is freed already (a page
+    /// filled with allocations all freed is given back at once).
+    fn push_entry(&mut self, entry: Option<LiveBlock>) {
+        if !matches!(self.pages.last(), Some(Some((entries, _))) if entries.len() < Self::PAGE) {
+            self.pages.push(Some((Vec::with_capacity(Self::PAGE), 0)));
+        }
+        let page = self.pages.last_mut().expect("a page being filled");
+        let (entries, live) = page.as_mut().expect("a page being filled");
+        *live += usize::from(entry.is_some());
+        entries.push(entry);
+        if *live == 0 && entries.len() == Self::PAGE {
+            *page = None;
+        }
     }
 
     /// The number the next allocation gets.
@@ -619,23 +630,6 @@ impl LiveBlocks {
         };
         u32::try_from(self.pages.len().saturating_sub(1) * Self::PAGE + filled)
             .expect("allocations are numbered in 32 bits")
-    }
-
-    /// Numbers the next allocation, freed already.
-    fn push_freed(&mut self) {
-        match self.pages.last_mut() {
-            Some(Some((entries, live))) if entries.len() < Self::PAGE => {
-                entries.push(None);
-                if *live == 0 && entries.len() == Self::PAGE {
-                    *self.pages.last_mut().expect("the page just filled") = None;
-                }
-            }
-            _ => {
-                let mut entries = Vec::with_capacity(Self::PAGE);
-                entries.push(None);
-                self.pages.push(Some((entries, 0)));
-            }
-        }
     }
 
     /// Allocation `alloc`'s block, if it lives.

@@ -311,16 +311,25 @@ impl Replaying {
         let Some(Window::Recording(r)) = &self.windows.open else {
             unreachable!("a window recorded")
         };
-        self.live_blocks(r)
+        self.live_blocks(r, &self.live_now(r))
     }
 
-    /// The small blocks allocated by window `r` that are live now.
-    fn live_blocks(&self, r: &Recording) -> Vec<Held> {
+    /// Whether each small allocation of window `r` (in its order) is live now.
+    fn live_now(&self, r: &Recording) -> Vec<bool> {
+        r.small
+            .iter()
+            .map(|(n, _)| self.blocks.get(*n).is_some())
+            .collect()
+    }
+
+    /// The small blocks allocated by window `r` that `live` says are live.
+    fn live_blocks(&self, r: &Recording, live: &[bool]) -> Vec<Held> {
         let a = &self.allocator;
         r.small
             .iter()
-            .filter(|(n, _)| self.blocks.get(*n).is_some())
-            .map(|&(n, b)| {
+            .zip(live)
+            .filter(|(_, &l)| l)
+            .map(|(&(n, b), _)| {
                 let live = |v: Option<u64>| v.expect("a live block");
                 (
                     n - r.first,
@@ -389,14 +398,10 @@ impl Replaying {
         if r.frees_older || !same_segments || a.alloc_retries() != r.retries || a.ooms() != r.ooms {
             return;
         }
-        let kept = self.live_blocks(&r);
         // Numbered live, per small allocation: what the window leaves, and what it holds at a
         // large allocation.
-        let mut live: Vec<bool> = r
-            .small
-            .iter()
-            .map(|(n, _)| self.blocks.get(*n).is_some())
-            .collect();
+        let mut live = self.live_now(&r);
+        let kept = self.live_blocks(&r, &live);
         let position = |n: u32| {
             r.small
                 .binary_search_by_key(&(r.first + n), |s| s.0)

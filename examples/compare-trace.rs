@@ -48,8 +48,8 @@ fn emulated(events: &[Event]) -> Vec<String> {
                 Some(format!("+{bytes} #{} ({})", n - 1, role.name()))
             }
             Event::Free { alloc } => Some(format!("-#{}", alloc - 1)),
-            // A layer written again: its events follow.
-            Event::LayerBegin { .. } | Event::LayerEnd => None,
+            // Never met: `Program::events` gives a layer written again as its events.
+            Event::Written { .. } => None,
         })
         .collect()
 }

@@ -4,14 +4,15 @@
 //! allocations numbered from where it starts, and the frees of what it was given (its cache's
 //! old keys and values). Once two layers of a kind in a row have written the same record (their
 //! events, and the shapes of the tensors they return and leave in the cache), the next layers of
-//! that kind in the forward are written from the record without running them: the same events,
-//! numbered for the layer, and the same tensors out. A record is taken only when every
+//! that kind in the forward are written from the record without running them: one event on the
+//! tape that stands for the record's events numbered for the layer (`WrittenLayer`), and the same
+//! tensors out. A record is taken only when every
 //! allocation the layer makes is freed by it or held by what it returns, so that what is
 //! written stays what running the layer would write (`repeated_layers_write_what_running_them_writes`
 //! compares whole programs).
 
 use super::cache::Cache;
-use super::tensor::{Dims, Elem, Event, Role, Storage, Tape, Tensor};
+use super::tensor::{Dims, Elem, Event, Role, Step, Storage, Tape, Tensor, WrittenLayer};
 use crate::allocator::size::{round_size, SMALL_SIZE};
 use crate::model::{Layer, Model};
 use rustc_hash::FxHashMap;
@@ -120,8 +121,8 @@ impl LayerKinds {
 /// Where a tensor out of a layer views its storage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Source {
-    /// The layer's allocation of this number (counted from its first).
-    Local(u32),
+    /// The layer's allocation of this number (counted from its first), of these bytes.
+    Local(u32, u64),
     /// A tensor the cache held for the layer before it ran (`Cache::slots` order).
     Slot(usize),
     /// A storage of no bytes, made by the layer.
@@ -156,19 +157,6 @@ impl View {
     }
 }
 
-/// One event of a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Alloc {
-        bytes: u64,
-        role: Role,
-    },
-    /// The free of the layer's allocation of this number.
-    FreeLocal(u32),
-    /// The free of the storage of a tensor the cache held (`Cache::slots` order).
-    FreeSlot(usize),
-}
-
 /// What running one layer wrote and left.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -178,32 +166,18 @@ pub struct Record {
     /// The bytes of the storages of those.
     slot_bytes: [Option<u64>; 3],
     seen_in: u64,
-    steps: Vec<Step>,
+    steps: std::sync::Arc<[Step]>,
     /// How many of the steps are allocations.
     allocations: u32,
     /// The tensor it returned and the tensors it left in the cache.
     hidden_out: (Source, View),
     slots_out: [Option<(Source, View)>; 3],
     seen_added: u64,
+    /// Whether its steps free each slot's storage.
+    frees_slots: [bool; 3],
 }
 
 impl Record {
-    /// Bytes of the layer's allocation `n`.
-    fn bytes_of(&self, n: u32) -> u64 {
-        self.steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Alloc { bytes, .. } => Some(*bytes),
-                _ => None,
-            })
-            .nth(n as usize)
-            .expect("an allocation of the record")
-    }
-
-    fn frees_slot(&self, slot: usize) -> bool {
-        self.steps.contains(&Step::FreeSlot(slot))
-    }
-
     fn keeps_slot(&self, slot: usize) -> bool {
         let kept =
             |o: &Option<(Source, View)>| matches!(o, Some((Source::Slot(s), _)) if *s == slot);
@@ -312,7 +286,7 @@ impl Capture {
                 Event::Free { alloc } => {
                     Step::FreeSlot(slot_allocs.iter().position(|&a| a == Some(alloc))?)
                 }
-                Event::LayerBegin { .. } | Event::LayerEnd => return None,
+                Event::Written { .. } => return None,
             });
         }
         let source = |t: &Tensor| -> Option<Source> {
@@ -320,7 +294,7 @@ impl Capture {
                 return None;
             }
             match t.storage.alloc() {
-                Some(a) if a >= first => Some(Source::Local(a - first)),
+                Some(a) if a >= first => Some(Source::Local(a - first, t.storage.bytes)),
                 Some(a) => Some(Source::Slot(
                     slot_allocs.iter().position(|&s| s == Some(a))?,
                 )),
@@ -346,17 +320,18 @@ impl Capture {
             slots_in: self.slots_in,
             slot_bytes: self.slot_bytes,
             seen_in: self.seen_in,
-            steps,
+            steps: steps.as_slice().into(),
             allocations,
             hidden_out,
             slots_out,
             seen_added: seen_after - self.seen_in,
+            frees_slots: [0, 1, 2].map(|slot| steps.contains(&Step::FreeSlot(slot))),
         };
         // Every allocation is freed by the layer or held by what it returns.
         let held: Vec<u32> = std::iter::once(&record.hidden_out)
             .chain(record.slots_out.iter().flatten())
             .filter_map(|(s, _)| match s {
-                Source::Local(n) => Some(*n),
+                Source::Local(n, _) => Some(*n),
                 _ => None,
             })
             .collect();
@@ -393,7 +368,7 @@ fn write_again(
         let Some(t) = s else { continue };
         let alone = Rc::strong_count(&t.storage) == 1 && t.storage.alloc().is_some();
         let elsewhere = Rc::strong_count(&t.storage) > 1 || t.storage.alloc().is_none();
-        let fits = if record.frees_slot(i) {
+        let fits = if record.frees_slots[i] {
             alone
         } else {
             record.keeps_slot(i) || elsewhere
@@ -408,26 +383,23 @@ fn write_again(
     let slot_allocs = taken
         .each_ref()
         .map(|t| t.as_ref().and_then(|t| t.storage.alloc()));
-    let events = record.steps.iter().map(|step| match *step {
-        Step::Alloc { bytes, role } => Event::Alloc { bytes, role },
-        Step::FreeLocal(n) => Event::Free { alloc: first + n },
-        Step::FreeSlot(i) => Event::Free {
-            alloc: slot_allocs[i].expect("a slot freed by the record holds an allocation"),
+    tape.write_layer(
+        WrittenLayer {
+            steps: record.steps.clone(),
+            shape,
+            first,
+            slots: slot_allocs,
         },
-    });
-    tape.append(record.steps.len() + 2, record.allocations, |to| {
-        to.push(Event::LayerBegin { shape });
-        to.extend(events);
-        to.push(Event::LayerEnd);
-    });
+        record.allocations,
+    );
     // The storages of the layer's allocations that outlive it, each made once.
     let mut storages: Vec<(u32, Rc<Storage>)> = Vec::new();
     let mut made = |(source, view): &(Source, View), taken: &[Option<Tensor>; 3]| -> Tensor {
         let storage = match source {
-            Source::Local(n) => match storages.iter().find(|(m, _)| m == n) {
+            Source::Local(n, bytes) => match storages.iter().find(|(m, _)| m == n) {
                 Some((_, s)) => s.clone(),
                 None => {
-                    let s = tape.written_storage(Some(first + n), record.bytes_of(*n));
+                    let s = tape.written_storage(Some(first + n), *bytes);
                     storages.push((*n, s.clone()));
                     s
                 }
@@ -452,7 +424,7 @@ fn write_again(
     let slots_out = [0, 1, 2].map(|i| record.slots_out[i].as_ref().map(|o| made(o, &taken)));
     // The slots' storages the record freed are freed on the tape already.
     for (i, t) in taken.iter_mut().enumerate() {
-        if record.frees_slot(i) {
+        if record.frees_slots[i] {
             if let Some(t) = t {
                 Rc::get_mut(&mut t.storage)
                     .expect("a freed slot's storage is held by the cache alone")
@@ -468,7 +440,7 @@ fn write_again(
 
 #[cfg(test)]
 mod tests {
-    use super::super::run::{program, program_running_every_layer, Program, Run};
+    use super::super::run::{program, program_running_every_layer, Run};
     use super::super::tensor::Event;
     use crate::budget::proof::Report;
 
@@ -491,22 +463,15 @@ mod tests {
                 continue;
             }
             let (written, ran) = (program(&run), program_running_every_layer(&run));
-            let names = |p: &Program| p.stages().into_iter().map(|s| s.name).collect::<Vec<_>>();
-            assert_eq!(names(&written), names(&ran), "{}: stages", rec.name);
+            assert_eq!(written.stages(), ran.stages(), "{}: stages", rec.name);
             assert_eq!(ran.layers_written_again(), 0);
             written_again += written.layers_written_again();
-            let plain = |e: &Event| matches!(e, Event::Alloc { .. } | Event::Free { .. });
-            let (w, r): (Vec<Event>, Vec<Event>) = (
-                written.events().filter(plain).collect(),
-                ran.events().collect(),
-            );
+            let (w, r): (Vec<Event>, Vec<Event>) =
+                (written.events().collect(), ran.events().collect());
             assert_eq!(w.len(), r.len(), "{}: events", rec.name);
             if let Some(i) = (0..w.len()).find(|&i| w[i] != r[i]) {
                 panic!("{}: event {i} written {:?}, run {:?}", rec.name, w[i], r[i]);
             }
-            // Each layer written again is marked as one, around the events of its record.
-            let marks = written.events().filter(|e| !plain(e)).count() as u64;
-            assert_eq!(marks, 2 * written.layers_written_again(), "{}", rec.name);
             compared += 1;
         }
         assert!(compared >= 20, "{compared} inference runs compared");

@@ -597,27 +597,35 @@ impl LiveBlocks {
 
     /// The next allocation's block.
     fn push(&mut self, block: LiveBlock) {
-        self.push_entry(Some(block));
+        let (entries, live) = self
+            .page_being_filled()
+            .as_mut()
+            .expect("a page being filled");
+        *live += 1;
+        entries.push(Some(block));
     }
 
-    /// Numbers the next allocation, freed already.
-    fn push_freed(&mut self) {
-        self.push_entry(None);
+    /// Numbers the next `count` allocations, freed already (a page filled with allocations all
+    /// freed is given back at once).
+    fn push_freed(&mut self, mut count: usize) {
+        while count > 0 {
+            let page = self.page_being_filled();
+            let (entries, live) = page.as_mut().expect("a page being filled");
+            let numbered = count.min(Self::PAGE - entries.len());
+            entries.resize(entries.len() + numbered, None);
+            count -= numbered;
+            if *live == 0 && entries.len() == Self::PAGE {
+                *page = None;
+            }
+        }
     }
 
-    /// Numbers the next allocation: its block, or `None` where it is freed already (a page
-    /// filled with allocations all freed is given back at once).
-    fn push_entry(&mut self, entry: Option<LiveBlock>) {
+    /// The page the next number falls in (a new one where the last is full).
+    fn page_being_filled(&mut self) -> &mut Option<(Vec<Option<LiveBlock>>, usize)> {
         if !matches!(self.pages.last(), Some(Some((entries, _))) if entries.len() < Self::PAGE) {
             self.pages.push(Some((Vec::with_capacity(Self::PAGE), 0)));
         }
-        let page = self.pages.last_mut().expect("a page being filled");
-        let (entries, live) = page.as_mut().expect("a page being filled");
-        *live += usize::from(entry.is_some());
-        entries.push(entry);
-        if *live == 0 && entries.len() == Self::PAGE {
-            *page = None;
-        }
+        self.pages.last_mut().expect("a page being filled")
     }
 
     /// The number the next allocation gets.
@@ -729,7 +737,10 @@ impl Replaying {
     /// stops).
     fn read(&mut self, chunk: &Chunk) -> bool {
         match chunk {
-            Chunk::Events(events) => events.iter().all(|&e| self.event(e)),
+            Chunk::Events(events) => events.iter().all(|&e| match e {
+                Event::Written { at } => self.written_layer(events.written(at)),
+                e => self.event(e),
+            }),
             Chunk::Begin(name) => {
                 self.begin(name.clone());
                 true
@@ -741,17 +752,10 @@ impl Replaying {
         }
     }
 
-    /// Replays one event; `false` once the device had no room (the replay then stops).
+    /// Replays one allocation or free; `false` once the device had no room (the replay then
+    /// stops).
     fn event(&mut self, e: Event) -> bool {
-        if self.out.out_of_memory.is_some() {
-            return false;
-        }
-        match e {
-            Event::LayerBegin { shape } => self.begin_window(shape),
-            Event::LayerEnd => self.end_window(),
-            _ => return self.windowed_event(e),
-        }
-        true
+        self.out.out_of_memory.is_none() && self.windowed_event(e)
     }
 
     /// Replays one allocation or free through the block structure.
@@ -791,7 +795,7 @@ impl Replaying {
                     self.allocator.free(block);
                 }
             }
-            Event::LayerBegin { .. } | Event::LayerEnd => {}
+            Event::Written { .. } => unreachable!("a layer written again is read as its events"),
         }
         true
     }
@@ -807,9 +811,9 @@ impl Replaying {
 
 impl Program {
     /// The chunks of events, in order.
-    fn event_chunks(&self) -> impl Iterator<Item = &[Event]> + '_ {
+    fn event_chunks(&self) -> impl Iterator<Item = &super::tensor::Events> + '_ {
         self.chunks.iter().filter_map(|c| match c {
-            Chunk::Events(events) => Some(&events[..]),
+            Chunk::Events(events) => Some(&**events),
             _ => None,
         })
     }
@@ -819,7 +823,7 @@ impl Program {
         let (mut stages, mut at) = (Vec::new(), 0);
         for chunk in &self.chunks {
             match chunk {
-                Chunk::Events(events) => at += events.len(),
+                Chunk::Events(events) => at += events.plain_len(),
                 Chunk::Begin(name) => stages.push(Stage {
                     name: name.clone(),
                     begin: at,
@@ -831,9 +835,9 @@ impl Program {
         stages
     }
 
-    /// Every event, in order.
+    /// Every allocation and free, in order (a layer written again as its events).
     pub fn events(&self) -> impl Iterator<Item = Event> + '_ {
-        self.event_chunks().flatten().copied()
+        self.event_chunks().flat_map(|c| c.plain())
     }
 
     /// How many decoder layers were written again from another layer's record.
@@ -841,9 +845,9 @@ impl Program {
         self.written_again
     }
 
-    /// How many events there are (a layer written again is marked by two, around its own).
+    /// How many allocations and frees there are.
     pub fn len(&self) -> usize {
-        self.event_chunks().map(<[Event]>::len).sum()
+        self.event_chunks().map(|c| c.plain_len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -139,21 +139,52 @@ const _: () = {
 pub enum Event {
     /// A tensor's storage of `bytes` (as asked of the allocator); allocations are numbered in
     /// order from 0.
+    Alloc { bytes: u64, role: Role },
+    /// The storage of allocation `alloc` returned to the allocator.
+    Free { alloc: u32 },
+    /// A decoder layer written again from a record: its events are those of the chunk's
+    /// [`WrittenLayer`] number `at` (see [`Events::written`]).
+    Written { at: u32 },
+}
+
+/// One event of a layer's record, numbered for whichever layer is written from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
     Alloc {
         bytes: u64,
         role: Role,
     },
-    /// The storage of allocation `alloc` returned to the allocator.
-    Free {
-        alloc: u32,
-    },
-    /// A decoder layer written again from a record begins: until `LayerEnd`, its events are
-    /// those of every layer written from a record of shape `shape` in this program (the same
-    /// small-pool events, its large-pool events at the same places), numbered for it.
-    LayerBegin {
-        shape: u32,
-    },
-    LayerEnd,
+    /// The free of the layer's allocation of this number (counted from its first).
+    FreeLocal(u32),
+    /// The free of the storage of a tensor the cache held for the layer (`Cache::slots` order).
+    FreeSlot(usize),
+}
+
+/// A decoder layer written again from a record: the record's steps (shared by every layer
+/// written from it) and the numbers that place them, its first allocation's and those of the
+/// cache's tensors it was given. Every layer written from records of one `shape` makes the same
+/// small-pool events, its large-pool events at the same places.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenLayer {
+    pub steps: std::sync::Arc<[Step]>,
+    pub shape: u32,
+    pub first: u32,
+    pub slots: [Option<u32>; 3],
+}
+
+impl WrittenLayer {
+    /// Its event `i`.
+    pub fn event(&self, i: usize) -> Event {
+        match self.steps[i] {
+            Step::Alloc { bytes, role } => Event::Alloc { bytes, role },
+            Step::FreeLocal(n) => Event::Free {
+                alloc: self.first + n,
+            },
+            Step::FreeSlot(slot) => Event::Free {
+                alloc: self.slots[slot].expect("a slot freed by the record holds an allocation"),
+            },
+        }
+    }
 }
 
 /// What a tape writes, in order: events (each chunk shared by every reader and the program),
@@ -175,10 +206,16 @@ const SPARE_BUFFERS: usize = 64;
 /// is written again, where memory asked of the system anew has every page cleared first.
 static SPARE: std::sync::Mutex<Vec<Vec<Event>>> = std::sync::Mutex::new(Vec::new());
 
-/// The events of one chunk. Once the last reader lets it go, its buffer is kept for the next
-/// chunk written (up to [`SPARE_BUFFERS`] of them).
+/// The events of one chunk, and the layers written again its [`Event::Written`] events stand
+/// for. Once the last reader lets it go, its buffer of events is kept for the next chunk written
+/// (up to [`SPARE_BUFFERS`] of them).
 #[derive(Debug, PartialEq, Eq)]
-pub struct Events(Vec<Event>);
+pub struct Events {
+    events: Vec<Event>,
+    written: Vec<WrittenLayer>,
+    /// Its events with each layer written again counted as its own.
+    plain_len: usize,
+}
 
 impl Events {
     /// An empty buffer for a chunk: a spare one if any.
@@ -186,24 +223,52 @@ impl Events {
         let spare = SPARE.lock().ok().and_then(|mut s| s.pop());
         spare.unwrap_or_else(|| Vec::with_capacity(CHUNK_EVENTS))
     }
+
+    /// The layer written again that event `Written { at }` stands for.
+    pub fn written(&self, at: u32) -> &WrittenLayer {
+        &self.written[at as usize]
+    }
+
+    /// How many events it holds, each layer written again counted as its own events.
+    pub fn plain_len(&self) -> usize {
+        self.plain_len
+    }
+
+    /// Its events, each layer written again as its own events.
+    pub fn plain(&self) -> impl Iterator<Item = Event> + '_ {
+        self.events.iter().flat_map(move |&e| {
+            let (layer, n) = match e {
+                Event::Written { at } => {
+                    let layer = self.written(at);
+                    (Some(layer), layer.steps.len())
+                }
+                _ => (None, 1),
+            };
+            (0..n).map(move |i| layer.map_or(e, |l| l.event(i)))
+        })
+    }
 }
 
 impl From<Vec<Event>> for Events {
     fn from(events: Vec<Event>) -> Events {
-        Events(events)
+        Events {
+            plain_len: events.len(),
+            events,
+            written: Vec::new(),
+        }
     }
 }
 
 impl std::ops::Deref for Events {
     type Target = [Event];
     fn deref(&self) -> &[Event] {
-        &self.0
+        &self.events
     }
 }
 
 impl Drop for Events {
     fn drop(&mut self) {
-        let mut buffer = std::mem::take(&mut self.0);
+        let mut buffer = std::mem::take(&mut self.events);
         if buffer.capacity() != CHUNK_EVENTS {
             return;
         }
@@ -218,11 +283,16 @@ impl Drop for Events {
 
 #[derive(Default, Debug)]
 pub(crate) struct Log {
-    /// The events not yet sent, or (when the tape does not stream) not yet kept in `kept`.
+    /// The events not yet sent, or (when the tape does not stream) not yet kept in `kept`, the
+    /// layers written again among them, and how many events they are with each such layer
+    /// counted as its own.
     pub events: Vec<Event>,
+    pub written: Vec<WrittenLayer>,
+    pub plain_len: usize,
     /// What a tape that does not stream has written: its chunks of events and its marks.
     pub kept: Vec<Chunk>,
-    /// How many events were sent to `sink` or kept in `kept`.
+    /// How many events were sent to `sink` or kept in `kept` (each layer written again counted
+    /// as its own).
     pub sent: usize,
     /// Where a streaming tape sends its events, in chunks.
     pub sink: Option<std::sync::mpsc::SyncSender<Chunk>>,
@@ -247,7 +317,8 @@ impl Log {
         }
         self.writable();
         self.events.push(e);
-        if self.events.len() >= CHUNK_EVENTS {
+        self.plain_len += 1;
+        if self.plain_len >= CHUNK_EVENTS {
             self.flush();
         }
     }
@@ -264,9 +335,13 @@ impl Log {
         if self.events.is_empty() {
             return;
         }
-        let chunk = std::mem::take(&mut self.events);
-        self.sent += chunk.len();
-        self.emit(Chunk::Events(std::sync::Arc::new(Events(chunk))));
+        let events = Events {
+            events: std::mem::take(&mut self.events),
+            written: std::mem::take(&mut self.written),
+            plain_len: std::mem::take(&mut self.plain_len),
+        };
+        self.sent += events.plain_len;
+        self.emit(Chunk::Events(std::sync::Arc::new(events)));
     }
 
     /// Sends `chunk` if the tape streams, else keeps it.
@@ -334,26 +409,20 @@ impl Tape {
         self.0.borrow().written_again
     }
 
-    /// Writes the `count` events that `fill` appends, `allocations` of them allocations (which
-    /// take the next numbers), at once.
-    pub(super) fn append(
-        &self,
-        count: usize,
-        allocations: u32,
-        fill: impl FnOnce(&mut Vec<Event>),
-    ) {
+    /// Writes a decoder layer again from a record (its allocations take the next numbers).
+    pub(super) fn write_layer(&self, layer: WrittenLayer, allocations: u32) {
         let mut log = self.0.borrow_mut();
         debug_assert!(
             log.captured.is_none(),
-            "events appended at once are not captured"
+            "a layer written again is not captured"
         );
-        if log.events.len() + count > log.events.capacity() {
-            log.flush();
-        }
         log.writable();
-        fill(&mut log.events);
+        let at = u32::try_from(log.written.len()).expect("fewer than 2^32 layers in a chunk");
+        log.plain_len += layer.steps.len();
+        log.events.push(Event::Written { at });
+        log.written.push(layer);
         log.allocations += allocations;
-        if log.events.len() >= CHUNK_EVENTS {
+        if log.plain_len >= CHUNK_EVENTS {
             log.flush();
         }
     }
@@ -378,7 +447,7 @@ impl Tape {
     /// Events written so far, sent or not.
     pub fn len(&self) -> usize {
         let log = self.0.borrow();
-        log.sent + log.events.len()
+        log.sent + log.plain_len
     }
 
     /// Makes the tape send its events to `sink`, in chunks, as they are written.

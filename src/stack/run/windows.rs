@@ -1,6 +1,6 @@
 //! Layers written again, replayed without going through the small pool's blocks. A layer
-//! written again from a record comes as a window of events (`LayerBegin` to `LayerEnd`), marked
-//! with the record's shape: its small-pool events, and where its large-pool events fall. The
+//! written again from a record comes as a window of events (a `WrittenLayer`), marked with the
+//! record's shape: its small-pool events, and where its large-pool events fall. The
 //! first time a window of a shape meets the small pool in a given state (its fingerprint: its
 //! segments, allocated and unmapped blocks), the window is replayed event by event and what it
 //! did to the small pool is kept: for each run of its small-pool events, how the counters and
@@ -22,6 +22,7 @@ use super::{Event, Replaying};
 use crate::allocator::size::{round_size, Pool, SMALL_SIZE};
 use crate::allocator::BlockId;
 use crate::stack::tensor::Role;
+use crate::stack::tensor::WrittenLayer;
 use std::rc::Rc;
 
 /// Windows kept at most (the shapes of the kinds of layer, in each state of the small pool they
@@ -42,9 +43,13 @@ struct SmallRun {
     rise: [i64; 9],
     /// Bytes by role after the run less before it.
     roles: [i64; Role::ALL.len()],
-    /// Its allocations in order: role, block size, and whether numbered live (the window leaves
-    /// it live, or holds it at a large allocation where the small pool's blocks may be needed).
-    allocations: Vec<(usize, u64, bool)>,
+    /// Its allocations in order while the window is recorded: role and block size.
+    allocations: Vec<(usize, u64)>,
+    /// Once kept, those numbered live (the window leaves them live, or holds them at a large
+    /// allocation where the small pool's blocks may be needed): how many numbered freed come
+    /// before each, its role and block size; and how many numbered freed come after the last.
+    numbered_live: Vec<(u32, usize, u64)>,
+    freed_after: u32,
 }
 
 enum Item {
@@ -132,7 +137,36 @@ fn signed(v: u64) -> i64 {
 }
 
 impl Replaying {
-    pub(super) fn begin_window(&mut self, shape: u32) {
+    /// Replays a layer written again: its events as a window; `false` once the device had no
+    /// room (the replay then stops).
+    pub(super) fn written_layer(&mut self, layer: &WrittenLayer) -> bool {
+        if self.out.out_of_memory.is_some() {
+            return false;
+        }
+        self.begin_window(layer.shape);
+        let mut i = 0;
+        while i < layer.steps.len() {
+            // The rest of a run of small events followed is passed at once.
+            if let Some(Window::Following(f)) = &mut self.windows.open {
+                if f.left > 0 {
+                    let passed = f
+                        .left
+                        .min(u32::try_from(layer.steps.len() - i).unwrap_or(u32::MAX));
+                    f.left -= passed;
+                    i += passed as usize;
+                    continue;
+                }
+            }
+            if !self.windowed_event(layer.event(i)) {
+                return false;
+            }
+            i += 1;
+        }
+        self.end_window();
+        true
+    }
+
+    fn begin_window(&mut self, shape: u32) {
         let a = &self.allocator;
         self.windows.open = None;
         if !self.windows.follow {
@@ -167,7 +201,7 @@ impl Replaying {
         });
     }
 
-    pub(super) fn end_window(&mut self) {
+    fn end_window(&mut self) {
         match self.windows.open.take() {
             Some(Window::Recording(r)) => self.keep(r),
             Some(Window::Following(f)) => self.follow_to_end(f),
@@ -292,7 +326,7 @@ impl Replaying {
                 run.roles[role] += sign * signed(size);
                 match (e, block) {
                     (Event::Alloc { .. }, Some(b)) => {
-                        run.allocations.push((role, size, false));
+                        run.allocations.push((role, size));
                         r.small.push((number, b));
                     }
                     (Event::Free { alloc }, _) if alloc < r.first => r.frees_older = true,
@@ -355,12 +389,11 @@ impl Replaying {
         for (bytes, delta) in self.roles.iter_mut().zip(run.roles) {
             *bytes = bytes.saturating_add_signed(delta);
         }
-        for &(role, size, live) in &run.allocations {
-            match live {
-                true => self.blocks.push((BlockId::PENDING, role, size)),
-                false => self.blocks.push_freed(),
-            }
+        for &(freed, role, size) in &run.numbered_live {
+            self.blocks.push_freed(freed as usize);
+            self.blocks.push((BlockId::PENDING, role, size));
         }
+        self.blocks.push_freed(run.freed_after as usize);
     }
 
     /// Ends a window followed: the small blocks it left allocated are placed, and the
@@ -423,10 +456,17 @@ impl Replaying {
         for item in &mut r.items {
             match item {
                 Item::Small(run) => {
-                    for allocation in &mut run.allocations {
-                        allocation.2 = live[allocations];
+                    let mut freed = 0;
+                    for (role, size) in std::mem::take(&mut run.allocations) {
+                        if live[allocations] {
+                            run.numbered_live.push((freed, role, size));
+                            freed = 0;
+                        } else {
+                            freed += 1;
+                        }
                         allocations += 1;
                     }
+                    run.freed_after = freed;
                 }
                 Item::Large(Some(p)) => {
                     let held = &p.held;
@@ -472,13 +512,20 @@ mod tests {
         let page = u32::try_from(LiveBlocks::PAGE).expect("a page of 2 048");
         // A first page wholly freed (given back as it fills), then one live allocation.
         for n in 0..page {
-            blocks.push_freed();
+            blocks.push_freed(1);
             assert_eq!(blocks.next_number(), n + 1);
         }
         assert!(blocks.get(0).is_none());
         blocks.push((BlockId::PENDING, 2, 512));
         assert_eq!(blocks.next_number(), page + 1);
         assert_eq!(blocks.get(page).map(|b| (b.1, b.2)), Some((2, 512)));
+        // Many numbered freed at once, across pages: the full page with the live one is kept,
+        // the next one (none live) given back as it fills.
+        blocks.push_freed(2 * LiveBlocks::PAGE + 5);
+        assert_eq!(blocks.next_number(), 3 * page + 6);
+        assert!(blocks.get(page).is_some() && blocks.get(2 * page + 1).is_none());
+        let kept: Vec<bool> = blocks.pages.iter().map(Option::is_some).collect();
+        assert_eq!(kept, [false, true, false, true]);
         let mut allocator = crate::allocator::CachingAllocator::new();
         let label = allocator.label("t");
         let block = allocator.malloc(512, 0, label).expect("a block");

@@ -421,7 +421,12 @@ fn write_again(
         }
     };
     let out = made(&record.hidden_out, &taken);
-    let slots_out = [0, 1, 2].map(|i| record.slots_out[i].as_ref().map(|o| made(o, &taken)));
+    let mut slots_out: [Option<Tensor>; 3] = [None, None, None];
+    for (slot, o) in slots_out.iter_mut().zip(&record.slots_out) {
+        if let Some(o) = o {
+            *slot = Some(made(o, &taken));
+        }
+    }
     // The slots' storages the record freed are freed on the tape already.
     for (i, t) in taken.iter_mut().enumerate() {
         if record.frees_slots[i] {

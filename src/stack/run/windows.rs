@@ -12,7 +12,10 @@
 //! them on every recorded inference run, under both settings, on an unlimited device and on
 //! limited ones, from just above its peak of `allocated` to just above its peak of `reserved`).
 //! A window is kept only if it freed nothing of the small pool made before it (which block it
-//! frees is not in the fingerprint) and the device's cache was not released during it. On a
+//! frees is not in the fingerprint) and the device's cache was not released during it. Windows
+//! of a shape that keep meeting the small pool in states none was kept in (the cache's keys and
+//! values growing in the small pool) are recorded only as the count of those in a row reaches a
+//! power of two; the others go through the blocks without being recorded. On a
 //! limited device, a large allocation of a window followed may release the cache; where that
 //! would change the small pool, and no free block holds the allocation nor does the device have
 //! room for what it would take, the small blocks the window holds at that point are placed where
@@ -106,12 +109,16 @@ struct Following {
 enum Window {
     Recording(Box<Recording>),
     Following(Following),
+    /// A window replayed through the blocks without being recorded.
+    Passing,
 }
 
 pub(super) struct Windows {
     /// Whether windows are followed (the tests compare with a replay where none is).
     pub(super) follow: bool,
     kept: Vec<((u32, u128), Rc<Trajectory>)>,
+    /// Per shape: how many windows of that shape in a row found none kept to follow.
+    misses: Vec<u32>,
     open: Option<Window>,
     /// Windows followed so far.
     pub(super) followed: u64,
@@ -124,6 +131,7 @@ impl Default for Windows {
         Windows {
             follow: true,
             kept: Vec::new(),
+            misses: Vec::new(),
             open: None,
             followed: 0,
             placed_early: 0,
@@ -174,15 +182,28 @@ impl Replaying {
         }
         let key = (shape, a.small_pool_fingerprint());
         let first = self.blocks.next_number();
-        self.windows.open = Some(match self.windows.kept.iter().find(|(k, _)| *k == key) {
+        let w = &mut self.windows;
+        if w.misses.len() <= shape as usize {
+            w.misses.resize(shape as usize + 1, 0);
+        }
+        let misses = &mut w.misses[shape as usize];
+        self.windows.open = Some(match w.kept.iter().find(|(k, _)| *k == key) {
             Some((_, t)) => {
-                self.windows.followed += 1;
+                *misses = 0;
+                w.followed += 1;
                 Window::Following(Following {
                     trajectory: t.clone(),
                     at: 0,
                     left: 0,
                     first,
                 })
+            }
+            None if {
+                *misses += 1;
+                !misses.is_power_of_two()
+            } =>
+            {
+                Window::Passing
             }
             None => {
                 let start = a.pool_currents(Pool::Small);
@@ -205,14 +226,14 @@ impl Replaying {
         match self.windows.open.take() {
             Some(Window::Recording(r)) => self.keep(r),
             Some(Window::Following(f)) => self.follow_to_end(f),
-            None => {}
+            Some(Window::Passing) | None => {}
         }
     }
 
     /// Replays an allocation or free, inside a window or not.
     pub(super) fn windowed_event(&mut self, e: Event) -> bool {
         match &mut self.windows.open {
-            None => self.plain_event(e),
+            None | Some(Window::Passing) => self.plain_event(e),
             Some(Window::Recording(_)) => self.recorded_event(e),
             Some(Window::Following(f)) => {
                 if f.left > 0 {

@@ -126,6 +126,17 @@ pub(super) struct Windows {
     pub(super) placed_early: u64,
 }
 
+impl Windows {
+    /// How many windows of `shape` in a row found none kept to follow.
+    fn misses_of(&mut self, shape: u32) -> &mut u32 {
+        let shape = shape as usize;
+        if self.misses.len() <= shape {
+            self.misses.resize(shape + 1, 0);
+        }
+        &mut self.misses[shape]
+    }
+}
+
 impl Default for Windows {
     fn default() -> Windows {
         Windows {
@@ -182,44 +193,41 @@ impl Replaying {
         }
         let key = (shape, a.small_pool_fingerprint());
         let first = self.blocks.next_number();
-        let w = &mut self.windows;
-        if w.misses.len() <= shape as usize {
-            w.misses.resize(shape as usize + 1, 0);
-        }
-        let misses = &mut w.misses[shape as usize];
-        self.windows.open = Some(match w.kept.iter().find(|(k, _)| *k == key) {
-            Some((_, t)) => {
+        let kept = self.windows.kept.iter().find(|(k, _)| *k == key);
+        let trajectory = kept.map(|(_, t)| t.clone());
+        let misses = self.windows.misses_of(shape);
+        let window = match trajectory {
+            Some(trajectory) => {
                 *misses = 0;
-                w.followed += 1;
+                self.windows.followed += 1;
                 Window::Following(Following {
-                    trajectory: t.clone(),
+                    trajectory,
                     at: 0,
                     left: 0,
                     first,
                 })
             }
-            None if {
-                *misses += 1;
-                !misses.is_power_of_two()
-            } =>
-            {
-                Window::Passing
-            }
             None => {
-                let start = a.pool_currents(Pool::Small);
-                Window::Recording(Box::new(Recording {
-                    key,
-                    first,
-                    retries: a.alloc_retries(),
-                    ooms: a.ooms(),
-                    start,
-                    run_start: start,
-                    items: Vec::new(),
-                    small: Vec::new(),
-                    frees_older: false,
-                }))
+                *misses += 1;
+                if misses.is_power_of_two() {
+                    let start = a.pool_currents(Pool::Small);
+                    Window::Recording(Box::new(Recording {
+                        key,
+                        first,
+                        retries: a.alloc_retries(),
+                        ooms: a.ooms(),
+                        start,
+                        run_start: start,
+                        items: Vec::new(),
+                        small: Vec::new(),
+                        frees_older: false,
+                    }))
+                } else {
+                    Window::Passing
+                }
             }
-        });
+        };
+        self.windows.open = Some(window);
     }
 
     fn end_window(&mut self) {

@@ -752,10 +752,10 @@ impl Replaying {
         }
     }
 
-    /// Replays one allocation or free; `false` once the device had no room (the replay then
-    /// stops).
+    /// Replays one allocation or free outside a layer written again (no window is open);
+    /// `false` once the device had no room (the replay then stops).
     fn event(&mut self, e: Event) -> bool {
-        self.out.out_of_memory.is_none() && self.windowed_event(e)
+        self.out.out_of_memory.is_none() && self.plain_event(e)
     }
 
     /// Replays one allocation or free through the block structure.

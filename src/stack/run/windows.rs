@@ -176,7 +176,7 @@ impl Replaying {
                     continue;
                 }
             }
-            if !self.windowed_event(layer.event(i)) {
+            if !self.window_event(layer.event(i)) {
                 return false;
             }
             i += 1;
@@ -238,16 +238,14 @@ impl Replaying {
         }
     }
 
-    /// Replays an allocation or free, inside a window or not.
-    pub(super) fn windowed_event(&mut self, e: Event) -> bool {
+    /// Replays an allocation or free of the window open (a run of small events followed is
+    /// passed by [`Replaying::written_layer`], which gives this the first of the run).
+    fn window_event(&mut self, e: Event) -> bool {
         match &mut self.windows.open {
             None | Some(Window::Passing) => self.plain_event(e),
             Some(Window::Recording(_)) => self.recorded_event(e),
             Some(Window::Following(f)) => {
-                if f.left > 0 {
-                    f.left -= 1;
-                    return true;
-                }
+                debug_assert_eq!(f.left, 0, "the rest of a run followed is passed at once");
                 let t = f.trajectory.clone();
                 let item = &t.items[f.at];
                 f.at += 1;

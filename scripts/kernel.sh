@@ -18,6 +18,17 @@ fi
 mkdir -p "$IGL_VENV/share/jupyter/kernels/$IGL_KERNEL" "$IGL_CACHE/evcxr-build"
 # The kernel's compiled cells link Rust's standard library dynamically: it must be found too.
 IGL_RUST_LIB=$(rustc --print target-libdir)
+# The kernel adds the library as it starts, before it answers (evcxr runs init.evcxr from
+# EVCXR_CONFIG_DIR): compiled, linked, and its sources loaded by evcxr's rust-analyzer, which it
+# does at the first variable whose type comes from the library (`_iteragpu_lab_ready`: an
+# underscore name, not kept). A notebook's own `:dep` line then finds the library there, and its
+# first output comes in about a second after Run All (docs/benchmarks.md, "Notebooks: time to
+# first result").
+IGL_EVCXR_CONFIG=$IGL_VENV/share/jupyter/kernels/$IGL_KERNEL/evcxr
+mkdir -p "$IGL_EVCXR_CONFIG"
+printf ':dep iteragpu-lab = { path = "%s", default-features = false }\n%s\n' "$IGL_ROOT" \
+    'let _iteragpu_lab_ready = iteragpu_lab::catalog::Catalog::load;' > "$IGL_EVCXR_CONFIG/init.evcxr.new"
+mv "$IGL_EVCXR_CONFIG/init.evcxr.new" "$IGL_EVCXR_CONFIG/init.evcxr"
 "$IGL_VENV/bin/python" - "$IGL_VENV/share/jupyter/kernels/$IGL_KERNEL/kernel.json" <<PY
 import json, sys
 spec = {
@@ -31,6 +42,7 @@ spec = {
         "PATH": "$IGL_VENV/bin:$PATH",
         "LD_LIBRARY_PATH": "$LD_LIBRARY_PATH:$IGL_RUST_LIB",
         "EVCXR_TMPDIR": "$IGL_CACHE/evcxr-build",
+        "EVCXR_CONFIG_DIR": "$IGL_EVCXR_CONFIG",
         "IGL_COMPANION": "$CARGO_TARGET_DIR/release/mesure_memoire_torch",
     },
 }

@@ -42,7 +42,10 @@ def main() -> int:
             if cell.get("outputs") and "t" not in first:
                 first["t"] = time.perf_counter() - started
 
+        # The kernel compiles the library as it starts (scripts/kernel.sh): minutes on a new
+        # machine, so its start is given as long as a cell.
         client = NotebookClient(nb, kernel_name=a.kernel, timeout=a.timeout,
+                                startup_timeout=a.timeout,
                                 resources={"metadata": {"path": str(path.parent.resolve())}},
                                 on_cell_executed=on_cell_executed)
         problems = []

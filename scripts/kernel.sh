@@ -2,7 +2,8 @@
 # kernelspec `iteragpu-rust`, whose environment lets a notebook build and load libtorch and names
 # the GPU companion program the notebooks measure through (IGL_COMPANION: the release build of
 # scripts/build, which scripts/lab and scripts/test run first).
-#   evcxr_jupyter 0.22.0 -> $IGL_CACHE/evcxr/bin; build folder kept in $IGL_CACHE/evcxr-build
+#   evcxr_jupyter 0.22.0 -> $IGL_CACHE/evcxr/bin; build folders kept in $IGL_CACHE/evcxr-build,
+#                           one per running kernel (scripts/evcxr-kernel)
 #   kernelspec           -> $IGL_VENV/share/jupyter/kernels/iteragpu-rust
 # evcxr keeps its own build folder: CARGO_TARGET_DIR is not passed on to the kernel.
 IGL_EVCXR_VERSION=0.22.0
@@ -32,7 +33,7 @@ mv "$IGL_EVCXR_CONFIG/init.evcxr.new" "$IGL_EVCXR_CONFIG/init.evcxr"
 "$IGL_VENV/bin/python" - "$IGL_VENV/share/jupyter/kernels/$IGL_KERNEL/kernel.json" <<PY
 import json, sys
 spec = {
-    "argv": ["$IGL_EVCXR", "--control_file", "{connection_file}"],
+    "argv": ["$IGL_ROOT/scripts/evcxr-kernel", "--control_file", "{connection_file}"],
     "display_name": "Rust (IteraGPU Lab)",
     "language": "rust",
     "interrupt_mode": "message",
@@ -41,7 +42,8 @@ spec = {
         "VIRTUAL_ENV": "$IGL_VENV",
         "PATH": "$IGL_VENV/bin:$PATH",
         "LD_LIBRARY_PATH": "$LD_LIBRARY_PATH:$IGL_RUST_LIB",
-        "EVCXR_TMPDIR": "$IGL_CACHE/evcxr-build",
+        "IGL_EVCXR": "$IGL_EVCXR",
+        "IGL_EVCXR_BUILD": "$IGL_CACHE/evcxr-build",
         "EVCXR_CONFIG_DIR": "$IGL_EVCXR_CONFIG",
         "IGL_COMPANION": "$CARGO_TARGET_DIR/release/mesure_memoire_torch",
     },

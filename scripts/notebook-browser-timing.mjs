@@ -2,8 +2,9 @@
 // sources scripts/kernel.sh) in a real browser (Debian's headless Chromium, driven by
 // playwright-core), the notebook opened, and, once its kernel is idle, Run All clicked in the
 // Run menu. Prints, per notebook, seconds from opening to the kernel idle, from Run All to the
-// first output, and from Run All to the last cell done. Autosave is off (a settings folder of its
-// own), so the notebooks stay as they are in the checkout.
+// first output, and from Run All to the last cell done. Autosave is off and the workspace is
+// reset at each opening (settings and workspaces folders of its own), so the notebooks stay as
+// they are in the checkout and each page opens its one notebook alone.
 //
 //     npm install --prefix /tmp/pw playwright-core          # once
 //     NODE_PATH=/tmp/pw/node_modules node scripts/notebook-browser-timing.mjs notebooks/budget-vram.ipynb ...
@@ -31,10 +32,12 @@ const base = `http://127.0.0.1:${port}`;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const settings = mkdtempSync(join(tmpdir(), "igl-lab-settings-"));
+const workspaces = mkdtempSync(join(tmpdir(), "igl-lab-workspaces-"));
 mkdirSync(join(settings, "@jupyterlab", "docmanager-extension"), { recursive: true });
 writeFileSync(join(settings, "@jupyterlab", "docmanager-extension", "plugin.jupyterlab-settings"),
   JSON.stringify({ autosave: false }));
-const lab = spawn(join(root, "scripts", "jupyter"), [`--IdentityProvider.token=${token}`], {
+const lab = spawn(join(root, "scripts", "jupyter"),
+  [`--IdentityProvider.token=${token}`, `--LabApp.workspaces_dir=${workspaces}`], {
   env: { ...process.env, IGL_PORT: port, JUPYTERLAB_SETTINGS_DIR: settings },
   stdio: ["ignore", "ignore", "pipe"],
 });
@@ -79,7 +82,7 @@ try {
     const name = basename(notebook);
     const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
     const opened = Date.now();
-    await page.goto(`${base}/lab/tree/${name}?token=${token}`);
+    await page.goto(`${base}/lab/tree/${name}?reset&token=${token}`);
     await waitFor("the kernel started", async () => (await kernelState(name)) !== undefined, 120);
     await waitFor("the kernel idle", async () => (await kernelState(name)) === "idle", 600);
     const idle = Date.now();
@@ -117,5 +120,6 @@ try {
   lab.kill("SIGTERM");
   await new Promise((r) => lab.exitCode !== null ? r() : lab.once("exit", r));
   rmSync(settings, { recursive: true, force: true });
+  rmSync(workspaces, { recursive: true, force: true });
 }
 process.exit(status);

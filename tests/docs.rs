@@ -700,7 +700,7 @@ fn warm_start(text: &str) -> Option<String> {
 #[test]
 fn notebooks_and_readme_give_the_same_warm_start_time() {
     let readme = warm_start(&read("README.md")).expect("the README's warm start time");
-    assert_eq!(readme, "about ten");
+    assert_eq!(readme, "about fifteen");
     for nb in [
         "notebooks/mesure-memoire.ipynb",
         "notebooks/allocated-vs-reserved.ipynb",

@@ -47,6 +47,13 @@ fn main() {
         }
         events = p.len();
     }
+    let mut streamed = Duration::MAX;
+    for _ in 0..3 {
+        let started = Instant::now();
+        iteragpu_lab::stack::run::replayed(&run, allocator_config(settings[0]));
+        streamed = streamed.min(started.elapsed());
+    }
+    println!("streamed {streamed:.1?}");
     let per_event = |d: Duration| d.as_nanos() as f64 / events as f64;
     println!("{events} events");
     println!(

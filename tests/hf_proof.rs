@@ -1,6 +1,6 @@
 //! The budget against the GPU: every run of `data/hf-proof-h200.json`,
-//! `data/hf-proof-bitsandbytes-h200.json`, `data/hf-proof-edge-h200.json` and
-//! `data/hf-proof-held-out-h200.json` (real transformers
+//! `data/hf-proof-bitsandbytes-h200.json`, `data/hf-proof-edge-h200.json`,
+//! `data/hf-proof-held-out-h200.json` and `data/hf-proof-blind-h200.json` (real transformers
 //! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated by
 //! taking the memory beyond it with one `cudaMalloc` outside PyTorch's allocator) replayed as the
 //! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
@@ -73,6 +73,37 @@ fn every_held_out_run_is_predicted_within_the_margin() {
     check_report(&report);
 }
 
+#[test]
+fn every_run_of_the_blind_round_is_predicted_within_the_margin() {
+    let report = Report::recorded_blind();
+    assert_eq!(report.records.len(), 20);
+    assert_eq!(
+        report.records.iter().filter(|r| r.kind == "card").count(),
+        6
+    );
+    // One card run failed in cuDNN's attention rather than in the allocator, the device full.
+    let failed: Vec<_> = report
+        .records
+        .iter()
+        .filter(|r| r.outcome == "error")
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].expect.as_deref(), Some("oom"));
+    println!(
+        "{}: {} in {} ({} B left free on the device)",
+        failed[0].name,
+        failed[0].message.as_deref().unwrap_or(""),
+        failed[0].failed_stage.as_deref().unwrap_or(""),
+        failed[0].free_at_end.unwrap_or(0)
+    );
+    let outside_measured = check_report(&report);
+    let h200 = OutsideAllocator::h200();
+    assert!(
+        outside_measured[0] <= h200.inference_bytes && outside_measured[1] <= h200.training_bytes,
+        "outside the allocator: the budget counts no less than these processes held"
+    );
+}
+
 /// Replays every record of `report`, prints each stage's errors and the table of peaks, checks
 /// them, and returns the largest memory outside the allocator the card runs measured
 /// (inference, training). A card run under one of several orders of a model's masks (named
@@ -91,7 +122,12 @@ fn check_report(report: &Report) -> [u64; 2] {
     ];
     for rec in &report.records {
         let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
-        assert_eq!(c.stages.len(), rec.stages.len(), "{}: stages", rec.name);
+        // Every stage compared, or on a card where the run got further than the replay (see
+        // `RunCheck::card_outcome_holds`), the stages the replay completed.
+        let compared = c
+            .stages_completed
+            .map_or(rec.stages.len(), |(m, p)| m.min(p));
+        assert_eq!(c.stages.len(), compared, "{}: stages", rec.name);
         for s in &c.stages {
             let (a, r) = s.errors();
             println!(
@@ -139,7 +175,12 @@ fn check_report(report: &Report) -> [u64; 2] {
             rec.name
         );
         if let Some((measured, predicted)) = &c.card_outcome {
-            assert_eq!(measured, predicted, "{}: outcome on the card", rec.name);
+            assert_eq!(
+                c.card_outcome_holds(),
+                Some(true),
+                "{}: outcome on the card {measured}, predicted {predicted}",
+                rec.name
+            );
             let run = rec
                 .name
                 .rsplit_once("-hash")

@@ -19,8 +19,10 @@ PYTORCH_CUDA_ALLOC_CONF is read from the environment (the caller sets it).
 RESULT (JSON): the spec, the environment, the order this process iterates the set of the
 configuration's layer kinds (`mask_order`, when it has `layer_types`), per stage (stage, allocated_before, allocated_after,
 reserved_after, peak_allocated, peak_reserved, device_used_after = total - free,
-outside_after = device_used_after - reserved_after, host_ms), the outcome (ok, or oom with the
-stage and the message), the allocator's counters at the end and, with a trace, every event
+outside_after = device_used_after - reserved_after, host_ms), the outcome (ok; oom with the
+stage and the message; or error with the stage it failed in, the message and the traceback: a
+library that fails on a full card, such as cuDNN's attention, says so in its own words), the
+allocator's counters at the end and, with a trace, every event
 (action, address, size, stream; with stacks, a Python stack id per allocation and the stacks).
 Writes RESULT even when the workload runs out of memory; exits 0 unless the script itself
 failed.
@@ -334,6 +336,7 @@ def main():
         record["message"] = str(e).splitlines()[0]
     except Exception as e:  # noqa: BLE001 - recorded, then the run is reported as an error
         record["outcome"] = "error"
+        record["failed_stage"] = stages.current[0] if stages.current else None
         record["message"] = "".join(traceback.format_exception_only(type(e), e)).strip()
         record["traceback"] = traceback.format_exc()[-4000:]
     stats = torch.cuda.memory_stats()

@@ -2,7 +2,8 @@
 //! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`) and, for bitsandbytes' 8-bit
 //! AdamW, by `scripts/gpu/hf-record.py` (`data/hf-proof-bitsandbytes-h200.json`), and at the edge
 //! of one card where the verdicts alternate (`data/hf-proof-edge-h200.json`), and on configurations
-//! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), each replayed here as the
+//! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), and a blind
+//! round planned and recorded with the same code (`data/hf-proof-blind-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
@@ -20,6 +21,9 @@ pub const RECORDED_BITSANDBYTES: &str = include_str!("../../data/hf-proof-bitsan
 pub const RECORDED_EDGE: &str = include_str!("../../data/hf-proof-edge-h200.json");
 /// The runs none of the replay's rules were derived from (`scripts/hf-proof-plan --held-out`).
 pub const RECORDED_HELD_OUT: &str = include_str!("../../data/hf-proof-held-out-h200.json");
+/// A blind round: models and configurations planned and recorded with the same code, no rule
+/// changed after (`scripts/hf-proof-plan --blind`).
+pub const RECORDED_BLIND: &str = include_str!("../../data/hf-proof-blind-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,11 +52,23 @@ pub struct Record {
     /// For a card: `fits` or `oom`, the planner's verdict.
     pub expect: Option<String>,
     pub spec: serde_json::Value,
-    /// `ok` or `oom`.
+    /// `ok`, `oom`, or for a card run `error`: it failed otherwise, a library's own error on a
+    /// full device (cuDNN's attention, say).
     pub outcome: String,
     /// The stage that ran out of memory.
     #[serde(default)]
     pub oom_stage: Option<String>,
+    /// The stage a run failed in otherwise than out of memory, and what the library said.
+    #[serde(default)]
+    pub failed_stage: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    /// For such a failure: the allocator's retries (it released its cache because the device was
+    /// full) and the device memory left free at the end.
+    #[serde(default)]
+    pub alloc_retries: Option<u64>,
+    #[serde(default)]
+    pub free_at_end: Option<u64>,
     pub card: Option<Card>,
     pub stages: Vec<RecordedStage>,
 }
@@ -105,8 +121,10 @@ pub struct RunCheck {
     pub peak_reserved: (u64, u64),
     /// What the process held outside the allocator at its end (card runs: alone on the GPU).
     pub outside: Option<u64>,
-    /// For a card: the outcome measured and the replay's on the card (`ok`, or `oom in STAGE`).
+    /// For a card: the outcome measured and the replay's on the card (`ok`, `oom in STAGE`, or
+    /// measured `error in STAGE`), and how many stages each completed.
     pub card_outcome: Option<(String, String)>,
+    pub stages_completed: Option<(usize, usize)>,
 }
 
 /// Why a report was refused.
@@ -136,8 +154,20 @@ impl Report {
             if !matches!(rec.kind.as_str(), "grid" | "card") {
                 return Err(bad("kind: not grid or card"));
             }
-            if !matches!(rec.outcome.as_str(), "ok" | "oom") {
-                return Err(bad("outcome: not ok or oom"));
+            if !matches!(rec.outcome.as_str(), "ok" | "oom" | "error") {
+                return Err(bad("outcome: not ok, oom or error"));
+            }
+            // A failure other than out of memory says something of a card only: where it
+            // failed, the device full.
+            if rec.outcome == "error"
+                && (rec.kind != "card"
+                    || rec.failed_stage.is_none()
+                    || rec.alloc_retries.is_none_or(|r| r == 0))
+            {
+                return Err(bad(
+                    "outcome: an error counts only on a card, with the stage it failed in, after \
+                     the allocator released its cache (alloc_retries above 0)",
+                ));
             }
             if rec.kind == "card" && (rec.card.is_none() || rec.expect.is_none()) {
                 return Err(bad(
@@ -181,6 +211,11 @@ impl Report {
         Report::shipped(RECORDED_HELD_OUT, "data/hf-proof-held-out-h200.json")
     }
 
+    /// The shipped blind round.
+    pub fn recorded_blind() -> Report {
+        Report::shipped(RECORDED_BLIND, "data/hf-proof-blind-h200.json")
+    }
+
     fn shipped(text: &str, file: &str) -> Report {
         Report::parse(text.as_bytes(), file).expect("the recorded proof is valid")
     }
@@ -213,6 +248,7 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
         let outside = super::outside::OutsideAllocator::h200().for_mode(trains);
         prog.replay(config, Some(super::fit::usable(c.card_bytes, outside, 0)))
     });
+    let stages_completed = on_card.as_ref().map(|r| (rec.stages.len(), r.stages.len()));
     let figures = match &on_card {
         Some(r) => &r.stages,
         None => &unlimited.stages,
@@ -242,8 +278,9 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
             max(&|s| s.predicted_reserved),
         ),
         outside,
+        stages_completed,
         card_outcome: on_card.map(|r| {
-            let measured = match &rec.oom_stage {
+            let measured = match rec.oom_stage.as_ref().or(rec.failed_stage.as_ref()) {
                 Some(stage) => format!("{} in {stage}", rec.outcome),
                 None => rec.outcome.clone(),
             };
@@ -258,6 +295,23 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
 }
 
 impl RunCheck {
+    /// Whether the card held the run as the replay said (`None` for a run on no card): it ran
+    /// where the replay ran; where the replay ran out of memory it failed too, out of memory or
+    /// in a library's own error on the full device (an `error`, which [`Report::parse`] accepts
+    /// only after the allocator released its cache for want of memory), no earlier than the
+    /// replay. Not earlier, but maybe later: the replay counts from the start what a process
+    /// holds outside the allocator at its end, and a real one holds less before its kernels are
+    /// loaded.
+    pub fn card_outcome_holds(&self) -> Option<bool> {
+        let (measured, predicted) = self.card_outcome.as_ref()?;
+        let (measured_stages, predicted_stages) = self.stages_completed?;
+        Some(match (measured == "ok", predicted == "ok") {
+            (true, true) => true,
+            (false, false) => measured_stages >= predicted_stages,
+            _ => false,
+        })
+    }
+
     /// The whole run's relative errors in percent: (allocated, reserved).
     pub fn peak_errors(&self) -> (f64, f64) {
         let e = |(m, p): (u64, u64)| (p as f64 - m as f64) / (m.max(1) as f64) * 100.0;

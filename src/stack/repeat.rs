@@ -449,7 +449,7 @@ mod tests {
     use super::super::tensor::Event;
     use crate::budget::proof::Report;
 
-    /// Every inference run of the four recorded proofs (Llama, Mistral, Mixtral, Qwen3 and its
+    /// Every inference run of the five recorded proofs (Llama, Mistral, Mixtral, Qwen3 and its
     /// mixture, DeepSeek-V2 and V3's latent attention, Gemma 2 past its window, Gemma 3 with its
     /// vision tower under both mask orders, expandable segments): the program with alike layers
     /// written again is the program with every layer run, event for event and stage for stage.
@@ -458,6 +458,7 @@ mod tests {
         let reports = [
             Report::recorded(),
             Report::recorded_held_out(),
+            Report::recorded_blind(),
             Report::recorded_bitsandbytes(),
             Report::recorded_edge(),
         ];

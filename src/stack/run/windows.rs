@@ -580,7 +580,7 @@ mod tests {
         (r.finish(), windows)
     }
 
-    /// Every inference run of the four recorded proofs, replayed with the windows of its layers
+    /// Every inference run of the five recorded proofs, replayed with the windows of its layers
     /// written again followed and with every event through the blocks, under both settings, on
     /// an unlimited device, on devices just below and just above its peak of `reserved`, and on
     /// devices between its peaks of `allocated` and `reserved` (where the cache is released
@@ -591,6 +591,7 @@ mod tests {
         let reports = [
             Report::recorded(),
             Report::recorded_held_out(),
+            Report::recorded_blind(),
             Report::recorded_bitsandbytes(),
             Report::recorded_edge(),
         ];

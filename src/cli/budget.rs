@@ -432,6 +432,9 @@ pub struct Largest {
 #[derive(Debug, Clone, Serialize)]
 pub struct LargestRow {
     pub model: String,
+    /// The GPUs a lot of the model rents: the row holds for each of them, one copy of the
+    /// workload on each.
+    pub gpus_per_lot: u32,
     pub memory_per_gpu: crate::units::Bytes,
     /// With the workload's allocator setting.
     pub largest: Option<u64>,
@@ -456,7 +459,10 @@ impl std::fmt::Display for Largest {
             .iter()
             .map(|r| {
                 vec![
-                    r.model.clone(),
+                    match r.gpus_per_lot {
+                        1 => r.model.clone(),
+                        n => format!("{} (lots of {n})", r.model),
+                    },
                     r.memory_per_gpu.gib_text(),
                     r.largest.map_or("none fits".into(), |n| n.to_string()),
                     r.with_expandable_segments
@@ -472,10 +478,11 @@ impl std::fmt::Display for Largest {
     }
 }
 
-/// The largest `size` per GPU model of `catalog`.
+/// The largest `size` on one GPU of each GPU model of `catalog` (a model rented in lots of
+/// several GPUs too: what one of them holds).
 fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Size) -> Largest {
     let mut cards: Vec<&crate::catalog::CatalogRow> = Vec::new();
-    for row in catalog.rows.iter().filter(|r| r.gpus_per_lot == 1) {
+    for row in &catalog.rows {
         if !cards.iter().any(|c| c.model == row.model) {
             cards.push(row);
         }
@@ -505,6 +512,7 @@ fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Siz
                 .filter(|n| Some(*n) != largest);
             LargestRow {
                 model: row.model.clone(),
+                gpus_per_lot: row.gpus_per_lot,
                 memory_per_gpu: crate::units::Bytes(memory),
                 largest,
                 with_expandable_segments,

@@ -162,6 +162,29 @@ impl StreamBlocks {
         }
     }
 
+    /// The block that holds `size` bytes at `address`, looked up by address in each class
+    /// at least that large that holds any (the blocks are free, so no two overlap).
+    fn holder(&self, address: u64, size: u64, holds: impl Fn(usize) -> bool) -> Option<usize> {
+        let first = usize::try_from(size.div_ceil(UNIT))
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let mut class = (first < CLASSES).then_some(first);
+        while let Some(c) = class.and_then(|c| self.next_held(c)) {
+            let blocks = &self.classes[c];
+            let after = blocks.partition_point(|&(a, _)| a <= address);
+            if let Some(&(_, slot)) = after.checked_sub(1).map(|i| &blocks[i]) {
+                if holds(slot) {
+                    return Some(slot);
+                }
+            }
+            class = Some(c + 1);
+        }
+        self.others
+            .range(key(size, 0)..)
+            .map(|(_, &slot)| slot)
+            .find(|&slot| holds(slot))
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.classes.iter().map(Vec::len).sum::<usize>() + self.others.len()
@@ -205,6 +228,19 @@ impl FreeBlocks {
         self.find(stream)
             .ok()
             .and_then(|i| self.0[i].first_at_least(size))
+    }
+
+    /// The stream's free block that holds `size` bytes at `address`, as `holds` says of a block.
+    pub(super) fn holder(
+        &self,
+        stream: u32,
+        address: u64,
+        size: u64,
+        holds: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        self.find(stream)
+            .ok()
+            .and_then(|i| self.0[i].holder(address, size, holds))
     }
 
     /// Every free block, in the pool's order.
@@ -273,5 +309,40 @@ mod tests {
         }
         let all: Vec<usize> = reference.iter().map(|&(_, _, _, slot)| slot).collect();
         assert_eq!(blocks.slots().collect::<Vec<_>>(), all);
+    }
+
+    /// Free blocks laid out without overlap, classed and not: the holder of a range found by
+    /// address is the one a walk over every block finds, and none where no block holds it.
+    #[test]
+    fn the_holder_of_a_range_is_the_block_a_walk_finds() {
+        let mut next = super::super::xorshift(0x2545_f491_4f6c_dd1d);
+        let mut blocks = FreeBlocks::default();
+        let mut laid = Vec::new();
+        let mut address = 1 << 30;
+        for slot in 0..600usize {
+            let size = match next() % 4 {
+                0 => (1 + next() % 8) * UNIT,
+                1 => (1 + next() % 4096) * UNIT,
+                2 => LARGEST_CLASSED + (1 + next() % 64) * UNIT,
+                _ => 700 + next() % 5000,
+            };
+            blocks.insert(0, size, address, slot);
+            laid.push((address, size, slot));
+            address += size + (next() % 3) * UNIT;
+        }
+        let holds = |a: u64, z: u64| {
+            let laid = &laid;
+            move |slot: usize| laid[slot].0 <= a && a + z <= laid[slot].0 + laid[slot].1
+        };
+        for _ in 0..4000 {
+            let a = (1 << 30) + next() % (address - (1 << 30));
+            let z = 1 + next() % (3 * LARGEST_CLASSED);
+            let walked = blocks.slots().find(|&slot| holds(a, z)(slot));
+            assert_eq!(blocks.holder(0, a, z, holds(a, z)), walked, "{z} B at {a}");
+        }
+        for &(a, z, slot) in laid.iter().step_by(7) {
+            assert_eq!(blocks.holder(0, a, z, holds(a, z)), Some(slot));
+            assert_eq!(blocks.holder(1, a, z, holds(a, z)), None);
+        }
     }
 }

@@ -103,9 +103,9 @@ impl CachingAllocator {
         requested: u64,
         label: Label,
     ) -> Option<BlockId> {
-        let holder = self.free[pool_index(pool)].slots().find(|&s| {
+        let holder = self.free[pool_index(pool)].holder(stream, address, size, |s| {
             let b = &self.slots[s];
-            b.stream == stream && b.address <= address && address + size <= b.address + b.size
+            b.address <= address && address + size <= b.address + b.size
         })?;
         self.remove_free(holder);
         let (start, end) = {

@@ -116,7 +116,10 @@ enum Window {
 pub(super) struct Windows {
     /// Whether windows are followed (the tests compare with a replay where none is).
     pub(super) follow: bool,
-    kept: Vec<((u32, u128), Rc<Trajectory>)>,
+    /// The windows kept, by shape and the small pool's fingerprint at their start, and the order
+    /// they were kept in (the oldest is let go first).
+    kept: rustc_hash::FxHashMap<(u32, u128), Rc<Trajectory>>,
+    kept_order: std::collections::VecDeque<(u32, u128)>,
     /// Per shape: how many windows of that shape in a row found none kept to follow.
     misses: Vec<u32>,
     open: Option<Window>,
@@ -141,7 +144,8 @@ impl Default for Windows {
     fn default() -> Windows {
         Windows {
             follow: true,
-            kept: Vec::new(),
+            kept: Default::default(),
+            kept_order: Default::default(),
             misses: Vec::new(),
             open: None,
             followed: 0,
@@ -193,8 +197,7 @@ impl Replaying {
         }
         let key = (shape, a.small_pool_fingerprint());
         let first = self.blocks.next_number();
-        let kept = self.windows.kept.iter().find(|(k, _)| *k == key);
-        let trajectory = kept.map(|(_, t)| t.clone());
+        let trajectory = self.windows.kept.get(&key).cloned();
         let misses = self.windows.misses_of(shape);
         let window = match trajectory {
             Some(trajectory) => {
@@ -507,10 +510,14 @@ impl Replaying {
         let freed_pending = numbered_live(live.len())
             .filter(|n| kept.binary_search_by_key(n, |h| h.0).is_err())
             .collect();
-        if self.windows.kept.len() == KEPT {
-            self.windows.kept.remove(0);
+        let windows = &mut self.windows;
+        if windows.kept_order.len() == KEPT {
+            if let Some(oldest) = windows.kept_order.pop_front() {
+                windows.kept.remove(&oldest);
+            }
         }
-        self.windows.kept.push((
+        windows.kept_order.push_back(r.key);
+        let replaced = windows.kept.insert(
             r.key,
             Rc::new(Trajectory {
                 items: r.items,
@@ -518,7 +525,11 @@ impl Replaying {
                 freed_pending,
                 end: a.small_pool_fingerprint(),
             }),
-        ));
+        );
+        debug_assert!(
+            replaced.is_none(),
+            "a window is recorded only where none was kept"
+        );
     }
 }
 

@@ -164,7 +164,11 @@ impl StreamBlocks {
 
     /// The block that holds `size` bytes at `address`, looked up by address in each class
     /// at least that large that holds any (the blocks are free, so no two overlap).
-    fn holder(&self, address: u64, size: u64, holds: impl Fn(usize) -> bool) -> Option<usize> {
+    fn holder(&self, address: u64, size: u64) -> Option<usize> {
+        let end = address.checked_add(size)?;
+        let holds = |block_size: u64, block_address: u64| {
+            block_address <= address && end <= block_address + block_size
+        };
         let first = usize::try_from(size.div_ceil(UNIT))
             .unwrap_or(usize::MAX)
             .max(1);
@@ -172,8 +176,8 @@ impl StreamBlocks {
         while let Some(c) = class.and_then(|c| self.next_held(c)) {
             let blocks = &self.classes[c];
             let after = blocks.partition_point(|&(a, _)| a <= address);
-            if let Some(&(_, slot)) = after.checked_sub(1).map(|i| &blocks[i]) {
-                if holds(slot) {
+            if let Some(&(a, slot)) = after.checked_sub(1).map(|i| &blocks[i]) {
+                if holds(c as u64 * UNIT, a) {
                     return Some(slot);
                 }
             }
@@ -181,8 +185,8 @@ impl StreamBlocks {
         }
         self.others
             .range(key(size, 0)..)
+            .find(|(&k, _)| holds((k >> 64) as u64, k as u64))
             .map(|(_, &slot)| slot)
-            .find(|&slot| holds(slot))
     }
 
     #[cfg(test)]
@@ -230,17 +234,11 @@ impl FreeBlocks {
             .and_then(|i| self.0[i].first_at_least(size))
     }
 
-    /// The stream's free block that holds `size` bytes at `address`, as `holds` says of a block.
-    pub(super) fn holder(
-        &self,
-        stream: u32,
-        address: u64,
-        size: u64,
-        holds: impl Fn(usize) -> bool,
-    ) -> Option<usize> {
+    /// The stream's free block that holds `size` bytes at `address`.
+    pub(super) fn holder(&self, stream: u32, address: u64, size: u64) -> Option<usize> {
         self.find(stream)
             .ok()
-            .and_then(|i| self.0[i].holder(address, size, holds))
+            .and_then(|i| self.0[i].holder(address, size))
     }
 
     /// Every free block, in the pool's order.
@@ -330,19 +328,17 @@ mod tests {
             laid.push((address, size, slot));
             address += size + (next() % 3) * UNIT;
         }
-        let holds = |a: u64, z: u64| {
-            let laid = &laid;
-            move |slot: usize| laid[slot].0 <= a && a + z <= laid[slot].0 + laid[slot].1
-        };
+        let holds =
+            |slot: usize, a: u64, z: u64| laid[slot].0 <= a && a + z <= laid[slot].0 + laid[slot].1;
         for _ in 0..4000 {
             let a = (1 << 30) + next() % (address - (1 << 30));
             let z = 1 + next() % (3 * LARGEST_CLASSED);
-            let walked = blocks.slots().find(|&slot| holds(a, z)(slot));
-            assert_eq!(blocks.holder(0, a, z, holds(a, z)), walked, "{z} B at {a}");
+            let walked = blocks.slots().find(|&slot| holds(slot, a, z));
+            assert_eq!(blocks.holder(0, a, z), walked, "{z} B at {a}");
         }
         for &(a, z, slot) in laid.iter().step_by(7) {
-            assert_eq!(blocks.holder(0, a, z, holds(a, z)), Some(slot));
-            assert_eq!(blocks.holder(1, a, z, holds(a, z)), None);
+            assert_eq!(blocks.holder(0, a, z), Some(slot));
+            assert_eq!(blocks.holder(1, a, z), None);
         }
     }
 }

@@ -103,10 +103,7 @@ impl CachingAllocator {
         requested: u64,
         label: Label,
     ) -> Option<BlockId> {
-        let holder = self.free[pool_index(pool)].holder(stream, address, size, |s| {
-            let b = &self.slots[s];
-            b.address <= address && address + size <= b.address + b.size
-        })?;
+        let holder = self.free[pool_index(pool)].holder(stream, address, size)?;
         self.remove_free(holder);
         let (start, end) = {
             let b = &self.slots[holder];

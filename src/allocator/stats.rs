@@ -15,12 +15,14 @@ pub struct Counter {
 
 impl Counter {
     /// `Stat::increase`: current grows, peak follows it up.
+    #[inline]
     pub(super) fn increase(&mut self, amount: u64) {
         self.current = self.current.saturating_add(amount);
         self.peak = self.peak.max(self.current);
     }
 
     /// `Stat::decrease`: current shrinks, peak is kept.
+    #[inline]
     pub(super) fn decrease(&mut self, amount: u64) {
         self.current = self.current.saturating_sub(amount);
     }
@@ -128,6 +130,7 @@ impl PoolStats {
     }
 
     /// `get_stat_types_for_pool`: applies `f` to the aggregate and to the pool's own type.
+    #[inline]
     pub(super) fn update(&mut self, pool: Pool, mut f: impl FnMut(&mut Stats)) {
         f(&mut self.0[0]);
         f(&mut self.0[Self::index(pool)]);

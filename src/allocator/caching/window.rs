@@ -20,7 +20,19 @@ pub(super) fn fingerprint_of(kind: u64, stream: u32, address: u64, size: u64) ->
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     };
-    let hash = |seed: u64| mix(mix(mix(seed ^ (kind << 40) ^ u64::from(stream)) ^ address) ^ size);
+    // Two mixes a half: the kind in the size's low bits (every size is whole 512-byte units),
+    // a stream other than the default one in the seed.
+    debug_assert!(
+        kind < 4 && size.is_multiple_of(512),
+        "a kind of member and a whole size"
+    );
+    let hash = |seed: u64| {
+        let seed = match stream {
+            0 => seed,
+            s => mix(seed ^ u64::from(s)),
+        };
+        mix(mix(seed ^ address) ^ size ^ kind)
+    };
     (u128::from(hash(0x9e37_79b9_7f4a_7c15)) << 64) | u128::from(hash(0x2545_f491_4f6c_dd1d))
 }
 

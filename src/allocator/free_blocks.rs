@@ -97,8 +97,8 @@ impl StreamBlocks {
         }
     }
 
-    /// The blocks kept by class of at least `size` bytes, in order: (size, address, slot).
-    fn classed_at_least(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+    /// The classes at or above the one `size` bytes need that hold a block, smallest first.
+    fn held_classes(&self, size: u64) -> impl Iterator<Item = usize> + '_ {
         let first = usize::try_from(size.div_ceil(UNIT))
             .unwrap_or(usize::MAX)
             .max(1);
@@ -108,21 +108,28 @@ impl StreamBlocks {
             class = Some(c + 1);
             Some(c)
         })
-        .flat_map(move |c| {
+    }
+
+    /// The blocks kept by class of at least `size` bytes, in order: (size, address, slot).
+    fn classed_at_least(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.held_classes(size).flat_map(move |c| {
             self.classes[c]
                 .iter()
                 .map(move |&(address, slot)| (c as u64 * UNIT, address, slot))
         })
     }
 
+    /// The blocks not kept by class of at least `size` bytes, in order: (size, address, slot).
+    fn others_at_least(&self, size: u64) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.others
+            .range(key(size, 0)..)
+            .map(|(&k, &slot)| ((k >> 64) as u64, k as u64, slot))
+    }
+
     /// Every block of at least `size` bytes, smallest first, then lowest address.
     fn at_least(&self, size: u64) -> impl Iterator<Item = usize> + '_ {
         let mut classed = self.classed_at_least(size).peekable();
-        let mut others = self
-            .others
-            .range(key(size, 0)..)
-            .map(|(&k, &slot)| ((k >> 64) as u64, k as u64, slot))
-            .peekable();
+        let mut others = self.others_at_least(size).peekable();
         std::iter::from_fn(move || {
             let next = match (classed.peek(), others.peek()) {
                 (Some(a), Some(b)) if (a.0, a.1) <= (b.0, b.1) => classed.next(),
@@ -140,22 +147,11 @@ impl StreamBlocks {
 
     /// The first block of [`StreamBlocks::at_least`], found without walking the classes.
     fn first_at_least(&self, size: u64) -> Option<usize> {
-        let first = usize::try_from(size.div_ceil(UNIT))
-            .unwrap_or(usize::MAX)
-            .max(1);
-        let classed = (first < CLASSES)
-            .then(|| self.next_held(first))
-            .flatten()
-            .map(|c| {
-                let (address, slot) = self.classes[c][0];
-                (c as u64 * UNIT, address, slot)
-            });
-        let other = self
-            .others
-            .range(key(size, 0)..)
-            .next()
-            .map(|(&k, &slot)| ((k >> 64) as u64, k as u64, slot));
-        match (classed, other) {
+        let classed = self.held_classes(size).next().map(|c| {
+            let (address, slot) = self.classes[c][0];
+            (c as u64 * UNIT, address, slot)
+        });
+        match (classed, self.others_at_least(size).next()) {
             (Some(a), Some(b)) if (b.0, b.1) < (a.0, a.1) => Some(b.2),
             (Some(a), _) => Some(a.2),
             (None, b) => b.map(|b| b.2),
@@ -169,11 +165,7 @@ impl StreamBlocks {
         let holds = |block_size: u64, block_address: u64| {
             block_address <= address && end <= block_address + block_size
         };
-        let first = usize::try_from(size.div_ceil(UNIT))
-            .unwrap_or(usize::MAX)
-            .max(1);
-        let mut class = (first < CLASSES).then_some(first);
-        while let Some(c) = class.and_then(|c| self.next_held(c)) {
+        for c in self.held_classes(size) {
             let blocks = &self.classes[c];
             let after = blocks.partition_point(|&(a, _)| a <= address);
             if let Some(&(a, slot)) = after.checked_sub(1).map(|i| &blocks[i]) {
@@ -181,12 +173,10 @@ impl StreamBlocks {
                     return Some(slot);
                 }
             }
-            class = Some(c + 1);
         }
-        self.others
-            .range(key(size, 0)..)
-            .find(|(&k, _)| holds((k >> 64) as u64, k as u64))
-            .map(|(_, &slot)| slot)
+        self.others_at_least(size)
+            .find(|&(block_size, block_address, _)| holds(block_size, block_address))
+            .map(|(_, _, slot)| slot)
     }
 
     #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::stack::run::{program, program_replayed_under, Program, Replayed};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The split rule over several GPUs, stated with every plan.
 pub const SPLIT_RULE: &str = "over several GPUs (an estimate, not replayed): weights, adapters, \
@@ -449,11 +449,16 @@ impl FitPlan {
 }
 
 /// The largest values of a workload's size (`batch` or `context`) that hold on one GPU, for
-/// cards and allocator settings all given at the start. Each size tried is emulated once and
-/// replayed under every setting as the emulation writes it; its peaks decide most cards at once,
-/// and each card between the size's peak of `allocated` and its peak of `reserved` is then
-/// replayed on an allocator limited to it, those replays in parallel, while the program is at
-/// hand (it holds every event of its run, so only one is kept at a time).
+/// cards and allocator settings all given at the start, searched together in rounds
+/// ([`SizeSearch::largest_of_each`]). A size is emulated and replayed under the settings of the
+/// cards that ask for it, as the emulation writes it; its peaks decide every card of those
+/// settings they can, and each card between its peak of `allocated` and its peak of `reserved`
+/// that asks for the size or whose search is open at it (the size lies between the largest that
+/// holds on the card and the smallest that does not, of those tried on it) is then replayed on
+/// an allocator limited to it, while the program is at hand (it holds every event of its run,
+/// so it is let go once its cards are replayed). A card's search reads only verdicts within its
+/// bounds, which close in on its edge; a verdict it lacks (a size tried before it needed it, or
+/// under the other setting only) is replayed when it asks for it.
 pub struct SizeSearch<'a> {
     workload: &'a Workload,
     settings: &'a super::BudgetSettings,
@@ -466,11 +471,36 @@ pub struct SizeSearch<'a> {
     tried: HashMap<u64, Option<Tried>>,
 }
 
+/// A card searched: the allocator setting, and the bytes the allocator may use on it.
+type Card = (AllocatorSetting, u64);
+
+/// Sizes replayed side by side at most (each holds its program while its cards are replayed).
+const SIZES_AT_ONCE: usize = 8;
+
+/// Where one card's search stands: the width of its bounds before its last try, the step past
+/// the largest size holding that the line's estimate last needed, and what it found once done.
+struct Search {
+    last_width: u64,
+    step: u64,
+    found: Option<Option<u64>>,
+}
+
+impl Default for Search {
+    fn default() -> Search {
+        Search {
+            last_width: u64::MAX,
+            step: 0,
+            found: None,
+        }
+    }
+}
+
 /// What the replays of one size gave.
 struct Tried {
-    /// The verdict on each card searched (by its usable bytes), under each setting.
-    verdicts: HashMap<(AllocatorSetting, u64), bool>,
-    /// The peaks of `allocated` and `reserved` under each setting.
+    /// The verdict on each card searched (by its usable bytes) under each setting, where the
+    /// peaks decided it or the search of that card was open at this size.
+    verdicts: HashMap<Card, bool>,
+    /// The peaks of `allocated` and `reserved` under each setting it was replayed under.
     peaks: HashMap<AllocatorSetting, (u64, u64)>,
 }
 
@@ -511,13 +541,19 @@ impl<'a> SizeSearch<'a> {
         w.validated().ok()
     }
 
-    /// Every verdict of the workload `w`: the same as [`OneGpu::verdict`]'s on its budget.
-    fn replayed(&self, w: &Workload) -> Tried {
-        let configs: Vec<_> = self
+    /// The verdicts of size `n` (the workload `w`) that the search needs: the same as
+    /// [`OneGpu::verdict`]'s on its budget, on the cards whose search is open at `n` or that
+    /// ask for it. The size is replayed under the settings of those cards only; its peaks
+    /// under each then decide every card of that setting they can.
+    fn replayed(&self, w: &Workload, n: u64, asking: &[Card]) -> Tried {
+        let needs = |card: Card| asking.contains(&card) || self.open_at(n, card);
+        let settings: Vec<AllocatorSetting> = self
             .allocators
             .iter()
-            .map(|&a| allocator_config(a))
+            .copied()
+            .filter(|&s| asking.iter().any(|c| c.0 == s))
             .collect();
+        let configs: Vec<_> = settings.iter().map(|&s| allocator_config(s)).collect();
         let (programs, replayed): (Vec<_>, Vec<Vec<Replayed>>) = w
             .runs(self.settings.kernels)
             .iter()
@@ -527,34 +563,33 @@ impl<'a> SizeSearch<'a> {
             })
             .unzip();
         // Each setting's peaks: the largest of the runs'.
-        let peaks: Vec<(u64, u64)> = (0..configs.len())
-            .map(|i| {
+        let peaks: HashMap<AllocatorSetting, (u64, u64)> = settings
+            .iter()
+            .enumerate()
+            .map(|(i, &setting)| {
                 let of_runs = replayed.iter().map(|r| &r[i]);
-                (
-                    of_runs.clone().map(|r| r.peak_allocated).max().unwrap_or(0),
-                    of_runs.map(|r| r.peak_reserved).max().unwrap_or(0),
-                )
+                let allocated = of_runs.clone().map(|r| r.peak_allocated).max();
+                let reserved = of_runs.map(|r| r.peak_reserved).max();
+                (setting, (allocated.unwrap_or(0), reserved.unwrap_or(0)))
             })
             .collect();
         let mut verdicts = HashMap::new();
         let mut limited = Vec::new();
-        for (&allocator, &(allocated, reserved)) in self.allocators.iter().zip(&peaks) {
+        for (&setting, &(allocated, reserved)) in &peaks {
             for &usable in &self.usables {
+                let card = (setting, usable);
                 match by_peaks(allocated, Some(reserved), usable) {
                     Some(fits) => {
-                        verdicts.insert((allocator, usable), fits);
+                        verdicts.insert(card, fits);
                     }
-                    None => limited.push((allocator, usable)),
+                    None if needs(card) => limited.push(card),
+                    None => {}
                 }
             }
         }
         let fits = complete_on_cards(&programs, &limited);
         verdicts.extend(limited.into_iter().zip(fits));
-        let peaks = peaks.into_iter();
-        Tried {
-            verdicts,
-            peaks: self.allocators.iter().copied().zip(peaks).collect(),
-        }
+        Tried { verdicts, peaks }
     }
 
     /// What the allocator may use on a card of `memory` bytes.
@@ -566,93 +601,144 @@ impl<'a> SizeSearch<'a> {
         )
     }
 
-    /// Size `n` replayed, unless it was already.
-    fn try_size(&mut self, n: u64) -> Option<&Tried> {
-        if !self.tried.contains_key(&n) {
-            let tried = self.at(n).map(|w| self.replayed(&w));
-            self.tried.insert(n, tried);
+    /// The sizes each asked for by some cards, replayed side by side (at most
+    /// [`SIZES_AT_ONCE`] at a time), each with its verdict on the cards asking for it (a size
+    /// tried before without it is emulated and replayed again).
+    fn try_sizes(&mut self, asked: &BTreeMap<u64, Vec<Card>>) {
+        use rayon::prelude::*;
+        let asked: Vec<(u64, &Vec<Card>)> = asked.iter().map(|(&n, c)| (n, c)).collect();
+        for group in asked.chunks(SIZES_AT_ONCE) {
+            let replayed: Vec<(u64, Option<Tried>)> = group
+                .par_iter()
+                .map(|&(n, asking)| (n, self.at(n).map(|w| self.replayed(&w, n, asking))))
+                .collect();
+            for (n, again) in replayed {
+                match (self.tried.get_mut(&n), again) {
+                    (Some(Some(t)), Some(again)) => {
+                        t.verdicts.extend(again.verdicts);
+                        t.peaks.extend(again.peaks);
+                    }
+                    (_, again) => {
+                        self.tried.insert(n, again);
+                    }
+                }
+            }
         }
-        self.tried[&n].as_ref()
     }
 
-    /// Whether size `n` holds on a card of `memory` bytes under `setting` (a card and setting
-    /// the search was given).
-    pub fn fits(&mut self, n: u64, memory: u64, setting: AllocatorSetting) -> bool {
-        let usable = self.usable(memory);
-        self.try_size(n).is_some_and(|t| {
-            *t.verdicts
-                .get(&(setting, usable))
-                .expect("a card and an allocator setting the search was given")
-        })
+    /// The verdict of size `n` on `card`, if it was tried on it (an invalid workload holds on
+    /// none).
+    fn verdict(&self, n: u64, card: Card) -> Option<bool> {
+        match self.tried.get(&n)? {
+            None => Some(false),
+            Some(t) => t.verdicts.get(&card).copied(),
+        }
     }
 
     /// The largest size that holds on one GPU of `memory` bytes under `setting`, with the next
-    /// size not holding; `None` when even 1 does not. Every size already tried, for any card,
-    /// bounds it; the next size tried is where the peaks, interpolated between the bounds, meet
-    /// the card (or, when the last try did not halve the bounds, the middle).
+    /// size not holding; `None` when even 1 does not ([`SizeSearch::largest_of_each`] for one
+    /// card).
     pub fn largest(&mut self, memory: u64, setting: AllocatorSetting) -> Option<u64> {
-        if !self.fits(1, memory, setting) {
-            return None;
-        }
-        let usable = self.usable(memory);
-        // The width of the bounds before the last try, and the step past `good` the line's
-        // estimate last needed.
-        let (mut last_width, mut step) = (u64::MAX, 0u64);
+        self.largest_of_each(&[(memory, setting)])[0]
+    }
+
+    /// For each card (its memory and the allocator setting), the largest size that holds on
+    /// one GPU of it, with the next size not holding; `None` when even 1 does not. The cards
+    /// are searched together, in rounds: in each, every search not done names the size it
+    /// tries next, and those sizes are replayed side by side. Every size tried bounds every
+    /// card it has a verdict on; the next size a card tries is where the peaks, interpolated
+    /// between its bounds, meet the card (or, when its last try did not halve the bounds, the
+    /// middle).
+    pub fn largest_of_each(&mut self, cards: &[(u64, AllocatorSetting)]) -> Vec<Option<u64>> {
+        let mut searches: Vec<(Card, Search)> = cards
+            .iter()
+            .map(|&(memory, setting)| ((setting, self.usable(memory)), Search::default()))
+            .collect();
         loop {
-            let (good, bad) = self.bounds(usable, setting);
-            let next = match bad {
-                Some(b) if b - good == 1 => return Some(good),
-                None if good == self.limit => return Some(good),
-                // The last try did not halve the bounds: the middle.
-                Some(b) => match self.estimate(good, Some(b), usable, setting) {
-                    _ if b - good > last_width / 2 => good + (b - good) / 2,
-                    n => n,
-                },
-                None => match self.estimate(good, None, usable, setting) {
-                    // The line says the card is full, but it may be low: the next size, then,
-                    // while sizes hold within their peak of `reserved`, steps twice as long each
-                    // time one holds (beyond it, a replay on the card decided: the edge is near).
-                    n if n <= good => {
-                        step = match self.peaks(good, setting) {
-                            Some((_, reserved)) if reserved > usable => 1,
-                            _ => step.saturating_mul(2).max(1),
-                        };
-                        good.saturating_add(step)
+            let mut asked: BTreeMap<u64, Vec<Card>> = BTreeMap::new();
+            for (card, search) in &mut searches {
+                if search.found.is_none() {
+                    match self.next_size(*card, search) {
+                        Ok(n) => asked.entry(n).or_default().push(*card),
+                        Err(found) => search.found = Some(found),
                     }
-                    n => n,
-                },
-            };
-            last_width = bad.map_or(u64::MAX, |b| b - good);
-            self.try_size(next.min(self.limit));
+                }
+            }
+            if asked.is_empty() {
+                return searches
+                    .into_iter()
+                    .map(|(_, s)| s.found.flatten())
+                    .collect();
+            }
+            self.try_sizes(&asked);
         }
+    }
+
+    /// The size `card`'s search tries next, or what it found.
+    fn next_size(&self, card: Card, search: &mut Search) -> Result<u64, Option<u64>> {
+        match self.verdict(1, card) {
+            None => return Ok(1),
+            Some(false) => return Err(None),
+            Some(true) => {}
+        }
+        let (good, bad) = self.bounds(card);
+        let next = match bad {
+            Some(b) if b - good == 1 => return Err(Some(good)),
+            None if good == self.limit => return Err(Some(good)),
+            // The last try did not halve the bounds: the middle.
+            Some(b) => match self.estimate(good, Some(b), card) {
+                _ if b - good > search.last_width / 2 => good + (b - good) / 2,
+                n => n,
+            },
+            None => match self.estimate(good, None, card) {
+                // The line says the card is full, but it may be low: the next size, then,
+                // while sizes hold within their peak of `reserved`, steps twice as long each
+                // time one holds (beyond it, a replay on the card decided: the edge is near).
+                n if n <= good => {
+                    search.step = match self.peaks(good, card.0) {
+                        Some((_, reserved)) if reserved > card.1 => 1,
+                        _ => search.step.saturating_mul(2).max(1),
+                    };
+                    good.saturating_add(search.step)
+                }
+                n => n,
+            },
+        };
+        search.last_width = bad.map_or(u64::MAX, |b| b - good);
+        Ok(next.min(self.limit))
     }
 
     /// The bounds the sizes tried give a card: the smallest that does not hold on it (if any),
-    /// and the largest below that which holds.
-    fn bounds(&self, usable: u64, setting: AllocatorSetting) -> (u64, Option<u64>) {
-        let holds = |t: &Option<Tried>| t.as_ref().is_some_and(|t| t.verdicts[&(setting, usable)]);
-        let bad = self
-            .tried
-            .iter()
-            .filter(|(_, t)| !holds(t))
-            .map(|(&n, _)| n)
-            .min();
-        let good = self
-            .tried
-            .iter()
-            .filter(|&(&n, t)| holds(t) && bad.is_none_or(|b| n < b))
-            .map(|(&n, _)| n)
+    /// and the largest below that which holds (0 if none); sizes without a verdict on the card
+    /// bound nothing.
+    fn bounds(&self, card: Card) -> (u64, Option<u64>) {
+        let sizes = |fits: bool| {
+            self.tried
+                .keys()
+                .copied()
+                .filter(move |&n| self.verdict(n, card) == Some(fits))
+        };
+        let bad = sizes(false).min();
+        let good = sizes(true)
+            .filter(|&n| bad.is_none_or(|b| n < b))
             .max()
-            .expect("size 1 holds");
+            .unwrap_or(0);
         (good, bad)
     }
 
-    /// The peaks of `allocated` and `reserved` of size `n` under `setting`, if tried and valid.
+    /// Whether `card`'s search is open at size `n`: `n` lies between its bounds.
+    fn open_at(&self, n: u64, card: Card) -> bool {
+        let (good, bad) = self.bounds(card);
+        good < n && bad.is_none_or(|b| n < b)
+    }
+
+    /// The peaks of `allocated` and `reserved` of size `n` under `setting`, if tried under it
+    /// and valid.
     fn peaks(&self, n: u64, setting: AllocatorSetting) -> Option<(u64, u64)> {
         self.tried
             .get(&n)
             .and_then(Option::as_ref)
-            .map(|t| t.peaks[&setting])
+            .and_then(|t| t.peaks.get(&setting).copied())
     }
 
     /// The next size to try between `good` (holds) and `bad` (does not, or no such size tried):
@@ -664,7 +750,7 @@ impl<'a> SizeSearch<'a> {
     /// `reserved` fills it; and those of `allocated` with expandable segments, whose pages not
     /// in use are given back when the card is full, so that a run holds nearly until its peak
     /// of `allocated` fills the card.
-    fn estimate(&self, good: u64, bad: Option<u64>, usable: u64, setting: AllocatorSetting) -> u64 {
+    fn estimate(&self, good: u64, bad: Option<u64>, (setting, usable): Card) -> u64 {
         let peaks = |n: u64| self.peaks(n, setting);
         let by_allocated = setting == AllocatorSetting::ExpandableSegments;
         let peak = |n: u64| peaks(n).map(|(a, r)| if by_allocated { a } else { r });

@@ -304,6 +304,43 @@ fn the_largest_batch_fits_and_one_more_does_not() {
     }
 }
 
+/// Several cards under both settings searched together, in rounds: each largest batch holds on
+/// its card and the next one does not, as budgets of those batches say.
+#[test]
+fn cards_searched_together_each_find_their_edge() {
+    let w = preset("llama-3.2-1b", generate(64), 1, 4096);
+    let settings = BudgetSettings::h200();
+    let memories = [24 << 30, 16 << 30, 12 << 30];
+    let allocators = [
+        AllocatorSetting::Default,
+        AllocatorSetting::ExpandableSegments,
+    ];
+    let mut search =
+        fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12, &memories, &allocators);
+    let cards: Vec<(u64, AllocatorSetting)> = memories
+        .iter()
+        .flat_map(|&m| allocators.map(|a| (m, a)))
+        .collect();
+    let found = search.largest_of_each(&cards);
+    for (&(memory, setting), n) in cards.iter().zip(found) {
+        let n = n.expect("batch 1 holds");
+        let fits = |batch: u64| {
+            let w = Workload {
+                batch,
+                allocator: setting,
+                ..w.clone()
+            };
+            fit::OneGpu::new(&budget(&w, &settings))
+                .verdict(memory, setting)
+                .0
+        };
+        assert!(
+            n > 1 && fits(n) && !fits(n + 1),
+            "{n} on {memory} B, {setting:?}"
+        );
+    }
+}
+
 #[test]
 fn float16_weights_and_autocast_are_the_dtype_they_say() {
     let full = Mode::Full {

@@ -501,14 +501,21 @@ fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Siz
         &memories,
         &allocators,
     );
+    let asked: Vec<(u64, AllocatorSetting)> = memories
+        .iter()
+        .flat_map(|&memory| allocators.iter().map(move |&a| (memory, a)))
+        .collect();
+    let found = search.largest_of_each(&asked);
     let rows = cards
         .iter()
         .zip(memories)
-        .map(|(row, memory)| {
-            let largest = search.largest(memory, w.allocator);
-            let with_expandable_segments = allocators
+        .zip(found.chunks(allocators.len()))
+        .map(|((row, memory), found)| {
+            let largest = found[0];
+            let with_expandable_segments = found
                 .get(1)
-                .and_then(|&other| search.largest(memory, other))
+                .copied()
+                .flatten()
                 .filter(|n| Some(*n) != largest);
             LargestRow {
                 model: row.model.clone(),

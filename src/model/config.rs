@@ -281,12 +281,7 @@ pub const MAX_PARAMETERS: u64 = 1 << 50;
 
 /// `model`, if its parameter count (counted without overflow) is at most [`MAX_PARAMETERS`].
 fn bounded(model: Model) -> Result<Model, ConfigError> {
-    let count = model.parameters().iter().try_fold(0u64, |sum, p| {
-        p.shape
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .and_then(|n| sum.checked_add(n))
-    });
+    let count = model.checked_parameter_count();
     match count {
         Some(n) if n <= MAX_PARAMETERS => Ok(model),
         _ => Err(ConfigError::Range {

@@ -1,7 +1,7 @@
 //! The parameter tensors of a [`Model`], named and shaped as transformers names them, in the
 //! order `named_parameters()` yields them (a tied LM head counted once, as `parameters()` does).
 
-use super::{Attention, Mlp, Model, ModelType, QkNorm};
+use super::{Attention, Layer, Mlp, Model, ModelType, QkNorm};
 
 /// What a parameter is, for storage formats and adapters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -99,10 +99,17 @@ impl List {
 impl Model {
     /// Every parameter tensor.
     pub fn parameters(&self) -> Vec<Parameter> {
-        let (h, v) = (self.hidden, self.vocab);
         let mut p = List(Vec::new());
+        self.push_parameters(&mut p, |p, i, layer| self.push_layer(p, i, layer));
+        p.0
+    }
+
+    /// Every parameter tensor in the order the modules make them, each decoder layer's pushed
+    /// by `each_layer` (its index and specification).
+    fn push_parameters(&self, p: &mut List, mut each_layer: impl FnMut(&mut List, usize, &Layer)) {
+        let (h, v) = (self.hidden, self.vocab);
         if let Some(vision) = self.vision {
-            self.push_vision(&mut p, vision);
+            self.push_vision(p, vision);
         }
         let text = self.text_prefix();
         p.push(
@@ -111,26 +118,29 @@ impl Model {
             TensorRole::Embedding,
         );
         for (i, layer) in self.layers.iter().enumerate() {
-            let l = format!("{text}layers.{i}");
-            self.push_attention(&mut p, &l);
-            match layer.mlp {
-                Mlp::Dense { intermediate } => {
-                    self.push_dense(&mut p, &format!("{l}.mlp"), intermediate)
-                }
-                Mlp::Experts => self.push_experts(&mut p, &format!("{l}.mlp")),
-            }
-            p.norm(&format!("{l}.input_layernorm"), h);
-            p.norm(&format!("{l}.post_attention_layernorm"), h);
-            if self.model_type.is_gemma() {
-                p.norm(&format!("{l}.pre_feedforward_layernorm"), h);
-                p.norm(&format!("{l}.post_feedforward_layernorm"), h);
-            }
+            each_layer(p, i, layer);
         }
         p.norm(&format!("{text}norm"), h);
         if !self.tied_embeddings {
             p.push("lm_head.weight".into(), &[v, h], TensorRole::LmHead);
         }
-        p.0
+    }
+
+    /// Decoder layer `i`'s parameters.
+    fn push_layer(&self, p: &mut List, i: usize, layer: &Layer) {
+        let h = self.hidden;
+        let l = format!("{}layers.{i}", self.text_prefix());
+        self.push_attention(p, &l);
+        match layer.mlp {
+            Mlp::Dense { intermediate } => self.push_dense(p, &format!("{l}.mlp"), intermediate),
+            Mlp::Experts => self.push_experts(p, &format!("{l}.mlp")),
+        }
+        p.norm(&format!("{l}.input_layernorm"), h);
+        p.norm(&format!("{l}.post_attention_layernorm"), h);
+        if self.model_type.is_gemma() {
+            p.norm(&format!("{l}.pre_feedforward_layernorm"), h);
+            p.norm(&format!("{l}.post_feedforward_layernorm"), h);
+        }
     }
 
     /// The buffers the model holds on the GPU besides its parameters, in `named_buffers()`
@@ -195,7 +205,39 @@ impl Model {
 
     /// The number of parameters (what `sum(p.numel() for p in model.parameters())` gives).
     pub fn parameter_count(&self) -> u64 {
-        self.parameters().iter().map(Parameter::elements).sum()
+        self.checked_parameter_count()
+            .expect("a model's parameters counted below 2^64 (bounded as it is built)")
+    }
+
+    /// The number of parameters, `None` past 2^64. Layers of the same specification hold the
+    /// same tensors but for their names: each specification's are listed once.
+    pub fn checked_parameter_count(&self) -> Option<u64> {
+        let elements = |list: &List| {
+            list.0.iter().try_fold(0u64, |sum, p| {
+                p.shape
+                    .iter()
+                    .try_fold(1u64, |n, &d| n.checked_mul(d))
+                    .and_then(|n| sum.checked_add(n))
+            })
+        };
+        let mut per_layer: Vec<(Layer, Option<u64>)> = Vec::new();
+        let mut in_layers = Some(0u64);
+        let mut p = List(Vec::new());
+        self.push_parameters(&mut p, |_, i, layer| {
+            let count = match per_layer.iter().find(|(l, _)| l == layer) {
+                Some(&(_, count)) => count,
+                None => {
+                    let mut one = List(Vec::new());
+                    self.push_layer(&mut one, i, layer);
+                    per_layer.push((*layer, elements(&one)));
+                    elements(&one)
+                }
+            };
+            in_layers = in_layers.zip(count).and_then(|(a, b)| a.checked_add(b));
+        });
+        in_layers
+            .zip(elements(&p))
+            .and_then(|(a, b)| a.checked_add(b))
     }
 
     /// SigLIP's vision tower (with its pooling head where it has one) and Gemma 3's projector,

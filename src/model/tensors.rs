@@ -229,8 +229,9 @@ impl Model {
                 None => {
                     let mut one = List(Vec::new());
                     self.push_layer(&mut one, i, layer);
-                    per_layer.push((*layer, elements(&one)));
-                    elements(&one)
+                    let count = elements(&one);
+                    per_layer.push((*layer, count));
+                    count
                 }
             };
             in_layers = in_layers.zip(count).and_then(|(a, b)| a.checked_add(b));

@@ -210,13 +210,14 @@ impl Presets {
             let model = row
                 .model()
                 .map_err(|e| invalid(line, format!("preset {shown}: {e}")))?;
-            if model.parameter_count() != row.parameters {
+            let counted = model.parameter_count();
+            if counted != row.parameters {
                 return Err(invalid(
                     line,
                     format!(
-                        "preset {shown}: parameters {} differs from the {} its configuration counts",
+                        "preset {shown}: parameters {} differs from the {counted} its \
+                         configuration counts",
                         row.parameters,
-                        model.parameter_count()
                     ),
                 ));
             }

@@ -283,6 +283,19 @@ huge,Huge,1,{huge},30,7000,2026-11-30,illustrative
     assert_eq!(plan.cheapest().unwrap().model, "huge");
 }
 
+/// Whether `w` at `batch` holds on one GPU of `memory` bytes under `setting`, as its budget's
+/// planner says.
+fn holds_on_one_gpu(w: &Workload, batch: u64, memory: u64, setting: AllocatorSetting) -> bool {
+    let w = Workload {
+        batch,
+        allocator: setting,
+        ..w.clone()
+    };
+    fit::OneGpu::new(&budget(&w, &BudgetSettings::h200()))
+        .verdict(memory, setting)
+        .0
+}
+
 #[test]
 fn the_largest_batch_fits_and_one_more_does_not() {
     let w = preset("llama-3.2-1b", generate(64), 1, 4096);
@@ -294,12 +307,7 @@ fn the_largest_batch_fits_and_one_more_does_not() {
     // One search serves several cards: its replays kept between them decide as a budget does.
     for memory in [memory, 12 << 30, memory] {
         let n = search.largest(memory, AllocatorSetting::Default).unwrap();
-        let fits = |batch: u64| {
-            let b = budget(&Workload { batch, ..w.clone() }, &settings);
-            fit::OneGpu::new(&b)
-                .verdict(memory, AllocatorSetting::Default)
-                .0
-        };
+        let fits = |batch| holds_on_one_gpu(&w, batch, memory, AllocatorSetting::Default);
         assert!(n > 1 && fits(n) && !fits(n + 1), "{n}");
     }
 }
@@ -324,16 +332,7 @@ fn cards_searched_together_each_find_their_edge() {
     let found = search.largest_of_each(&cards);
     for (&(memory, setting), n) in cards.iter().zip(found) {
         let n = n.expect("batch 1 holds");
-        let fits = |batch: u64| {
-            let w = Workload {
-                batch,
-                allocator: setting,
-                ..w.clone()
-            };
-            fit::OneGpu::new(&budget(&w, &settings))
-                .verdict(memory, setting)
-                .0
-        };
+        let fits = |batch| holds_on_one_gpu(&w, batch, memory, setting);
         assert!(
             n > 1 && fits(n) && !fits(n + 1),
             "{n} on {memory} B, {setting:?}"

@@ -40,6 +40,11 @@ impl Parameter {
         self.shape.iter().product()
     }
 
+    /// [`Parameter::elements`], `None` past 2^64.
+    pub fn checked_elements(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+    }
+
     /// The module's short name (`q_proj`, `gate_up_proj`): the name LoRA targets use.
     pub fn module(&self) -> &str {
         let mut parts = self.name.rsplit('.');
@@ -213,12 +218,9 @@ impl Model {
     /// same tensors but for their names: each specification's are listed once.
     pub fn checked_parameter_count(&self) -> Option<u64> {
         let elements = |list: &List| {
-            list.0.iter().try_fold(0u64, |sum, p| {
-                p.shape
-                    .iter()
-                    .try_fold(1u64, |n, &d| n.checked_mul(d))
-                    .and_then(|n| sum.checked_add(n))
-            })
+            list.0
+                .iter()
+                .try_fold(0u64, |sum, p| sum.checked_add(p.checked_elements()?))
         };
         let mut per_layer: Vec<(Layer, Option<u64>)> = Vec::new();
         let mut in_layers = Some(0u64);

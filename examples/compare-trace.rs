@@ -115,15 +115,15 @@ fn main() {
         }
     }
     let from_synthetic = synthetic.replay(config, &[4]);
-    let descending = iteragpu_lab::allocator::AllocatorConfig {
-        address_order: iteragpu_lab::allocator::AddressOrder::Descending,
+    let driver = iteragpu_lab::allocator::AllocatorConfig {
+        address_order: iteragpu_lab::allocator::AddressOrder::Driver,
         ..config
     };
-    let from_descending = synthetic.replay(descending, &[4]);
-    let from_emulation = prog.replay(descending, None);
+    let from_driver = synthetic.replay(driver, &[4]);
+    let from_emulation = prog.replay(driver, None);
     println!(
         "stage: peak reserved measured / trace replayed / trace at rising synthetic addresses \
-         (falling) / emulation replayed at falling addresses, as the budget replays it"
+         (as the driver places them) / emulation replayed as the budget replays it"
     );
     for (i, m) in record["stages"]
         .as_array()
@@ -135,9 +135,7 @@ fn main() {
         let ts = from_synthetic
             .get(i)
             .map_or(0, |(_, f)| f.peak_reserved_bytes);
-        let td = from_descending
-            .get(i)
-            .map_or(0, |(_, f)| f.peak_reserved_bytes);
+        let td = from_driver.get(i).map_or(0, |(_, f)| f.peak_reserved_bytes);
         let e = from_emulation
             .stages
             .get(i)

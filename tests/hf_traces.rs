@@ -84,13 +84,12 @@ fn every_recorded_stage_replays_to_the_byte() {
 }
 
 #[test]
-fn at_falling_synthetic_addresses_every_stage_is_within_the_margin() {
+fn at_the_drivers_synthetic_addresses_every_stage_is_within_the_margin() {
     // Without the driver's addresses the figures differ only where equal-sized free blocks tie
-    // differently. The budget's replay places each new segment below the previous one, as the
-    // driver mostly did on the H200: every stage's peaks then stay within the budget's margin of
-    // the measured ones (or one small segment, 2 MiB, the allocator's unit in a run of a few
-    // MiB). Rising addresses do better on some traces, much worse on some proof runs
-    // (docs/benchmarks.md).
+    // differently. The budget's replay places new segments as the driver placed them on the H200
+    // (`AddressOrder::Driver`): every stage's peaks then stay within the budget's margin of the
+    // measured ones (or one small segment, 2 MiB, the allocator's unit in a run of a few MiB).
+    // Rising addresses, for comparison, do much worse (docs/benchmarks.md).
     let mut total = [0i64; 2];
     let mut worst: [(f64, String); 2] = Default::default();
     for (name, run) in recorded_runs() {
@@ -101,7 +100,7 @@ fn at_falling_synthetic_addresses_every_stage_is_within_the_margin() {
             }
         }
         let stages = run["stages"].as_array().unwrap();
-        for (i, order) in [AddressOrder::Descending, AddressOrder::Ascending]
+        for (i, order) in [AddressOrder::Driver, AddressOrder::Ascending]
             .into_iter()
             .enumerate()
         {
@@ -121,11 +120,11 @@ fn at_falling_synthetic_addresses_every_stage_is_within_the_margin() {
         }
     }
     println!(
-        "falling addresses: {total:?} B off in all, the worst {:?}",
-        worst
+        "the driver's placement, then rising addresses: {total:?} B off in all, the worst {worst:?}"
     );
-    // The worst at falling addresses: Gemma 3 4B's prefill, whose driver placed its segments
-    // above the earlier ones (at rising addresses that stage is exact); within the margin.
     let margin = iteragpu_lab::budget::terms::MARGIN_PPM as f64 / 1e6;
     assert!(worst[0].0 < margin, "{:?}", worst[0]);
+    // Placed as the driver placed them, the segments give the peaks far closer than rising
+    // addresses do (16 MiB off in all over every stage of every trace, against 515 MiB).
+    assert!(total[0] * 10 < total[1], "{total:?}");
 }

@@ -928,6 +928,7 @@ impl CachingAllocator {
         };
         self.segments.remove(&address);
         self.extents.remove(&address);
+        self.addresses.release(address, size);
         self.fingerprint_segment(pool, address, size);
         self.stats.update(pool, |s| {
             s.segments.decrease(1);
@@ -1543,6 +1544,41 @@ mod tests {
         // Huge segments that do not fit below the top go to the lowest gap.
         let h = malloc(&mut a, 1 << 62, 0, "h").unwrap();
         assert_eq!(a.address(h), Some(SYNTHETIC_ADDRESS_TOP));
+        check_invariants(&a);
+    }
+
+    #[test]
+    fn segments_are_placed_as_the_driver_placed_them() {
+        use super::super::address::{DRIVER_FIRST_UNUSED, DRIVER_GRANULE};
+        let mut a = CachingAllocator::with_address_order(AddressOrder::Driver);
+        let address = |a: &CachingAllocator, id| a.address(id).expect("a live block");
+        // The first segment, with the unused space the driver left above it.
+        let first = malloc(&mut a, 512, 0, "first").unwrap();
+        let bottom = SYNTHETIC_ADDRESS_TOP - 2 * MIB - DRIVER_FIRST_UNUSED;
+        assert_eq!(address(&a, first), bottom);
+        // Too large for that space: granules reserved below, its tail left unused.
+        let big = malloc(&mut a, 500 * MIB, 0, "big").unwrap();
+        let granules = (500 * MIB).next_multiple_of(DRIVER_GRANULE);
+        assert_eq!(address(&a, big), bottom - granules);
+        // The lowest unused range that holds a segment takes it, at its low end: the big one's
+        // tail (12 MiB) before the space above the first.
+        let p = malloc(&mut a, 12 * MIB, 0, "p").unwrap();
+        assert_eq!(address(&a, p), bottom - granules + 500 * MIB);
+        let q = malloc(&mut a, 12 * MIB, 0, "q").unwrap();
+        assert_eq!(address(&a, q), bottom + 2 * MIB);
+        let r = malloc(&mut a, 12 * MIB, 0, "r").unwrap();
+        assert_eq!(address(&a, r), bottom + 14 * MIB);
+        // Equal free blocks: the lower address (the older segment here) wins the tie.
+        let older = address(&a, p);
+        a.free(p);
+        a.free(q);
+        let s = malloc(&mut a, 11 * MIB, 0, "s").unwrap();
+        assert_eq!(address(&a, s), older);
+        // A segment given back leaves its range unused again, taken first when it holds one.
+        a.free(r);
+        a.empty_cache();
+        let t = malloc(&mut a, 12 * MIB, 0, "t").unwrap();
+        assert_eq!(address(&a, t), bottom + 2 * MIB);
         check_invariants(&a);
     }
 }

@@ -1,6 +1,7 @@
 //! The budget against the GPU: every run of `data/hf-proof-h200.json`,
 //! `data/hf-proof-bitsandbytes-h200.json`, `data/hf-proof-edge-h200.json`,
-//! `data/hf-proof-held-out-h200.json` and `data/hf-proof-blind-h200.json` (real transformers
+//! `data/hf-proof-held-out-h200.json`, `data/hf-proof-blind-h200.json` and
+//! `data/hf-proof-second-blind-h200.json` (real transformers
 //! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated by
 //! taking the memory beyond it with one `cudaMalloc` outside PyTorch's allocator) replayed as the
 //! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
@@ -96,6 +97,24 @@ fn every_run_of_the_blind_round_is_predicted_within_the_margin() {
         failed[0].failed_stage.as_deref().unwrap_or(""),
         failed[0].free_at_end.unwrap_or(0)
     );
+    let outside_measured = check_report(&report);
+    let h200 = OutsideAllocator::h200();
+    assert!(
+        outside_measured[0] <= h200.inference_bytes && outside_measured[1] <= h200.training_bytes,
+        "outside the allocator: the budget counts no less than these processes held"
+    );
+}
+
+#[test]
+fn every_run_of_the_second_blind_round_is_predicted_within_the_margin() {
+    // Planned and recorded with the code that places new segments as the driver places them.
+    let report = Report::recorded_second_blind();
+    assert_eq!(report.records.len(), 18);
+    assert_eq!(
+        report.records.iter().filter(|r| r.kind == "card").count(),
+        6
+    );
+    assert!(report.records.iter().all(|r| r.outcome != "error"));
     let outside_measured = check_report(&report);
     let h200 = OutsideAllocator::h200();
     assert!(

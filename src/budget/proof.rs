@@ -2,8 +2,9 @@
 //! H200 by `scripts/gpu/hf-proof.py` (`data/hf-proof-h200.json`) and, for bitsandbytes' 8-bit
 //! AdamW, by `scripts/gpu/hf-record.py` (`data/hf-proof-bitsandbytes-h200.json`), and at the edge
 //! of one card where the verdicts alternate (`data/hf-proof-edge-h200.json`), and on configurations
-//! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), and a blind
-//! round planned and recorded with the same code (`data/hf-proof-blind-h200.json`), each replayed here as the
+//! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), and two blind
+//! rounds planned and recorded with the same code (`data/hf-proof-blind-h200.json`,
+//! `data/hf-proof-second-blind-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
@@ -24,6 +25,9 @@ pub const RECORDED_HELD_OUT: &str = include_str!("../../data/hf-proof-held-out-h
 /// A blind round: models and configurations planned and recorded with the same code, no rule
 /// changed after (`scripts/hf-proof-plan --blind`).
 pub const RECORDED_BLIND: &str = include_str!("../../data/hf-proof-blind-h200.json");
+/// A second blind round, planned and recorded with the code that places new segments as the
+/// driver places them (`scripts/hf-proof-plan --second-blind`).
+pub const RECORDED_SECOND_BLIND: &str = include_str!("../../data/hf-proof-second-blind-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,6 +218,26 @@ impl Report {
     /// The shipped blind round.
     pub fn recorded_blind() -> Report {
         Report::shipped(RECORDED_BLIND, "data/hf-proof-blind-h200.json")
+    }
+
+    /// The shipped second blind round.
+    pub fn recorded_second_blind() -> Report {
+        Report::shipped(
+            RECORDED_SECOND_BLIND,
+            "data/hf-proof-second-blind-h200.json",
+        )
+    }
+
+    /// Every shipped report.
+    pub fn all_recorded() -> [Report; 6] {
+        [
+            Report::recorded(),
+            Report::recorded_held_out(),
+            Report::recorded_blind(),
+            Report::recorded_second_blind(),
+            Report::recorded_bitsandbytes(),
+            Report::recorded_edge(),
+        ]
     }
 
     fn shipped(text: &str, file: &str) -> Report {

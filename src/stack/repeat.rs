@@ -449,19 +449,13 @@ mod tests {
     use super::super::tensor::Event;
     use crate::budget::proof::Report;
 
-    /// Every inference run of the five recorded proofs (Llama, Mistral, Mixtral, Qwen3 and its
+    /// Every inference run of the six recorded proofs (Llama, Mistral, Mixtral, Qwen3 and its
     /// mixture, DeepSeek-V2 and V3's latent attention, Gemma 2 past its window, Gemma 3 with its
     /// vision tower under both mask orders, expandable segments): the program with alike layers
     /// written again is the program with every layer run, event for event and stage for stage.
     #[test]
     fn repeated_layers_write_what_running_them_writes() {
-        let reports = [
-            Report::recorded(),
-            Report::recorded_held_out(),
-            Report::recorded_blind(),
-            Report::recorded_bitsandbytes(),
-            Report::recorded_edge(),
-        ];
+        let reports = Report::all_recorded();
         let (mut compared, mut written_again) = (0, 0);
         for rec in reports.iter().flat_map(|r| &r.records) {
             let run = Run::from_spec(&rec.spec).expect("a recorded spec");

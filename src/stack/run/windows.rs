@@ -591,7 +591,7 @@ mod tests {
         (r.finish(), windows)
     }
 
-    /// Every inference run of the five recorded proofs, replayed with the windows of its layers
+    /// Every inference run of the six recorded proofs, replayed with the windows of its layers
     /// written again followed and with every event through the blocks, under both settings, on
     /// an unlimited device, on devices just below and just above its peak of `reserved`, and on
     /// devices between its peaks of `allocated` and `reserved` (where the cache is released
@@ -599,13 +599,7 @@ mod tests {
     /// stage out of memory.
     #[test]
     fn windows_give_what_the_whole_replay_gives() {
-        let reports = [
-            Report::recorded(),
-            Report::recorded_held_out(),
-            Report::recorded_blind(),
-            Report::recorded_bitsandbytes(),
-            Report::recorded_edge(),
-        ];
+        let reports = Report::all_recorded();
         // Windows followed, per setting and device, and those whose blocks were placed early.
         let (mut followed, mut placed) = ([[0; 5]; 2], 0);
         for rec in reports.iter().flat_map(|r| &r.records) {

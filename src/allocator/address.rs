@@ -122,9 +122,7 @@ impl AddressSpace {
         }
         (u64::MAX - cursor >= size).then_some(cursor)
     }
-}
 
-impl AddressSpace {
     /// [`AddressOrder::Driver`]'s address for `size` bytes: the low end of the lowest unused
     /// range that holds them, else of new granules reserved below the lowest (what they hold
     /// beyond `size` left unused; for the first segment, [`DRIVER_FIRST_UNUSED`] above it).

@@ -94,9 +94,10 @@ pub struct StagePeak {
 pub const SCHEMA: &str = "iteragpu-lab/budget/2";
 
 /// The margin added to a budget: the worst error of the replays' peak `reserved` against the
-/// H200 in the proofs (−0.601 %, Phi-3 mini's full training with recomputation, where the
-/// driver's own allocations, unseen by PyTorch, moved where its new segments landed), rounded up
-/// to the next 0.05 %, in millionths (`docs/benchmarks.md`, "Fit verdicts on the real card").
+/// H200 in the proofs (−0.601 %, Phi-3 mini's full training with recomputation, its peak of
+/// `allocated` exact: a tie between equal free blocks broken otherwise than the driver's addresses
+/// broke it), rounded up to the next 0.05 %, in millionths (`docs/benchmarks.md`, "Fit verdicts
+/// on the real card").
 pub const MARGIN_PPM: u64 = 6_500;
 /// Where the margin comes from, said in every budget.
 pub const MARGIN_SOURCE: &str = "the worst error of a replay's peak reserved against the H200 in \

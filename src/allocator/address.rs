@@ -34,7 +34,8 @@ pub enum AddressOrder {
     #[default]
     Ascending,
     /// Each new segment right below the previous one (newer segments win ties), as the driver
-    /// placed them in the measurement's libtorch process on the H200 (its recorded maps).
+    /// placed them in the measurement's libtorch process on the H200 (the block maps recorded
+    /// from it).
     Descending,
     /// As the CUDA driver placed `cudaMalloc`'s segments in a transformers process on the H200
     /// (the recorded traces of `scripts/gpu/hf-record.py`): a segment takes the low end

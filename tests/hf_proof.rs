@@ -42,10 +42,7 @@ fn every_recorded_run_of_bitsandbytes_is_predicted_within_the_margin() {
     };
     assert_eq!(count(&|s| s["optimizer"] == "adamw-8bit"), 6);
     assert_eq!(count(&|s| s["mode"] == "qlora"), 10);
-    assert_eq!(
-        report.records.iter().filter(|r| r.kind == "card").count(),
-        4
-    );
+    assert_eq!(card_runs(&report), 4);
     check_report(&report);
 }
 
@@ -78,10 +75,7 @@ fn every_held_out_run_is_predicted_within_the_margin() {
 fn every_run_of_the_blind_round_is_predicted_within_the_margin() {
     let report = Report::recorded_blind();
     assert_eq!(report.records.len(), 20);
-    assert_eq!(
-        report.records.iter().filter(|r| r.kind == "card").count(),
-        6
-    );
+    assert_eq!(card_runs(&report), 6);
     // One card run failed in cuDNN's attention rather than in the allocator, the device full.
     let failed: Vec<_> = report
         .records
@@ -105,12 +99,14 @@ fn every_run_of_the_second_blind_round_is_predicted_within_the_margin() {
     // Planned and recorded with the code that places new segments as the driver places them.
     let report = Report::recorded_second_blind();
     assert_eq!(report.records.len(), 18);
-    assert_eq!(
-        report.records.iter().filter(|r| r.kind == "card").count(),
-        6
-    );
+    assert_eq!(card_runs(&report), 6);
     assert!(report.records.iter().all(|r| r.outcome != "error"));
     counts_no_less_outside_the_allocator(check_report(&report));
+}
+
+/// How many runs of `report` ran alone on an emulated card.
+fn card_runs(report: &Report) -> usize {
+    report.records.iter().filter(|r| r.kind == "card").count()
 }
 
 /// What the budget counts outside the allocator is no less than what these processes held

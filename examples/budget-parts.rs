@@ -7,6 +7,10 @@
 //!
 //! (recorded in docs/benchmarks.md).
 
+// The programs' allocator (Cargo.toml says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use iteragpu_lab::budget::terms::allocator_config;
 use iteragpu_lab::budget::workload::{AllocatorSetting, Mode, Workload};
 use iteragpu_lab::budget::BudgetSettings;

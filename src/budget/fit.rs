@@ -2,7 +2,9 @@
 //! hold the workload, the headroom left and the exact price, cheapest first. On one GPU the
 //! verdict is the replay's: the run replayed on an allocator limited to the card's memory (less
 //! what lives outside the allocator and the reserve) either completes or runs out of memory, as
-//! on the card; a fit closer than the proof's margin is flagged. Over several GPUs it is the
+//! on the card; a fit closer than the proof's margin is flagged. A budget made for the planner
+//! starts those replays beside its own, as soon as its replay shows one needed
+//! ([`crate::stack::run::Watched`]); the planner runs the others. Over several GPUs it is the
 //! split rule's estimate, said so.
 
 use super::terms::{allocator_config, Budget, Place, Split};
@@ -157,6 +159,9 @@ pub struct OneGpu<'a> {
     budget: &'a Budget,
     programs: Vec<std::sync::Arc<Program>>,
     verdicts: HashMap<(u64, AllocatorSetting), bool>,
+    /// Whether each program completed on a card (its index, the bytes the allocator may use
+    /// there and the setting), where the budget replayed it beside its own replay.
+    replayed: HashMap<(usize, u64, AllocatorSetting), bool>,
 }
 
 impl<'a> OneGpu<'a> {
@@ -165,6 +170,11 @@ impl<'a> OneGpu<'a> {
             budget,
             programs: budget.programs.clone(),
             verdicts: HashMap::new(),
+            replayed: budget
+                .replayed_on_cards
+                .iter()
+                .map(|r| ((r.program, r.usable, r.allocator), r.completed))
+                .collect(),
         }
     }
 
@@ -209,7 +219,7 @@ impl<'a> OneGpu<'a> {
             if let Some(&fits) = self.verdicts.get(&(usable, setting)) {
                 return fits;
             }
-            let fits = complete_on_cards(&self.programs(), &[(setting, usable)])[0];
+            let fits = complete_on_cards(&self.programs(), &[(setting, usable)], &self.replayed)[0];
             self.verdicts.insert((usable, setting), fits);
             fits
         })
@@ -232,7 +242,7 @@ impl<'a> OneGpu<'a> {
         if open.is_empty() {
             return;
         }
-        let fits = complete_on_cards(&self.programs(), &open);
+        let fits = complete_on_cards(&self.programs(), &open, &self.replayed);
         self.verdicts
             .extend(open.into_iter().map(|(s, u)| (u, s)).zip(fits));
     }
@@ -248,20 +258,27 @@ impl<'a> OneGpu<'a> {
 }
 
 /// Whether every one of `programs` completes on an allocator limited to each of `cards` (a
-/// setting and the bytes the allocator may use), the replays side by side on every core.
+/// setting and the bytes the allocator may use): as `replayed` says where it has the program,
+/// the card and the setting, else by the replays, side by side on every core.
 fn complete_on_cards(
     programs: &[std::sync::Arc<Program>],
     cards: &[(AllocatorSetting, u64)],
+    replayed: &HashMap<(usize, u64, AllocatorSetting), bool>,
 ) -> Vec<bool> {
     use rayon::prelude::*;
     cards
         .par_iter()
         .map(|&(setting, usable)| {
-            programs.par_iter().all(|program| {
-                program
-                    .replay(allocator_config(setting), Some(usable))
-                    .out_of_memory
-                    .is_none()
+            programs.par_iter().enumerate().all(|(index, program)| {
+                replayed
+                    .get(&(index, usable, setting))
+                    .copied()
+                    .unwrap_or_else(|| {
+                        program
+                            .replay(allocator_config(setting), Some(usable))
+                            .out_of_memory
+                            .is_none()
+                    })
             })
         })
         .collect()
@@ -278,6 +295,13 @@ fn by_peaks(peak_allocated: u64, peak_reserved: Option<u64>, usable: u64) -> Opt
     } else {
         None
     }
+}
+
+/// The memory of one GPU of each offer sold by the GPU: the cards whose verdicts a replay
+/// limited to the card may decide.
+pub fn one_gpu_memories(catalog: &Catalog) -> Vec<u64> {
+    let one_gpu = catalog.rows.iter().filter(|r| r.gpus_per_lot <= 1);
+    one_gpu.map(memory_bytes).collect()
 }
 
 /// What the allocator may use on a card of `memory` bytes: the card less what lives outside
@@ -297,13 +321,6 @@ fn one_gpu_verdict(by_peaks: Option<bool>, replay_fits: impl FnOnce() -> bool) -
     }
 }
 
-fn other(setting: AllocatorSetting) -> AllocatorSetting {
-    match setting {
-        AllocatorSetting::Default => AllocatorSetting::ExpandableSegments,
-        AllocatorSetting::ExpandableSegments => AllocatorSetting::Default,
-    }
-}
-
 /// Plans `budget` over every offer of `catalog`, trying up to `max_gpus` GPUs per offer (the
 /// number of lots searched by halving, not one by one).
 pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan, FitError> {
@@ -316,11 +333,10 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     // of one GPU, and under the other setting where the peak of `reserved` does not fit (the
     // offers whose verdict it is asked).
     let mut cards = Vec::new();
-    for row in catalog.rows.iter().filter(|r| r.gpus_per_lot <= 1) {
-        let memory = memory_bytes(row);
+    for memory in one_gpu_memories(catalog) {
         cards.push((memory, setting));
         if one.decided_by_peaks(one.usable(memory), setting) != Some(true) {
-            cards.push((memory, other(setting)));
+            cards.push((memory, setting.other()));
         }
     }
     one.replay_open(&cards);
@@ -337,8 +353,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         };
         let other_setting = (per_lot == 1 && basis != Basis::PeakFits)
             .then(|| OtherSetting {
-                allocator: other(setting),
-                fits: one.verdict(memory, other(setting)).0,
+                allocator: setting.other(),
+                fits: one.verdict(memory, setting.other()).0,
             })
             .filter(|o| o.fits != one_fits);
         // The fewest lots: one GPU by replay; more by the split rule, whose need only falls as
@@ -587,7 +603,7 @@ impl<'a> SizeSearch<'a> {
                 }
             }
         }
-        let fits = complete_on_cards(&programs, &limited);
+        let fits = complete_on_cards(&programs, &limited, &HashMap::new());
         verdicts.extend(limited.into_iter().zip(fits));
         Tried { verdicts, peaks }
     }

@@ -13,7 +13,9 @@ use crate::model::Attention;
 use crate::stack::bitsandbytes;
 use crate::stack::ops::Kernels;
 use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
-use crate::stack::run::{program_replayed, replayed, Program, Replayed, RoleBytes};
+use crate::stack::run::{
+    program_replayed_watching, replayed, Program, Replayed, RoleBytes, Watched,
+};
 use crate::stack::tensor::Role;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
@@ -139,6 +141,21 @@ pub struct Budget {
     /// needed).
     #[serde(skip)]
     pub programs: Vec<std::sync::Arc<Program>>,
+    /// The replays limited to a card that the budget's own replay showed needed and ran beside
+    /// it (not in the file).
+    #[serde(skip)]
+    pub replayed_on_cards: Vec<CardReplay>,
+}
+
+/// Whether one of a budget's programs completed on an allocator limited to a card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CardReplay {
+    /// Its index in [`Budget::programs`].
+    pub program: usize,
+    /// The bytes the allocator may use on the card.
+    pub usable: u64,
+    pub allocator: AllocatorSetting,
+    pub completed: bool,
 }
 
 /// The largest reserve `--reserve-gib` takes: 2^50 bytes (1 PiB), more than any GPU.
@@ -341,13 +358,45 @@ impl crate::status::Classify for BudgetError {
 /// The budget of a validated workload, with the programs of its runs (for the verdicts on
 /// cards).
 pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
+    budget_on_cards(w, settings, &[])
+}
+
+/// The budget of a validated workload, with the programs of its runs and, for cards of each of
+/// `memories` bytes, the replays limited to the card under both settings that its replay
+/// showed needed, run beside it ([`crate::stack::run::Watched`]).
+pub fn budget_on_cards(w: &Workload, settings: &BudgetSettings, memories: &[u64]) -> Budget {
+    let outside = settings.outside.for_mode(w.mode.trains());
+    let mut capacities: Vec<u64> = memories
+        .iter()
+        .map(|&m| super::fit::usable(m, outside, settings.reserve_bytes))
+        .collect();
+    capacities.sort_unstable();
+    capacities.dedup();
+    let allocators = [w.allocator, w.allocator.other()];
+    let configs = allocators.map(allocator_config);
+    let watched = Watched {
+        capacities: &capacities,
+        configs: &configs,
+    };
+    let mut replayed_on_cards = Vec::new();
     let (programs, replays): (Vec<Program>, Vec<Replayed>) = w
         .runs(settings.kernels)
         .iter()
-        .map(|run| program_replayed(run, allocator_config(w.allocator)))
+        .enumerate()
+        .map(|(program, run)| {
+            let (p, r, limited) = program_replayed_watching(run, configs[0], &watched);
+            replayed_on_cards.extend(limited.into_iter().map(|l| CardReplay {
+                program,
+                usable: l.capacity,
+                allocator: allocators[l.config],
+                completed: l.completed,
+            }));
+            (p, r)
+        })
         .unzip();
     Budget {
         programs: programs.into_iter().map(std::sync::Arc::new).collect(),
+        replayed_on_cards,
         ..budget_of(w, settings, &replays)
     }
 }
@@ -679,6 +728,7 @@ pub fn from_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Bud
         kernels: settings.kernels,
         checkpoint: None,
         programs: Vec::new(),
+        replayed_on_cards: Vec::new(),
     }
 }
 

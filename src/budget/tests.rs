@@ -612,3 +612,87 @@ fn a_vision_tower_is_loaded_never_trained_and_both_mask_orders_replayed() {
     };
     assert_eq!(text.runs(BudgetSettings::h200().kernels).len(), 1);
 }
+
+#[test]
+fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
+    let settings = BudgetSettings::h200();
+    let lora = Mode::Lora {
+        rank: 8,
+        targets: vec!["q_proj".into(), "v_proj".into()],
+    };
+    let (mut completed, mut out_of_memory) = (0, 0);
+    for w in [
+        preset("qwen2.5-0.5b", generate(8), 2, 512),
+        preset("qwen2.5-0.5b", lora, 2, 256),
+        gemma3_with_vision(generate(4)).validated().unwrap(),
+    ] {
+        let alone = budget(&w, &settings);
+        // Cards a MiB apart from 64 MiB below the peak of `allocated` to 64 MiB above the peak
+        // of `reserved`, in a catalog (GiB exact to the byte: a MiB is 2^-10 GiB).
+        let outside = settings.outside.for_mode(w.mode.trains());
+        let mib = |bytes: u64| (bytes + outside) >> 20;
+        let (low, high) = (
+            mib(alone.peak_allocated.0) - 64,
+            mib(alone.peak_reserved.0) + 64,
+        );
+        let step = ((high - low) / 24).max(1);
+        let mut csv = String::from(
+            "model,display_name,gpus_per_lot,memory_per_gpu_gib,duration_days,\
+             lot_price_usd_cents,snapshot_date,price_status\n",
+        );
+        for (i, m) in (low..=high).step_by(step as usize).enumerate() {
+            let gib = rust_decimal::Decimal::from(m) / rust_decimal::Decimal::from(1024);
+            for days in [3, 7, 30] {
+                csv += &format!(
+                    "c{i},C{i},1,{gib},{days},{},2026-11-30,illustrative\n",
+                    i + 1
+                );
+            }
+        }
+        let catalog = Catalog::parse(csv.as_bytes(), "cards.csv").unwrap();
+        let b = terms::budget_on_cards(&w, &settings, &fit::one_gpu_memories(&catalog));
+        // Every card the budget's peaks leave open under its setting was replayed beside it,
+        // under both settings, for each program whose own peaks leave it open; and no card its
+        // peak of `reserved` holds (one its peak of `allocated` passed may have been, its
+        // replay ended before the replay beside it was stopped).
+        for (index, program) in b.programs.iter().enumerate() {
+            let own = program.replay(terms::allocator_config(w.allocator), None);
+            for memory in fit::one_gpu_memories(&catalog) {
+                let usable = fit::usable(memory, outside, 0);
+                let open = own.peak_allocated <= usable && usable < own.peak_reserved;
+                for allocator in [w.allocator, w.allocator.other()] {
+                    let replayed = b
+                        .replayed_on_cards
+                        .iter()
+                        .any(|r| (r.program, r.usable, r.allocator) == (index, usable, allocator));
+                    let crossed = usable < own.peak_reserved;
+                    assert!(
+                        (!open || replayed) && (!replayed || crossed),
+                        "{} on {usable} B",
+                        b.title()
+                    );
+                }
+            }
+        }
+        // Each as the kept program replayed on the card after the budget says.
+        for r in &b.replayed_on_cards {
+            let after = b.programs[r.program]
+                .replay(terms::allocator_config(r.allocator), Some(r.usable))
+                .out_of_memory
+                .is_none();
+            assert_eq!(r.completed, after, "{} on {} B", b.title(), r.usable);
+            *(if after {
+                &mut completed
+            } else {
+                &mut out_of_memory
+            }) += 1;
+        }
+        let plan = |b: &Budget| serde_json::to_value(fit::plan(b, &catalog, 1).unwrap()).unwrap();
+        assert_eq!(plan(&b), plan(&alone), "{}", b.title());
+    }
+    // Runs that completed on their card and runs that did not were compared.
+    assert!(
+        completed > 0 && out_of_memory > 0,
+        "{completed} {out_of_memory}"
+    );
+}

@@ -87,6 +87,16 @@ pub enum AllocatorSetting {
     ExpandableSegments,
 }
 
+impl AllocatorSetting {
+    /// The setting this one is not.
+    pub fn other(self) -> AllocatorSetting {
+        match self {
+            AllocatorSetting::Default => AllocatorSetting::ExpandableSegments,
+            AllocatorSetting::ExpandableSegments => AllocatorSetting::Default,
+        }
+    }
+}
+
 /// A workload whose budget can be computed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {

@@ -572,19 +572,23 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     }
     let (workload, checkpoint) = a.workload()?;
     let settings = a.settings()?;
-    // The programs are kept only for the verdicts on cards.
-    let b = Budget {
-        checkpoint,
-        ..match a.fit || a.plot.is_some() {
-            true => budget::budget(&workload, &settings),
-            false => budget::terms::budget_alone(&workload, &settings),
-        }
-    };
     // Everything is computed and checked before anything is written.
     let catalog = if a.fit || a.plot.is_some() {
         Some(Catalog::load(a.plan.catalog.as_deref())?)
     } else {
         None
+    };
+    // The programs are kept only for the verdicts on cards, and the verdicts on one GPU of each
+    // offer replayed beside the budget's own replay where it shows them needed.
+    let b = Budget {
+        checkpoint,
+        ..match (&catalog, a.fit) {
+            (Some(c), true) => {
+                budget::terms::budget_on_cards(&workload, &settings, &fit::one_gpu_memories(c))
+            }
+            (Some(_), false) => budget::budget(&workload, &settings),
+            (None, _) => budget::terms::budget_alone(&workload, &settings),
+        }
     };
     let plan = match (&catalog, a.fit) {
         (Some(c), true) => Some(budget::plan(&b, c, a.plan.max_gpus)?),

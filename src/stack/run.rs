@@ -319,39 +319,55 @@ pub(super) fn program_running_every_layer(run: &Run) -> Program {
 /// Chunks of events in flight between the emulation and its replays.
 const CHUNKS_IN_FLIGHT: usize = 4;
 
-/// The program of `run` and its replay under `config` on an unlimited device, the replay
-/// reading the events as the emulation writes them (each on a core of its own).
-pub fn program_replayed(run: &Run, config: AllocatorConfig) -> (Program, Replayed) {
-    let (program, mut replayed) = program_replayed_under(run, &[config]);
-    (program, replayed.remove(0))
-}
-
 /// The program of `run` and its replays under each of `configs` on an unlimited device, each
 /// replay reading the events as the emulation writes them, on a thread of its own.
 pub fn program_replayed_under(run: &Run, configs: &[AllocatorConfig]) -> (Program, Vec<Replayed>) {
-    replayed_under(run, configs, true)
+    let (program, replayed, _) = replayed_under(run, configs, true, None);
+    (program, replayed)
 }
 
 /// The replay of `run` under `config` on an unlimited device, reading the events as the
 /// emulation writes them; the program is not kept.
 pub fn replayed(run: &Run, config: AllocatorConfig) -> Replayed {
-    replayed_under(run, &[config], false).1.remove(0)
+    replayed_under(run, &[config], false, None).1.remove(0)
+}
+
+/// The program of `run`, its replay under `config` on an unlimited device (reading the events
+/// as the emulation writes them), and the replays limited to the `watched` cards that it showed
+/// needed, started as it ran ([`cards`]).
+pub fn program_replayed_watching(
+    run: &Run,
+    config: AllocatorConfig,
+    watched: &Watched,
+) -> (Program, Replayed, Vec<Limited>) {
+    let (program, mut replayed, limited) = replayed_under(run, &[config], true, Some(watched));
+    (program, replayed.remove(0), limited)
 }
 
 /// The replays of `run` under each of `configs`, and its program if `keep` (else a program of
-/// no events).
-fn replayed_under(run: &Run, configs: &[AllocatorConfig], keep: bool) -> (Program, Vec<Replayed>) {
+/// no events); the first replay watching the `watched` cards, if any.
+fn replayed_under(
+    run: &Run,
+    configs: &[AllocatorConfig],
+    keep: bool,
+    watched: Option<&Watched>,
+) -> (Program, Vec<Replayed>, Vec<Limited>) {
     let (sink, chunks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
-    let (mut program, (written, replayed)) = emulated(run, Some(sink), || {
+    let (mut program, (written, replayed, limited)) = emulated(run, Some(sink), || {
         std::thread::scope(|s| {
+            let (mut watcher, mut limited) = watched.map(cards::watch).unzip();
             let (feeds, replays): (Vec<_>, Vec<_>) = configs
                 .iter()
                 .map(|&config| {
                     let (feed, marks) = std::sync::mpsc::sync_channel(CHUNKS_IN_FLIGHT);
+                    let mut watcher = watcher.take();
                     let replay = s.spawn(move || {
                         let mut replay = Replaying::new(config, None);
                         for chunk in marks {
                             replay.read(&chunk);
+                            if let Some(w) = &mut watcher {
+                                w.saw(&replay);
+                            }
                         }
                         replay.finish()
                     });
@@ -360,27 +376,40 @@ fn replayed_under(run: &Run, configs: &[AllocatorConfig], keep: bool) -> (Progra
                 .unzip();
             let mut written = Vec::new();
             for chunk in chunks {
-                if keep {
+                if let Some(l) = &mut limited {
+                    l.start_asked(s, &written);
+                }
+                if keep || limited.is_some() {
                     written.push(chunk.clone());
                 }
                 for feed in &feeds {
                     feed.send(chunk.clone()).expect("a replay reads to the end");
                 }
+                if let Some(l) = &mut limited {
+                    l.feed(&chunk);
+                }
             }
             drop(feeds);
-            let replayed: Vec<Replayed> = replays
-                .into_iter()
-                .map(|r| r.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect();
-            (written, replayed)
+            let limited = limited.map_or_else(Vec::new, |l| l.finish(s, &written));
+            let replayed: Vec<Replayed> = replays.into_iter().map(joined).collect();
+            (written, replayed, limited)
         })
     });
     debug_assert!(
         program.chunks.is_empty(),
         "a streaming tape sends every event"
     );
-    program.chunks = written;
-    (program, replayed)
+    if keep {
+        program.chunks = written;
+    }
+    (program, replayed, limited)
+}
+
+/// What a scoped thread returned, its panic carried on.
+fn joined<T>(thread: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    thread
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 fn emulate(
@@ -670,7 +699,10 @@ impl LiveBlocks {
     }
 }
 
+mod cards;
 mod windows;
+
+pub use cards::{Limited, Watched};
 
 /// A replay in progress: events and stage marks in, figures out.
 struct Replaying {

@@ -1,0 +1,202 @@
+//! Replays limited to cards, started while the unlimited replay runs. A replay on a device
+//! limited to `capacity` bytes makes the same choices as the unlimited one until `reserved`
+//! would pass the capacity; so it is only needed once the unlimited replay's peak of
+//! `reserved` passes it while its peak of `allocated` is still within it (beyond, the run
+//! cannot hold there). The unlimited replay watches the capacities of the cards asked about and
+//! asks for the limited replays the moment one is passed; each reads the events written so far,
+//! then the rest as the emulation writes them, on a thread of its own. One whose capacity the
+//! peak of `allocated` passes later is stopped: the peaks decide that card.
+
+use super::{Chunk, Replaying};
+use crate::allocator::AllocatorConfig;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::{Scope, ScopedJoinHandle};
+
+/// The cards a streaming replay watches: the bytes the allocator may use on each, and the
+/// settings a replay limited to them runs under once it is needed.
+#[derive(Debug, Clone, Copy)]
+pub struct Watched<'a> {
+    /// Ascending, each once.
+    pub capacities: &'a [u64],
+    pub configs: &'a [AllocatorConfig],
+}
+
+/// A replay limited to a card, started while the unlimited replay ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limited {
+    pub capacity: u64,
+    /// The index of its setting in [`Watched::configs`].
+    pub config: usize,
+    /// Whether the run completed on the card.
+    pub completed: bool,
+}
+
+/// What the unlimited replay does with the capacities it watches.
+pub(super) struct Watcher {
+    capacities: Vec<u64>,
+    /// The first capacity the peak of `reserved` has not passed.
+    next: usize,
+    /// The first capacity the peak of `allocated` has not passed.
+    beyond: usize,
+    /// Set for a capacity the peak of `allocated` passed: its limited replays stop.
+    stopped: Arc<Vec<AtomicBool>>,
+    asks: Sender<usize>,
+}
+
+/// A watch on `watched`'s cards: the watcher the unlimited replay keeps, and the limited
+/// replays it asks for.
+pub(super) fn watch<'scope>(watched: &Watched) -> (Watcher, LimitedReplays<'scope>) {
+    debug_assert!(
+        watched.capacities.windows(2).all(|w| w[0] < w[1]),
+        "capacities ascending, each once"
+    );
+    let (asks, asked) = std::sync::mpsc::channel();
+    let stopped: Arc<Vec<AtomicBool>> = Arc::new(
+        (watched.capacities.iter())
+            .map(|_| AtomicBool::new(false))
+            .collect(),
+    );
+    let watcher = Watcher {
+        capacities: watched.capacities.to_vec(),
+        next: 0,
+        beyond: 0,
+        stopped: stopped.clone(),
+        asks,
+    };
+    let limited = LimitedReplays {
+        capacities: watched.capacities.to_vec(),
+        configs: watched.configs.to_vec(),
+        asked,
+        stopped,
+        started: Vec::new(),
+    };
+    (watcher, limited)
+}
+
+impl Watcher {
+    /// After the unlimited replay's latest chunk: asks for the replays limited to each capacity
+    /// its peak of `reserved` passed with its peak of `allocated` within it, and stops those
+    /// whose capacity the peak of `allocated` passed.
+    pub(super) fn saw(&mut self, replay: &Replaying) {
+        let (allocated, reserved) = (replay.out.peak_allocated, replay.out.peak_reserved);
+        while self.beyond < self.capacities.len() && allocated > self.capacities[self.beyond] {
+            self.stopped[self.beyond].store(true, Ordering::Relaxed);
+            self.beyond += 1;
+        }
+        while self.next < self.capacities.len() && reserved > self.capacities[self.next] {
+            if self.next >= self.beyond {
+                // The limited replays outlive the watcher: they read the asks to the end.
+                let _ = self.asks.send(self.next);
+            }
+            self.next += 1;
+        }
+    }
+}
+
+/// The replays limited to cards that a watcher asked for, each on a thread of its own.
+pub(super) struct LimitedReplays<'scope> {
+    capacities: Vec<u64>,
+    configs: Vec<AllocatorConfig>,
+    asked: Receiver<usize>,
+    stopped: Arc<Vec<AtomicBool>>,
+    started: Vec<Started<'scope>>,
+}
+
+/// A limited replay started: its card and setting, what feeds it the chunks that follow (until
+/// it stops reading) and its thread.
+struct Started<'scope> {
+    capacity: u64,
+    config: usize,
+    feed: Option<Sender<Chunk>>,
+    thread: ScopedJoinHandle<'scope, Option<bool>>,
+}
+
+impl<'scope> LimitedReplays<'scope> {
+    /// Starts the replays asked for so far, on `written` (the chunks written so far) and what
+    /// follows.
+    pub(super) fn start_asked(&mut self, s: &'scope Scope<'scope, '_>, written: &[Chunk]) {
+        let asked: Vec<usize> = self.asked.try_iter().collect();
+        for index in asked {
+            self.start(s, index, written);
+        }
+    }
+
+    fn start(&mut self, s: &'scope Scope<'scope, '_>, index: usize, written: &[Chunk]) {
+        let capacity = self.capacities[index];
+        for (config, &c) in self.configs.iter().enumerate() {
+            let (feed, after) = std::sync::mpsc::channel();
+            let (before, stopped) = (written.to_vec(), self.stopped.clone());
+            let thread = s.spawn(move || limited(c, capacity, &before, after, &stopped[index]));
+            self.started.push(Started {
+                capacity,
+                config,
+                feed: Some(feed),
+                thread,
+            });
+        }
+    }
+
+    /// Sends `chunk` to every replay started that still reads.
+    pub(super) fn feed(&mut self, chunk: &Chunk) {
+        for r in &mut self.started {
+            // A limited replay stops where the device has no room.
+            if r.feed
+                .as_ref()
+                .is_some_and(|f| f.send(chunk.clone()).is_err())
+            {
+                r.feed = None;
+            }
+        }
+    }
+
+    /// Lets every replay started read to the end of what it was sent.
+    fn close(&mut self) {
+        for r in &mut self.started {
+            r.feed = None;
+        }
+    }
+
+    /// Once every chunk is `written`: starts the replays asked for until the watcher is done,
+    /// and gives what each that was not stopped found.
+    pub(super) fn finish(
+        mut self,
+        s: &'scope Scope<'scope, '_>,
+        written: &[Chunk],
+    ) -> Vec<Limited> {
+        self.close();
+        while let Ok(index) = self.asked.recv() {
+            self.start(s, index, written);
+        }
+        (self.started.into_iter())
+            .filter_map(|mut r| {
+                r.feed = None;
+                let completed = super::joined(r.thread)?;
+                Some(Limited {
+                    capacity: r.capacity,
+                    config: r.config,
+                    completed,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A replay under `config` limited to `capacity`: the chunks written before it started, then
+/// those that follow; `None` if stopped.
+fn limited(
+    config: AllocatorConfig,
+    capacity: u64,
+    before: &[Chunk],
+    after: Receiver<Chunk>,
+    stopped: &AtomicBool,
+) -> Option<bool> {
+    let mut replay = Replaying::new(config, Some(capacity));
+    let mut go = |chunk: &Chunk| !stopped.load(Ordering::Relaxed) && replay.read(chunk);
+    let _ = before.iter().all(&mut go) && after.iter().all(|c| go(&c));
+    match stopped.load(Ordering::Relaxed) {
+        true => None,
+        false => Some(replay.finish().out_of_memory.is_none()),
+    }
+}

@@ -615,6 +615,7 @@ fn a_vision_tower_is_loaded_never_trained_and_both_mask_orders_replayed() {
 
 #[test]
 fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
+    use crate::stack::run::{program_replayed_watching, Watched};
     let settings = BudgetSettings::h200();
     let lora = Mode::Lora {
         rank: 8,
@@ -650,21 +651,33 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
             }
         }
         let catalog = Catalog::parse(csv.as_bytes(), "cards.csv").unwrap();
-        let b = terms::budget_on_cards(&w, &settings, &fit::one_gpu_memories(&catalog));
-        // Every card the budget's peaks leave open under its setting was replayed beside it,
-        // under both settings, for each program whose own peaks leave it open; and no card its
-        // peak of `reserved` holds (one its peak of `allocated` passed may have been, its
-        // replay ended before the replay beside it was stopped).
-        for (index, program) in b.programs.iter().enumerate() {
-            let own = program.replay(terms::allocator_config(w.allocator), None);
-            for memory in fit::one_gpu_memories(&catalog) {
-                let usable = fit::usable(memory, outside, 0);
+        let memories = fit::one_gpu_memories(&catalog);
+        let b = terms::budget_on_cards(&w, &settings, &memories);
+        assert!(!b.replayed_on_cards.is_empty(), "{}", b.title());
+        // Unbounded, a watching replay starts the limited replays of every card its own peaks
+        // leave open under its setting, under both settings; and of no card its peak of
+        // `reserved` holds (one its peak of `allocated` passed may have been, its replay ended
+        // before it was stopped).
+        let mut capacities: Vec<u64> = memories
+            .iter()
+            .map(|&m| fit::usable(m, outside, 0))
+            .collect();
+        capacities.dedup();
+        let allocators = [w.allocator, w.allocator.other()];
+        let configs = allocators.map(terms::allocator_config);
+        let watched = Watched {
+            capacities: &capacities,
+            configs: &configs,
+            at_most: usize::MAX,
+        };
+        for run in w.runs(settings.kernels) {
+            let (_, own, limited) = program_replayed_watching(&run, configs[0], &watched);
+            for &usable in &capacities {
                 let open = own.peak_allocated <= usable && usable < own.peak_reserved;
-                for allocator in [w.allocator, w.allocator.other()] {
-                    let replayed = b
-                        .replayed_on_cards
+                for config in 0..configs.len() {
+                    let replayed = limited
                         .iter()
-                        .any(|r| (r.program, r.usable, r.allocator) == (index, usable, allocator));
+                        .any(|l| (l.capacity, l.config) == (usable, config));
                     let crossed = usable < own.peak_reserved;
                     assert!(
                         (!open || replayed) && (!replayed || crossed),

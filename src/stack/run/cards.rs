@@ -21,6 +21,17 @@ pub struct Watched<'a> {
     /// Ascending, each once.
     pub capacities: &'a [u64],
     pub configs: &'a [AllocatorConfig],
+    /// The most limited replays that may run at once (the others are left to be made after):
+    /// so that a catalog of many cards does not start a thread for each.
+    pub at_most: usize,
+}
+
+impl Watched<'_> {
+    /// Two limited replays a core, at least one card's.
+    pub fn two_a_core(configs: usize) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (2 * cores).max(configs)
+    }
 }
 
 /// A replay limited to a card, started while the unlimited replay ran.
@@ -71,6 +82,7 @@ pub(super) fn watch<'scope>(watched: &Watched) -> (Watcher, LimitedReplays<'scop
         asked,
         stopped,
         started: Vec::new(),
+        at_most: watched.at_most.max(watched.configs.len()),
     };
     (watcher, limited)
 }
@@ -102,6 +114,8 @@ pub(super) struct LimitedReplays<'scope> {
     asked: Receiver<usize>,
     stopped: Arc<Vec<AtomicBool>>,
     started: Vec<Started<'scope>>,
+    /// [`Watched::at_most`].
+    at_most: usize,
 }
 
 /// A limited replay started: its card and setting, what feeds it the chunks that follow (until
@@ -123,7 +137,13 @@ impl<'scope> LimitedReplays<'scope> {
         }
     }
 
+    /// Starts the replays limited to capacity `index`, unless that would make more than
+    /// `at_most` run (the planner replays those left after the budget).
     fn start(&mut self, s: &'scope Scope<'scope, '_>, index: usize, written: &[Chunk]) {
+        let running = self.started.iter().filter(|r| !r.thread.is_finished());
+        if running.count() + self.configs.len() > self.at_most {
+            return;
+        }
         let capacity = self.capacities[index];
         for (config, &c) in self.configs.iter().enumerate() {
             let (feed, after) = std::sync::mpsc::channel();

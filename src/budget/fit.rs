@@ -7,7 +7,7 @@
 //! ([`crate::stack::run::Watched`]); the planner runs the others. Over several GPUs it is the
 //! split rule's estimate, said so.
 
-use super::terms::{allocator_config, Budget, Place, Split};
+use super::terms::{allocator_config, Budget, BudgetSettings, Place, Split};
 use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
@@ -304,6 +304,17 @@ pub fn one_gpu_memories(catalog: &Catalog) -> Vec<u64> {
     one_gpu.map(memory_bytes).collect()
 }
 
+/// The budget of `w` to plan over `catalog`: with the replays on one GPU of each offer that its
+/// own replay shows needed, made beside it.
+pub fn budget_for_catalog(w: &Workload, settings: &BudgetSettings, catalog: &Catalog) -> Budget {
+    let outside = settings.outside.for_mode(w.mode.trains());
+    let capacities: Vec<u64> = one_gpu_memories(catalog)
+        .into_iter()
+        .map(|memory| usable(memory, outside, settings.reserve_bytes))
+        .collect();
+    super::terms::budget_on_cards(w, settings, &capacities)
+}
+
 /// What the allocator may use on a card of `memory` bytes: the card less what lives outside
 /// the allocator and the reserve.
 pub fn usable(memory: u64, outside: u64, reserve: u64) -> u64 {
@@ -477,7 +488,7 @@ impl FitPlan {
 /// under the other setting only) is replayed when it asks for it.
 pub struct SizeSearch<'a> {
     workload: &'a Workload,
-    settings: &'a super::BudgetSettings,
+    settings: &'a BudgetSettings,
     size: Size,
     limit: u64,
     allocators: Vec<AllocatorSetting>,
@@ -525,7 +536,7 @@ impl<'a> SizeSearch<'a> {
     /// `allocators`.
     pub fn new(
         workload: &'a Workload,
-        settings: &'a super::BudgetSettings,
+        settings: &'a BudgetSettings,
         size: Size,
         limit: u64,
         memories: &[u64],

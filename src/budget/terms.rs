@@ -361,15 +361,11 @@ pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
     budget_on_cards(w, settings, &[])
 }
 
-/// The budget of a validated workload, with the programs of its runs and, for cards of each of
-/// `memories` bytes, the replays limited to the card under both settings that its replay
-/// showed needed, run beside it ([`crate::stack::run::Watched`]).
-pub fn budget_on_cards(w: &Workload, settings: &BudgetSettings, memories: &[u64]) -> Budget {
-    let outside = settings.outside.for_mode(w.mode.trains());
-    let mut capacities: Vec<u64> = memories
-        .iter()
-        .map(|&m| super::fit::usable(m, outside, settings.reserve_bytes))
-        .collect();
+/// The budget of a validated workload, with the programs of its runs and, for cards on which
+/// the allocator may use each of `capacities` bytes, the replays limited to the card under both
+/// settings that its replay showed needed, run beside it ([`crate::stack::run::Watched`]).
+pub fn budget_on_cards(w: &Workload, settings: &BudgetSettings, capacities: &[u64]) -> Budget {
+    let mut capacities = capacities.to_vec();
     capacities.sort_unstable();
     capacities.dedup();
     let allocators = [w.allocator, w.allocator.other()];

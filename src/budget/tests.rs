@@ -652,7 +652,7 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
         }
         let catalog = Catalog::parse(csv.as_bytes(), "cards.csv").unwrap();
         let memories = fit::one_gpu_memories(&catalog);
-        let b = terms::budget_on_cards(&w, &settings, &memories);
+        let b = fit::budget_for_catalog(&w, &settings, &catalog);
         assert!(!b.replayed_on_cards.is_empty(), "{}", b.title());
         // Unbounded, a watching replay starts the limited replays of every card its own peaks
         // leave open under its setting, under both settings; and of no card its peak of

@@ -583,9 +583,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     let b = Budget {
         checkpoint,
         ..match (&catalog, a.fit) {
-            (Some(c), true) => {
-                budget::terms::budget_on_cards(&workload, &settings, &fit::one_gpu_memories(c))
-            }
+            (Some(c), true) => fit::budget_for_catalog(&workload, &settings, c),
             (Some(_), false) => budget::budget(&workload, &settings),
             (None, _) => budget::terms::budget_alone(&workload, &settings),
         }

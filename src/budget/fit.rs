@@ -7,7 +7,7 @@
 //! ([`crate::stack::run::Watched`]); the planner runs the others. Over several GPUs it is the
 //! split rule's estimate, said so.
 
-use super::terms::{allocator_config, Budget, BudgetSettings, Place, Split};
+use super::terms::{allocator_config, Budget, BudgetSettings, CardReplay, Place, Split};
 use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
@@ -159,9 +159,6 @@ pub struct OneGpu<'a> {
     budget: &'a Budget,
     programs: Vec<std::sync::Arc<Program>>,
     verdicts: HashMap<(u64, AllocatorSetting), bool>,
-    /// Whether each program completed on a card (its index, the bytes the allocator may use
-    /// there and the setting), where the budget replayed it beside its own replay.
-    replayed: HashMap<(usize, u64, AllocatorSetting), bool>,
 }
 
 impl<'a> OneGpu<'a> {
@@ -170,11 +167,6 @@ impl<'a> OneGpu<'a> {
             budget,
             programs: budget.programs.clone(),
             verdicts: HashMap::new(),
-            replayed: budget
-                .replayed_on_cards
-                .iter()
-                .map(|r| ((r.program, r.usable, r.allocator), r.completed))
-                .collect(),
         }
     }
 
@@ -219,7 +211,8 @@ impl<'a> OneGpu<'a> {
             if let Some(&fits) = self.verdicts.get(&(usable, setting)) {
                 return fits;
             }
-            let fits = complete_on_cards(&self.programs(), &[(setting, usable)], &self.replayed)[0];
+            let beside = &self.budget.replayed_on_cards;
+            let fits = complete_on_cards(&self.programs(), &[(setting, usable)], beside)[0];
             self.verdicts.insert((usable, setting), fits);
             fits
         })
@@ -242,7 +235,7 @@ impl<'a> OneGpu<'a> {
         if open.is_empty() {
             return;
         }
-        let fits = complete_on_cards(&self.programs(), &open, &self.replayed);
+        let fits = complete_on_cards(&self.programs(), &open, &self.budget.replayed_on_cards);
         self.verdicts
             .extend(open.into_iter().map(|(s, u)| (u, s)).zip(fits));
     }
@@ -258,21 +251,23 @@ impl<'a> OneGpu<'a> {
 }
 
 /// Whether every one of `programs` completes on an allocator limited to each of `cards` (a
-/// setting and the bytes the allocator may use): as `replayed` says where it has the program,
-/// the card and the setting, else by the replays, side by side on every core.
+/// setting and the bytes the allocator may use): as `beside` says where it has the program,
+/// the card and the setting (the replays a budget made beside its own), else by the replays,
+/// side by side on every core.
 fn complete_on_cards(
     programs: &[std::sync::Arc<Program>],
     cards: &[(AllocatorSetting, u64)],
-    replayed: &HashMap<(usize, u64, AllocatorSetting), bool>,
+    beside: &[CardReplay],
 ) -> Vec<bool> {
     use rayon::prelude::*;
     cards
         .par_iter()
         .map(|&(setting, usable)| {
             programs.par_iter().enumerate().all(|(index, program)| {
-                replayed
-                    .get(&(index, usable, setting))
-                    .copied()
+                beside
+                    .iter()
+                    .find(|r| (r.program, r.usable, r.allocator) == (index, usable, setting))
+                    .map(|r| r.completed)
                     .unwrap_or_else(|| {
                         program
                             .replay(allocator_config(setting), Some(usable))
@@ -614,7 +609,7 @@ impl<'a> SizeSearch<'a> {
                 }
             }
         }
-        let fits = complete_on_cards(&programs, &limited, &HashMap::new());
+        let fits = complete_on_cards(&programs, &limited, &[]);
         verdicts.extend(limited.into_iter().zip(fits));
         Tried { verdicts, peaks }
     }

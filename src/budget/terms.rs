@@ -373,7 +373,7 @@ pub fn budget_on_cards(w: &Workload, settings: &BudgetSettings, capacities: &[u6
     let watched = Watched {
         capacities: &capacities,
         configs: &configs,
-        at_most: Watched::two_a_core(configs.len()),
+        at_most: Watched::two_a_core(),
     };
     let mut replayed_on_cards = Vec::new();
     let (programs, replays): (Vec<Program>, Vec<Replayed>) = w

@@ -21,16 +21,16 @@ pub struct Watched<'a> {
     /// Ascending, each once.
     pub capacities: &'a [u64],
     pub configs: &'a [AllocatorConfig],
-    /// The most limited replays that may run at once (the others are left to be made after):
-    /// so that a catalog of many cards does not start a thread for each.
+    /// The most limited replays that may run at once (the others are left to be made after),
+    /// so that a catalog of many cards does not start a thread for each; one card's under every
+    /// setting at least.
     pub at_most: usize,
 }
 
 impl Watched<'_> {
-    /// Two limited replays a core, at least one card's.
-    pub fn two_a_core(configs: usize) -> usize {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (2 * cores).max(configs)
+    /// Two limited replays a core.
+    pub fn two_a_core() -> usize {
+        2 * std::thread::available_parallelism().map_or(1, |n| n.get())
     }
 }
 
@@ -45,8 +45,8 @@ pub struct Limited {
 }
 
 /// What the unlimited replay does with the capacities it watches.
-pub(super) struct Watcher {
-    capacities: Vec<u64>,
+pub(super) struct Watcher<'a> {
+    capacities: &'a [u64],
     /// The first capacity the peak of `reserved` has not passed.
     next: usize,
     /// The first capacity the peak of `allocated` has not passed.
@@ -58,7 +58,9 @@ pub(super) struct Watcher {
 
 /// A watch on `watched`'s cards: the watcher the unlimited replay keeps, and the limited
 /// replays it asks for.
-pub(super) fn watch<'scope>(watched: &Watched) -> (Watcher, LimitedReplays<'scope>) {
+pub(super) fn watch<'scope>(
+    watched: &Watched<'scope>,
+) -> (Watcher<'scope>, LimitedReplays<'scope>) {
     debug_assert!(
         watched.capacities.windows(2).all(|w| w[0] < w[1]),
         "capacities ascending, each once"
@@ -70,24 +72,22 @@ pub(super) fn watch<'scope>(watched: &Watched) -> (Watcher, LimitedReplays<'scop
             .collect(),
     );
     let watcher = Watcher {
-        capacities: watched.capacities.to_vec(),
+        capacities: watched.capacities,
         next: 0,
         beyond: 0,
         stopped: stopped.clone(),
         asks,
     };
     let limited = LimitedReplays {
-        capacities: watched.capacities.to_vec(),
-        configs: watched.configs.to_vec(),
+        watched: *watched,
         asked,
         stopped,
         started: Vec::new(),
-        at_most: watched.at_most.max(watched.configs.len()),
     };
     (watcher, limited)
 }
 
-impl Watcher {
+impl Watcher<'_> {
     /// After the unlimited replay's latest chunk: asks for the replays limited to each capacity
     /// its peak of `reserved` passed with its peak of `allocated` within it, and stops those
     /// whose capacity the peak of `allocated` passed.
@@ -109,13 +109,10 @@ impl Watcher {
 
 /// The replays limited to cards that a watcher asked for, each on a thread of its own.
 pub(super) struct LimitedReplays<'scope> {
-    capacities: Vec<u64>,
-    configs: Vec<AllocatorConfig>,
+    watched: Watched<'scope>,
     asked: Receiver<usize>,
     stopped: Arc<Vec<AtomicBool>>,
     started: Vec<Started<'scope>>,
-    /// [`Watched::at_most`].
-    at_most: usize,
 }
 
 /// A limited replay started: its card and setting, what feeds it the chunks that follow (until
@@ -138,14 +135,15 @@ impl<'scope> LimitedReplays<'scope> {
     }
 
     /// Starts the replays limited to capacity `index`, unless that would make more than
-    /// `at_most` run (the planner replays those left after the budget).
+    /// [`Watched::at_most`] run (the planner replays those left after the budget).
     fn start(&mut self, s: &'scope Scope<'scope, '_>, index: usize, written: &[Chunk]) {
+        let w = self.watched;
         let running = self.started.iter().filter(|r| !r.thread.is_finished());
-        if running.count() + self.configs.len() > self.at_most {
+        if running.count() + w.configs.len() > w.at_most.max(w.configs.len()) {
             return;
         }
-        let capacity = self.capacities[index];
-        for (config, &c) in self.configs.iter().enumerate() {
+        let capacity = w.capacities[index];
+        for (config, &c) in w.configs.iter().enumerate() {
             let (feed, after) = std::sync::mpsc::channel();
             let (before, stopped) = (written.to_vec(), self.stopped.clone());
             let thread = s.spawn(move || limited(c, capacity, &before, after, &stopped[index]));
@@ -189,9 +187,9 @@ impl<'scope> LimitedReplays<'scope> {
         while let Ok(index) = self.asked.recv() {
             self.start(s, index, written);
         }
+        self.close();
         (self.started.into_iter())
-            .filter_map(|mut r| {
-                r.feed = None;
+            .filter_map(|r| {
                 let completed = super::joined(r.thread)?;
                 Some(Limited {
                     capacity: r.capacity,

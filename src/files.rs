@@ -242,6 +242,31 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, Refused> {
         .ok_or(Refused::TooLarge)
 }
 
+/// Opens the regular file at `path` for reading a part of it (a checkpoint's header): a named
+/// pipe, a device or a folder is refused before it is opened and again once open, and opening
+/// never waits for a writer.
+pub fn open_regular(path: &Path, kind: Input) -> Result<(std::fs::File, u64), ReadError> {
+    let refused = |what| ReadError::NotRegular {
+        kind,
+        path: path.to_path_buf(),
+        what,
+    };
+    let io = |source| ReadError::Io {
+        kind,
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(what) = not_regular(&std::fs::metadata(path).map_err(io)?) {
+        return Err(refused(what));
+    }
+    let file = open_without_waiting(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if let Some(what) = not_regular(&meta) {
+        return Err(refused(what));
+    }
+    Ok((file, meta.len()))
+}
+
 /// Reads `reader` to its end, or `None` when it holds more than `limit` bytes (at most one byte
 /// more is read: a file that grows while read, or a device, cannot exhaust memory).
 pub fn read_at_most(reader: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
@@ -316,6 +341,8 @@ pub enum WriteError {
     Exists(PathBuf),
     #[error("the folder {} of {} does not exist", folder_of(.0).display(), .0.display())]
     MissingFolder(PathBuf),
+    #[error("{} cannot be written: {} is {what}, not a folder", .path.display(), folder_of(.path).display())]
+    NotAFolder { path: PathBuf, what: &'static str },
     #[error("{0} is read-only: it is never replaced; make it writable to change it")]
     ReadOnly(PathBuf),
     #[error("cannot write {}", path.display())]
@@ -329,7 +356,7 @@ impl Classify for WriteError {
     fn status(&self) -> Status {
         match self {
             WriteError::Exists(_) => Status::OutputExists,
-            WriteError::MissingFolder(_) => Status::Usage,
+            WriteError::MissingFolder(_) | WriteError::NotAFolder { .. } => Status::Usage,
             WriteError::ReadOnly(_) | WriteError::Io { .. } => Status::Failure,
         }
     }
@@ -345,11 +372,21 @@ fn folder_of(path: &Path) -> &Path {
 
 /// Checks that the folder `path` would be written in exists.
 pub fn check_folder(path: &Path) -> Result<(), WriteError> {
-    if folder_of(path).is_dir() {
-        Ok(())
-    } else {
-        Err(WriteError::MissingFolder(path.to_path_buf()))
+    match std::fs::metadata(folder_of(path)) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(meta) => Err(WriteError::NotAFolder {
+            path: path.to_path_buf(),
+            what: not_regular(&meta).unwrap_or("a file"),
+        }),
+        Err(_) => Err(WriteError::MissingFolder(path.to_path_buf())),
     }
+}
+
+/// Whether two new files' paths name the same file (`out.json` and `./out.json`): the same name
+/// in the same folder, both folders existing.
+pub fn same_destination(a: &Path, b: &Path) -> bool {
+    let folder = |p: &Path| std::fs::canonicalize(folder_of(p)).ok();
+    a.file_name() == b.file_name() && folder(a).is_some() && folder(a) == folder(b)
 }
 
 /// Checks, before any work is done, that `path` could be created: its folder exists and it does not.
@@ -364,7 +401,11 @@ pub fn check_new_file(path: &Path) -> Result<(), WriteError> {
 /// Writes `bytes` to a new file at `path`, atomically; an existing file is never replaced.
 pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     check_new_file(path)?;
-    staged(path, bytes)?.persist_noclobber(path).map_err(|e| {
+    let tmp = staged(path, bytes)?;
+    let temporary = tmp.path().to_path_buf();
+    let persisted = tmp.persist_noclobber(path);
+    staging(&temporary, false);
+    persisted.map_err(|e| {
         if e.error.kind() == std::io::ErrorKind::AlreadyExists {
             WriteError::Exists(path.to_path_buf())
         } else {
@@ -392,8 +433,12 @@ pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     refuse_read_only(path, &target, &metadata)?;
     let tmp = temporary_beside(&target).map_err(io)?;
     keep_owner_and_mode(tmp.as_file(), &metadata).map_err(io)?;
-    let tmp = fill(tmp, bytes).map_err(io)?;
-    tmp.persist(&target).map_err(|e| io(e.error))?;
+    let temporary = tmp.path().to_path_buf();
+    let persisted = fill(tmp, bytes)
+        .map_err(io)
+        .and_then(|tmp| tmp.persist(&target).map_err(|e| io(e.error)));
+    staging(&temporary, false);
+    persisted?;
     // Make the rename itself durable; a folder that cannot be synced only loses that guarantee.
     if let Ok(folder) = std::fs::File::open(folder_of(&target)) {
         let _ = folder.sync_all();
@@ -440,7 +485,12 @@ fn io_error(path: &Path, source: std::io::Error) -> WriteError {
 /// `bytes` written and flushed to disk in a temporary file beside `path`, ready to be renamed.
 fn staged(path: &Path, bytes: &[u8]) -> Result<tempfile::NamedTempFile, WriteError> {
     let io = |source| io_error(path, source);
-    fill(temporary_beside(path).map_err(io)?, bytes).map_err(io)
+    let tmp = temporary_beside(path).map_err(io)?;
+    let temporary = tmp.path().to_path_buf();
+    fill(tmp, bytes).map_err(|e| {
+        staging(&temporary, false);
+        io(e)
+    })
 }
 
 /// `tmp` with `bytes` written and flushed to disk.
@@ -464,19 +514,56 @@ const TEMPORARY_RANDOM: usize = 16;
 /// and with the permissions the umask gives (0666 less the umask, as other tools create files).
 fn temporary_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     use std::os::unix::fs::PermissionsExt;
-    tempfile::Builder::new()
+    let tmp = tempfile::Builder::new()
         .permissions(std::fs::Permissions::from_mode(0o666))
         .prefix(&leftover_prefix(path))
         .rand_bytes(TEMPORARY_RANDOM)
         .suffix(TEMPORARY_SUFFIX)
-        .tempfile_in(folder_of(path))
+        .tempfile_in(folder_of(path))?;
+    staging(tmp.path(), true);
+    Ok(tmp)
 }
 
+/// The temporary files being written, removed by [`remove_staged`] when the program is
+/// interrupted (a file renamed into place, or dropped, is forgotten first).
+static STAGED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes that the temporary file `path` is being written (`true`) or is no longer (`false`).
+fn staging(path: &Path, written: bool) {
+    if let Ok(mut staged) = STAGED.lock() {
+        staged.retain(|p| p != path);
+        if written {
+            staged.push(path.to_path_buf());
+        }
+    }
+}
+
+/// Removes every temporary file still being written: what an interrupted program calls before
+/// it exits, so that it leaves no partial file.
+pub fn remove_staged() {
+    if let Ok(staged) = STAGED.lock() {
+        for p in staged.iter() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The longest file name the systems this runs on take (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// The start of a temporary file's name: the file's name between dots, cut (on a character's
+/// boundary) so that the whole temporary name stays within [`NAME_MAX`] bytes for any file name
+/// that itself does.
 fn leftover_prefix(path: &Path) -> String {
     let name = path
         .file_name()
         .map_or("file".into(), |n| n.to_string_lossy());
-    format!(".{name}.")
+    let room = NAME_MAX - 2 - TEMPORARY_RANDOM - TEMPORARY_SUFFIX.len();
+    let mut end = name.len().min(room);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(".{}.", &name[..end])
 }
 
 /// Whether `name` is exactly the name of a temporary file [`temporary_beside`] makes for a file

@@ -287,6 +287,14 @@ fn refusals_name_what_is_wrong() {
             "is above 2^56 B = 64 PiB: no GPU holds it",
         ),
         ("--model llama-2-7b --mode inference --max-batch", "--fit"),
+        // A negative value is the flag's, named.
+        ("--model llama-2-7b --mode inference --reserve-gib -1", "--reserve-gib"),
+        ("--model llama-2-7b --mode inference --max-gpus 2", "--fit"),
+        ("--model llama-2-7b --mode inference --catalog data/tarifs-forfaits.csv", "--catalog is read by --fit and --plot only"),
+        (
+            "--model phi-3-mini --mode lora",
+            "the default LoRA targets (--targets q,v) name q_proj and v_proj, which the model lacks",
+        ),
     ];
     for &(flags, message) in cases {
         let context = if flags.contains("--context") {
@@ -365,7 +373,7 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
         .success();
     let direct = String::from_utf8(direct.get_output().stdout.clone()).unwrap();
     assert!(direct.ends_with(&out), "{direct}\n---\n{out}");
-    // A budget whose figures were edited no longer adds up: refused, not planned.
+    // A budget whose figures were edited is not what its workload gives: refused, not planned.
     let text = String::from_utf8(saved).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let total = v["total"]["bytes"].as_u64().unwrap();
@@ -381,7 +389,8 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
         .arg(&bad)
         .assert()
         .code(DATA_ERROR)
-        .stderr(contains("is not a budget file"));
+        .stderr(contains("is not a budget file"))
+        .stderr(contains("`/total/bytes` is not what this version computes"));
     // Text a budget prints comes from its file: a control character in it is refused.
     let edited = text.replacen(
         "\"source\": \"qwen2.5-7b\"",
@@ -398,6 +407,184 @@ fn a_saved_budget_is_planned_by_calcul_forfaits_and_never_overwritten() {
         .stderr(contains(
             "`/workload/source` holds the control character \\u{1b}",
         ));
+}
+
+#[test]
+fn outputs_are_refused_before_any_work_and_long_names_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = [
+        "budget",
+        "--model",
+        "qwen2.5-0.5b",
+        "--mode",
+        "inference",
+        "--context",
+        "64",
+    ];
+    // `--plot` naming `--output`'s file another way.
+    let out = dir.path().join("same.json");
+    let same = dir.path().join(".").join("same.json");
+    mm().args(base)
+        .arg("--output")
+        .arg(&out)
+        .arg("--plot")
+        .arg(&same)
+        .assert()
+        .code(USAGE)
+        .stderr(contains("--output and --plot name the same file"));
+    assert!(!out.exists());
+    // A folder that is a file.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    mm().args(base)
+        .arg("--output")
+        .arg(file.join("budget.json"))
+        .assert()
+        .code(USAGE)
+        .stderr(contains("is a file, not a folder"));
+    // The longest name a folder takes (255 bytes) is written, its temporary name within it.
+    let long = dir.path().join(format!("{}.json", "b".repeat(250)));
+    mm().args(base)
+        .arg("--output")
+        .arg(&long)
+        .assert()
+        .success();
+    assert!(long.exists());
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".iteragpu-tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A lot of more GPUs than `--max-gpus` is said to be above it, not short by nothing.
+#[test]
+fn a_lot_larger_than_max_gpus_is_not_tried() {
+    let out = mm()
+        .args([
+            "budget",
+            "--model",
+            "llama-3.1-8b",
+            "--mode",
+            "full",
+            "--context",
+            "512",
+        ])
+        .args(["--fit", "--max-gpus", "1"])
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("a100-80"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains("a lot holds more GPUs than --max-gpus"),
+        "{row}"
+    );
+    assert!(!row.contains("short by 0.00"), "{row}");
+}
+
+/// SIGTERM ends a program with the documented 130, leaving no partial file.
+#[test]
+fn sigterm_ends_with_130_and_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("b.json");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("mesure_memoire"))
+        .args([
+            "budget",
+            "--model",
+            "llama-3.1-70b",
+            "--mode",
+            "inference",
+            "--context",
+            "8192",
+        ])
+        .args(["--generated", "16384", "--fit", "--output"])
+        .arg(&out)
+        .current_dir(common::ROOT)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// A config.json transformers cannot run is a data error naming the file and the key; a
+/// checkpoint that is not a regular file is refused as such, never waited on.
+#[test]
+fn model_files_that_cannot_run_or_be_read_are_data_errors_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    model_folder(dir.path(), false);
+    let args = ["--mode", "inference", "--context", "64"];
+    let config = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3"),
+    )
+    .unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("config.json"))
+        .stderr(contains("`num_key_value_heads` (3)"));
+    std::fs::write(&config, text).unwrap();
+    let st = dir.path().join("model.safetensors");
+    std::fs::remove_file(&st).unwrap();
+    common::mkfifo(&st);
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .timeout(common::PATIENCE)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("it is a named pipe, not a regular file"));
+    std::fs::remove_file(&st).unwrap();
+    std::fs::create_dir(&st).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("it is a folder, not a regular file"));
+    std::fs::remove_dir(&st).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &st).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .timeout(common::PATIENCE)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("it is a device, not a regular file"));
+    // DeepSeek-V3's router needs groups of equal size.
+    let v3 = dir.path().join("v3.json");
+    std::fs::write(
+        &v3,
+        serde_json::json!({
+            "model_type": "deepseek_v3", "vocab_size": 256, "hidden_size": 64,
+            "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "n_routed_experts": 6, "n_group": 4, "topk_group": 2,
+            "num_experts_per_tok": 2, "q_lora_rank": 16, "kv_lora_rank": 16
+        })
+        .to_string(),
+    )
+    .unwrap();
+    mm().args(["budget", "--config"])
+        .arg(&v3)
+        .args(args)
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("`n_group` (4) must divide `n_routed_experts` (6)"));
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! with it), the bundle's manifest and zip (`bundle::verify` of a folder and of a zip), and the
 //! allocator snapshot text (`allocator::snapshot::parse`), a lesson record
 //! (`LessonRecord::from_bytes`, then what the notebook draws from it), a saved budget
-//! (`Budget::from_bytes`, then its text), a presets file (`Presets::parse`, then each row's
+//! (`BudgetFile::parse`, then for a workload of a few thousand tokens `BudgetFile::verify`, which
+//! budgets it again, and its text; the seeds are files this version writes, and each input is also
+//! tried with its figures moved between terms or added to one and its sums, which must be
+//! refused), a presets file (`Presets::parse`, then each row's
 //! model), a model's `config.json` (`model::config::parse`, then its parameters), a
 //! safetensors file's header (`Checkpoint::add_header`), a transformer bench report
 //! (`BenchReport::from_bytes`, then what `budget --against` does with it) and a sweep folder's
@@ -22,7 +25,7 @@
 //! `scripts/fuzz` runs it long, in release mode.
 
 use iteragpu_lab::allocator::snapshot;
-use iteragpu_lab::budget::{Budget, Presets};
+use iteragpu_lab::budget::{BudgetFile, Presets};
 use iteragpu_lab::catalog::Catalog;
 use iteragpu_lab::lesson::{LessonRecord, LessonView};
 use iteragpu_lab::measure::Measurement;
@@ -224,9 +227,21 @@ struct Run {
 }
 
 /// [`fuzz`] with the corpus folders under `corpus`.
-fn fuzz_in(
+fn fuzz_in(corpus: &Path, parser: &str, run: Run, parse: impl Fn(&[u8]) -> bool + Send + 'static) {
+    let corpus_dir = corpus.join(parser);
+    let seeds: Vec<Vec<u8>> = files_in(&corpus_dir)
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    fuzz_seeds(corpus, parser, seeds, run, parse)
+}
+
+/// [`fuzz_in`] from `seeds` given rather than read (files this version writes, made by the
+/// test), the inputs that crash saved in the corpus folder all the same.
+fn fuzz_seeds(
     corpus: &Path,
     parser: &str,
+    seeds: Vec<Vec<u8>>,
     Run {
         iterations,
         seed,
@@ -236,10 +251,6 @@ fn fuzz_in(
 ) {
     let corpus_dir = corpus.join(parser);
     let crash_dir = corpus_dir.join("crashes");
-    let seeds: Vec<Vec<u8>> = files_in(&corpus_dir)
-        .iter()
-        .map(|p| std::fs::read(p).unwrap())
-        .collect();
     assert!(
         !seeds.is_empty(),
         "no seed file in {}",
@@ -588,15 +599,108 @@ fn zip() {
     });
 }
 
+/// Whether a workload replays in well under a second in a debug build.
+fn small(w: &iteragpu_lab::budget::Workload) -> bool {
+    let generated = match w.mode {
+        iteragpu_lab::budget::Mode::Inference { generated } => generated,
+        _ => 0,
+    };
+    w.batch * w.tokens() <= 4096 && generated <= 64 && w.model.layers.len() <= 32
+}
+
+/// Budget files this version writes: inference and LoRA of small models.
+fn budget_seeds() -> Vec<Vec<u8>> {
+    use iteragpu_lab::budget::{budget, BudgetSettings, Mode, Workload};
+    let small = |preset: &str, mode: Mode| {
+        let w = Workload {
+            mode,
+            context: 64,
+            ..Workload::preset(preset).unwrap()
+        }
+        .validated()
+        .unwrap();
+        serde_json::to_vec_pretty(&budget(&w, &BudgetSettings::h200())).unwrap()
+    };
+    vec![
+        small("llama-3.2-1b", Mode::Inference { generated: 4 }),
+        small(
+            "qwen2.5-0.5b",
+            Mode::Lora {
+                rank: 8,
+                targets: vec!["q_proj".into(), "v_proj".into()],
+            },
+        ),
+    ]
+}
+
+/// A budget file's figures moved without breaking any sum: `delta` bytes taken from one term
+/// and given to another, or added to one term with the peaks, totals and needs that hold it.
+fn consistent_edit(value: &serde_json::Value, rng: u64) -> Option<serde_json::Value> {
+    let mut v = value.clone();
+    let terms = v.get_mut("terms")?.as_array_mut()?;
+    let n = terms.len();
+    if n < 2 {
+        return None;
+    }
+    let (a, b) = ((rng % n as u64) as usize, ((rng >> 8) % n as u64) as usize);
+    let delta = 1 + (rng >> 16) % (1 << 40);
+    let take = |t: &mut serde_json::Value, by: i128| -> Option<()> {
+        for key in ["bytes", "at_peak"] {
+            let x = t.get_mut(key)?.get_mut("bytes")?;
+            *x = u64::try_from(i128::from(x.as_u64()?) + by).ok()?.into();
+        }
+        Some(())
+    };
+    if a != b {
+        take(&mut terms[a], -i128::from(delta))?;
+        take(&mut terms[b], i128::from(delta))?;
+    } else {
+        take(&mut terms[a], i128::from(delta))?;
+        for key in ["total", "needed", "peak_reserved"] {
+            let x = v.get_mut(key)?.get_mut("bytes")?;
+            *x = x.as_u64()?.checked_add(delta)?.into();
+        }
+    }
+    Some(v)
+}
+
 #[test]
 fn budget() {
-    fuzz("budget", |bytes| {
-        match Budget::from_bytes(bytes, "fuzz.json") {
-            // What `calcul_forfaits --fit` prints of a budget file before planning it.
-            Ok(b) => {
-                let _ = b.to_string();
-                true
+    let run = Run {
+        iterations: env_number("IGL_FUZZ_ITERATIONS", DEFAULT_ITERATIONS),
+        seed: env_number("IGL_FUZZ_SEED", DEFAULT_SEED),
+        limit: LIMIT,
+    };
+    let corpus = Path::new(ROOT).join("tests/corpus");
+    fuzz_seeds(&corpus, "budget", budget_seeds(), run, |bytes| {
+        // Whatever the input, the same file with its sums kept and its terms moved is refused.
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            let rng = iteragpu_lab::sha256_hex(bytes);
+            let rng = u64::from_str_radix(&rng[..16], 16).unwrap();
+            if let Some(edited) = consistent_edit(&value, rng) {
+                let text = serde_json::to_vec(&edited).unwrap();
+                if let Ok(f) = BudgetFile::parse(&text, "fuzz.json") {
+                    if small(f.workload()) {
+                        assert!(f.verify().is_err(), "a consistent edit was accepted");
+                    }
+                }
             }
+        }
+        match BudgetFile::parse(bytes, "fuzz.json") {
+            // Budgeting a workload again takes the time of its replay: only the small ones are
+            // (the mutations of the seeds' numbers reach any size the bounds allow).
+            Ok(f) if small(f.workload()) => match f.verify() {
+                // What `calcul_forfaits --fit` prints of a budget file before planning it.
+                Ok(b) => {
+                    let _ = b.to_string();
+                    true
+                }
+                Err(e) => {
+                    let _ = e.to_string();
+                    false
+                }
+            },
+            Ok(_) => true,
             Err(e) => {
                 let _ = e.to_string();
                 false

@@ -33,14 +33,21 @@ import sys
 import time
 import traceback
 
+PREQUANTIZE = sys.argv[1] == "--prequantize"
+if PREQUANTIZE:
+    sys.argv.pop(1)
 SPEC = json.loads(open(sys.argv[1]).read())
 RESULT_PATH = sys.argv[2]
+# IGL_DRY_RUN=1: the same code on the CPU, no figure read (scripts checked before a device call).
+DRY = os.environ.get("IGL_DRY_RUN") == "1"
+DEVICE = "cpu" if DRY else "cuda"
 
 import torch  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 KEEP_FRAMES = ("transformers/", "peft/", "bitsandbytes/", "torch/optim/", "torch/utils/checkpoint",
-               "torch/nn/functional", "torch/autograd", "torch/amp", "hf-run.py")
+               "torch/nn/functional", "torch/autograd", "torch/amp", "torch/distributed", "torch/nn/parallel",
+               "torch/nn/utils", "trl/", "accelerate/", "hf-run.py", "hf_loops.py")
 
 
 class Stages:
@@ -54,6 +61,9 @@ class Stages:
         self.current = None
 
     def begin(self, name):
+        if DRY:
+            self.current = (name, 0, time.perf_counter())
+            return
         torch.cuda.synchronize()
         self.current = (name, torch.cuda.memory_allocated(), time.perf_counter())
         torch.cuda.reset_peak_memory_stats()
@@ -61,6 +71,10 @@ class Stages:
             self.markers.append((name, "begin", trace_length()))
 
     def end(self):
+        if DRY:
+            self.rows.append(dict(stage=self.current[0]))
+            self.current = None
+            return
         torch.cuda.synchronize()
         name, before, t0 = self.current
         free, total = torch.cuda.mem_get_info()
@@ -111,12 +125,14 @@ def build_config():
 
 def build_model(cfg, dtype):
     from transformers import AutoModelForCausalLM
+    if SPEC.get("loading") == "prequantized":
+        return build_prequantized(dtype)
     if SPEC["mode"] == "qlora":
         return build_quantized(cfg)
     if SPEC.get("loading", "from_config") == "pretrained":
         return build_pretrained(cfg, dtype)
-    with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    with torch.device(DEVICE):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=SPEC.get("attn_implementation", "sdpa"))
 
 
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
@@ -155,8 +171,8 @@ def build_pretrained(cfg, dtype):
     from transformers import AutoModelForCausalLM
     folder = tempfile.mkdtemp(prefix="igl-checkpoint-")
     write_sparse_checkpoint(cfg, dtype, folder)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map={"": 0},
-                                                attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map={"": DEVICE if DRY else 0},
+                                                attn_implementation=SPEC.get("attn_implementation", "sdpa"))
 
 
 def build_quantized(cfg):
@@ -170,7 +186,74 @@ def build_quantized(cfg):
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=compute)
     return AutoModelForCausalLM.from_pretrained(folder, quantization_config=quant, dtype=compute,
-                                                device_map={"": 0}, attn_implementation="sdpa")
+                                                device_map={"": 0}, attn_implementation=SPEC.get("attn_implementation", "sdpa"))
+
+
+def quantization_config():
+    """The `quantization` of the spec as transformers' configuration: {"method": "bnb4" (NF4,
+    double quantization), "bnb8", "fp8" (fine-grained, blocks of 128 × 128), ...its arguments}."""
+    from transformers import BitsAndBytesConfig, FineGrainedFP8Config
+    q = dict(SPEC["quantization"])
+    method = q.pop("method")
+    compute = DTYPES[SPEC["dtype"]]
+    if method == "bnb4":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=q.pop("quant_type", "nf4"),
+                                  bnb_4bit_use_double_quant=q.pop("double_quant", True),
+                                  bnb_4bit_compute_dtype=compute, **q)
+    if method == "bnb8":
+        return BitsAndBytesConfig(load_in_8bit=True, **q)
+    if method == "fp8":
+        return FineGrainedFP8Config(**q)
+    raise SystemExit(f"unknown quantization method {method}")
+
+
+def prequantize(folder):
+    """Writes a checkpoint as its publisher ships it pre-quantized: random weights saved, loaded
+    quantized onto the GPU, saved again (the quantized tensors and the config's
+    `quantization_config`), into `folder`; run in a process of its own."""
+    import tempfile
+    from transformers import AutoModelForCausalLM
+    cfg = build_config()
+    dtype = DTYPES[SPEC["dtype"]]
+    plain = tempfile.mkdtemp(prefix="igl-plain-")
+    with torch.device("cpu"):
+        AutoModelForCausalLM.from_config(cfg, dtype=dtype).save_pretrained(plain)
+    model = AutoModelForCausalLM.from_pretrained(plain, quantization_config=quantization_config(), dtype=dtype,
+                                                 device_map={"": 0})
+    model.save_pretrained(folder)
+
+
+def build_prequantized(dtype):
+    """A pre-quantized checkpoint loaded as users load one: `from_pretrained` with a device map
+    (the quantization comes from the checkpoint's config). The checkpoint is written first by a
+    process of its own (`--prequantize`), so that nothing of that step is measured here."""
+    import subprocess
+    import tempfile
+    from transformers import AutoModelForCausalLM
+    folder = tempfile.mkdtemp(prefix="igl-prequantized-")
+    subprocess.run([sys.executable, __file__, "--prequantize", sys.argv[1], folder], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=""))
+    with open(os.path.join(folder, "config.json")) as f:
+        RECORD_EXTRA["quantization_config"] = json.load(f).get("quantization_config")
+    RECORD_EXTRA["checkpoint_tensors"] = checkpoint_tensors(folder)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map={"": 0},
+                                                attn_implementation=SPEC.get("attn_implementation", "sdpa"))
+
+
+RECORD_EXTRA = {}
+
+
+def checkpoint_tensors(folder):
+    """Every tensor of a safetensors checkpoint's headers: name, dtype, shape."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(folder, name), "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            header.pop("__metadata__", None)
+            out.update({k: [v["dtype"], v["shape"]] for k, v in header.items()})
+    return out
 
 
 def emulate_card():
@@ -210,12 +293,16 @@ def optimizer_for(params):
 def apply_lora(model):
     from peft import LoraConfig, get_peft_model
     lora = SPEC["lora"]
-    config = LoraConfig(r=lora["rank"], lora_alpha=lora.get("alpha", 2 * lora["rank"]), lora_dropout=0.0,
+    config = LoraConfig(r=lora["rank"], lora_alpha=lora.get("alpha", 2 * lora["rank"]), lora_dropout=lora.get("dropout", 0.0),
                         target_modules=lora["targets"], task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 
 def run(stages, record):
+    import hf_loops
+    loop = hf_loops.loop_of(SPEC)
+    if loop is not None:
+        return loop(SPEC, stages, record, sys.modules[__name__])
     dtype = DTYPES["float32" if SPEC.get("autocast") else SPEC["dtype"]]
     cfg = build_config()
     layer_types = getattr(cfg.get_text_config(), "layer_types", None)
@@ -228,13 +315,15 @@ def run(stages, record):
     model = build_model(cfg, dtype)
     stages.end()
     record["parameters"] = sum(p.numel() for p in model.parameters())
+    if SPEC["mode"] == "inference":
+        hooked(model)
     b, t = SPEC["batch"], SPEC["context"]
     vocab = cfg.get_text_config().vocab_size
-    generator = torch.Generator(device="cuda").manual_seed(1)
+    generator = torch.Generator(device=DEVICE).manual_seed(1)
     if SPEC["mode"] == "inference":
         model.eval()
         stages.begin("inputs")
-        ids = torch.randint(0, vocab, (b, t), device="cuda", generator=generator)
+        ids = torch.randint(0, vocab, (b, t), device=DEVICE, generator=generator)
         mask = torch.ones_like(ids)
         stages.end()
         from transformers import LogitsProcessor, LogitsProcessorList
@@ -263,18 +352,19 @@ def run(stages, record):
         model = apply_lora(model)
         stages.end()
     model.train()
+    hooked(model)
     params = [p for p in model.parameters() if p.requires_grad]
     record["trainable_parameters"] = sum(p.numel() for p in params)
     opt = optimizer_for(params)
     autocast = SPEC.get("autocast")
     scaler = torch.amp.GradScaler("cuda") if autocast == "float16" else None
     stages.begin("inputs")
-    ids = torch.randint(0, vocab, (b, t), device="cuda", generator=generator)
+    ids = torch.randint(0, vocab, (b, t), device=DEVICE, generator=generator)
     stages.end()
     for step in range(1, SPEC.get("steps", 3) + 1):
         stages.begin(f"step{step}.forward")
         if autocast:
-            with torch.autocast("cuda", dtype=DTYPES[autocast]):
+            with torch.autocast(DEVICE, dtype=DTYPES[autocast]):
                 loss = model(input_ids=ids, labels=ids).loss
         else:
             loss = model(input_ids=ids, labels=ids).loss
@@ -291,6 +381,42 @@ def run(stages, record):
             opt.step()
         opt.zero_grad(set_to_none=True)
         stages.end()
+
+
+def sample_outside(stages):
+    """What the process holds outside the allocator, sampled before each decoder layer's and
+    the head's forward and as each trained parameter's gradient is accumulated: rows of (stage,
+    allocations made so far, allocated, reserved, outside). The modules are found as they are
+    built (a hook on `nn.Module.__init__`'s callers would change nothing allocated)."""
+    rows = []
+
+    def sample(*_):
+        free, total = torch.cuda.mem_get_info()
+        reserved = torch.cuda.memory_reserved()
+        count = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+        rows.append([stages.current[0] if stages.current else None, count,
+                     torch.cuda.memory_allocated(), reserved, total - free - reserved])
+
+    def hook_model(model):
+        for name, module in model.named_modules():
+            if name.endswith("lm_head") or name.split(".")[-1].isdigit() and ".layers." in f".{name}":
+                module.register_forward_pre_hook(sample)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(sample)
+
+    SAMPLERS.append(hook_model)
+    return rows
+
+
+SAMPLERS = []
+
+
+def hooked(model):
+    """`model`, with the outside memory's sampler hooks when the spec asks for them."""
+    for hook in SAMPLERS:
+        hook(model)
+    return model
 
 
 def trace_events(stacks):
@@ -311,8 +437,13 @@ def trace_events(stacks):
 
 
 def main():
+    if PREQUANTIZE:
+        return prequantize(RESULT_PATH)
     record = dict(spec=SPEC)
+    record["extra"] = RECORD_EXTRA
     trace = SPEC.get("trace", "none")
+    if DRY:
+        return dry_main(record)
     torch.cuda.init()
     torch.zeros(1, device="cuda")  # CUDA started: the context exists
     torch.cuda.synchronize()
@@ -327,6 +458,8 @@ def main():
             stacks="python" if trace == "stacks" else "all")
     stages = Stages(trace != "none")
     record["stages"] = stages.rows
+    if SPEC.get("outside_samples"):
+        record["outside_samples"] = sample_outside(stages)
     try:
         run(stages, record)
         record["outcome"] = "ok"
@@ -349,6 +482,21 @@ def main():
     if trace != "none":
         record["markers"] = stages.markers
         record["trace"] = trace_events(trace == "stacks")
+    with open(RESULT_PATH, "w") as f:
+        json.dump(record, f, separators=(",", ":"))
+
+
+def dry_main(record):
+    """The workload's code on the CPU: that it runs, and its stages; no figure."""
+    stages = Stages(False)
+    record["stages"] = stages.rows
+    try:
+        run(stages, record)
+        record["outcome"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported
+        record["outcome"] = "error"
+        record["message"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+        record["traceback"] = traceback.format_exc()[-4000:]
     with open(RESULT_PATH, "w") as f:
         json.dump(record, f, separators=(",", ":"))
 

@@ -181,6 +181,25 @@ def small(model_type, variant=0):
         text.pop("tie_word_embeddings")
         return dict(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=vocab - 60,
                     boi_token_index=vocab - 61, eoi_token_index=vocab - 59)
+    # The architectures read since (each small, its own features switched on).
+    if model_type == "granite":
+        c.update(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+                 logits_scaling=8.0)
+    if model_type == "cohere":
+        c.update(logit_scale=0.0625, tie_word_embeddings=True)
+    if model_type == "glm4":
+        c.update(partial_rotary_factor=0.5, attention_bias=True)
+    if model_type == "starcoder2":
+        c.update(use_bias=True, sliding_window=24, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh")
+    if model_type == "gemma":
+        c.update(tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh")
+    if model_type == "llama4_text":
+        c.update(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=inter + 32,
+                 interleave_moe_layer_step=2, use_qk_norm=True, attention_chunk_size=24,
+                 no_rope_layers=[1, 0], layer_types=["chunked_attention", "full_attention"])
+    if model_type == "gpt_oss":
+        c.update(num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
+                 layer_types=["sliding_attention", "full_attention"], attention_bias=True)
     if model_type in ("deepseek_v2", "deepseek_v3"):
         c.pop("head_dim")
         c.update(num_key_value_heads=heads, kv_lora_rank=96 + 8 * variant, q_lora_rank=None if model_type ==
@@ -254,7 +273,7 @@ def run_all(specs, out_dir: Path, parallel=1, deadline=None, say=print):
             break
         s, p, start, path = running.pop(0)
         r = finish(p, start, path)
-        peak = max((st["peak_reserved"] for st in r.get("stages", [])), default=0)
+        peak = max((st.get("peak_reserved", 0) for st in r.get("stages", [])), default=0)
         say(f"- {s['name']}: {r.get('outcome')} in {r['wall_s']} s, peak reserved {peak:,} B"
             + (f" ({r.get('message', '')[:200]})" if r.get("outcome") != "ok" else ""))
         records.append(r)

@@ -61,6 +61,8 @@ pub struct FitRow {
     pub other_setting: Option<OtherSetting>,
     /// With the most GPUs tried, what one GPU lacks (when nothing fits).
     pub shortfall: Option<Bytes>,
+    /// A lot of this offer holds more GPUs than the most tried (`--max-gpus`): not tried.
+    pub lot_above_max_gpus: bool,
 }
 
 /// The one-GPU verdict under the other allocator setting.
@@ -413,8 +415,9 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             }
             None => None,
         };
-        let shortfall = fit.is_none().then(|| {
-            let gpus = max_lots.max(1) * per_lot;
+        let lot_above_max_gpus = max_lots == 0;
+        let shortfall = (fit.is_none() && !lot_above_max_gpus).then(|| {
+            let gpus = max_lots * per_lot;
             Bytes(need_per_gpu(budget, gpus).saturating_sub(usable))
         });
         rows.push(FitRow {
@@ -427,6 +430,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             basis,
             other_setting,
             shortfall,
+            lot_above_max_gpus,
         });
     }
     rows.sort_by_key(|r| match &r.fit {

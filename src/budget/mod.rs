@@ -22,7 +22,7 @@ pub use bench::{
 pub use fit::{plan, FitError, FitPlan};
 pub use presets::{Preset, PresetError, Presets};
 pub use shape::{AttentionKind, LinearTarget, ModelShape, ShapeError, WeightTensor};
-pub use terms::{budget, Budget, BudgetSettings, Place, Split, Term, TermStatus};
+pub use terms::{budget, Budget, BudgetFile, BudgetSettings, Place, Split, Term, TermStatus};
 pub use workload::{AllocatorSetting, Mode, Optimizer, WeightFormat, Workload, WorkloadError};
 
 #[cfg(test)]

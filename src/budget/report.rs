@@ -248,6 +248,14 @@ impl FitRow {
                 fit.total_usd_cents.to_string(),
                 basis_name(fit.basis).to_string(),
             ),
+            None if self.lot_above_max_gpus => (
+                "—".into(),
+                "—".into(),
+                "not tried".into(),
+                "a lot holds more GPUs than --max-gpus".into(),
+                "—".into(),
+                "—".into(),
+            ),
             None => (
                 "—".into(),
                 "—".into(),

@@ -121,20 +121,83 @@ fn a_budget_adds_up_and_its_file_refuses_edits() {
         .iter()
         .any(|s| s.stage == b.peak_stage && s.peak_reserved == b.peak_reserved));
     let text = serde_json::to_string(&b).unwrap();
-    let back = Budget::from_bytes(text.as_bytes(), "b.json").unwrap();
+    let read =
+        |text: &str| BudgetFile::parse(text.as_bytes(), "b.json").and_then(BudgetFile::verify);
+    let back = read(&text).unwrap();
     assert_eq!(back.terms, b.terms);
     let edit = |from: &str, to: &str| {
         let edited = text.replacen(from, to, 1);
         assert_ne!(edited, text, "{from}");
-        Budget::from_bytes(edited.as_bytes(), "b.json")
-            .unwrap_err()
-            .to_string()
+        read(&edited).unwrap_err().to_string()
     };
     let total = format!("\"total\":{{\"bytes\":{}", b.total.0);
     let e = edit(&total, &format!("\"total\":{{\"bytes\":{}", b.total.0 - 1));
-    assert!(e.contains("terms: at_peak sums to"), "{e}");
+    assert!(
+        e.contains("`/total/bytes` is not what this version computes"),
+        "{e}"
+    );
     let e = edit("\"batch\":2", "\"batch\":0");
     assert!(e.contains("workload: batch must be between 1 and"), "{e}");
+}
+
+/// A budget file is untrusted: sums kept consistent around absurd terms (every term of the
+/// allocator emptied, the weights made 2^63 B), a model whose sizes overflow its count, a head
+/// of width 0 or a router that transformers cannot run are refused, never planned or panicked on.
+#[test]
+fn a_budget_file_of_consistent_but_false_figures_is_refused() {
+    let b = budget(
+        &preset(
+            "qwen2.5-0.5b",
+            Mode::Full {
+                optimizer: Optimizer::Adamw,
+            },
+            1,
+            64,
+        ),
+        &BudgetSettings::h200(),
+    );
+    let refused = |value: &serde_json::Value| {
+        let text = serde_json::to_vec(value).unwrap();
+        BudgetFile::parse(&text, "b.json")
+            .and_then(BudgetFile::verify)
+            .unwrap_err()
+            .to_string()
+    };
+    let good = serde_json::to_value(&b).unwrap();
+    // Every allocator term 0, and the peaks and totals made to agree with that.
+    let mut emptied = good.clone();
+    for t in emptied["terms"].as_array_mut().unwrap() {
+        if t["place"] == "allocator" {
+            t["bytes"]["bytes"] = 0.into();
+            t["at_peak"]["bytes"] = 0.into();
+        }
+    }
+    for key in ["peak_allocated", "peak_reserved"] {
+        emptied[key]["bytes"] = 0.into();
+    }
+    let e = refused(&emptied);
+    assert!(e.contains("is not what this version computes"), "{e}");
+    // Weights of 2^63 B.
+    let mut heavy = good.clone();
+    heavy["terms"][0]["bytes"]["bytes"] = (1u64 << 63).into();
+    assert!(
+        refused(&heavy).contains("`/terms/0/bytes"),
+        "{}",
+        refused(&heavy)
+    );
+    // Sizes whose parameters overflow, a head of width 0.
+    let mut huge = good.clone();
+    for key in ["vocab", "hidden", "intermediate"] {
+        huge["workload"]["model"][key] = (1u64 << 24).into();
+    }
+    huge["workload"]["model"]["layers"] =
+        serde_json::Value::Array(vec![huge["workload"]["model"]["layers"][0].clone(); 4096]);
+    let e = refused(&huge);
+    assert!(e.contains("workload:"), "{e}");
+    let mut flat = good.clone();
+    flat["workload"]["model"]["head_dim"] = 0.into();
+    let e = refused(&flat);
+    assert!(e.contains("`head_dim` = 0 is out of range"), "{e}");
 }
 
 #[test]
@@ -186,7 +249,9 @@ fn every_mode_adds_up_and_reads_back() {
         let at_peak: u64 = b.terms.iter().map(|t| t.at_peak.0).sum();
         assert_eq!(at_peak, b.total.0, "{}", b.title());
         let text = serde_json::to_string(&b).unwrap();
-        Budget::from_bytes(text.as_bytes(), "b.json").unwrap_or_else(|e| panic!("{e}"));
+        BudgetFile::parse(text.as_bytes(), "b.json")
+            .and_then(BudgetFile::verify)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

@@ -192,7 +192,7 @@ impl Workload {
 
     /// Checks the sizes and refuses what the emulated stack does not run.
     pub fn validated(self) -> Result<Self, WorkloadError> {
-        self.model.check_runnable()?;
+        self.model.check_bounds()?;
         let generated = match self.mode {
             Mode::Inference { generated } => generated,
             _ => 0,

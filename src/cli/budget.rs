@@ -83,6 +83,7 @@ pub enum AutocastArg {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct BudgetArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -164,11 +165,12 @@ pub struct BudgetArgs {
 /// How a budget is planned over the catalog.
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
-    /// Catalog CSV [default: data/tarifs-forfaits.csv if present, else the built-in copy].
+    /// Catalog CSV (with --fit or --plot) [default: data/tarifs-forfaits.csv if present, else
+    /// the built-in copy].
     #[arg(long)]
     pub catalog: Option<PathBuf>,
-    /// The most GPUs tried per offer.
-    #[arg(long, value_parser = values::positive_u64, default_value = "64")]
+    /// The most GPUs tried per offer (with --fit).
+    #[arg(long, value_parser = values::positive_u64, default_value = "64", requires = "fit")]
     pub max_gpus: u64,
 }
 
@@ -404,6 +406,15 @@ impl BudgetArgs {
                     "invalid model or workload flags: {e}; {stored}"
                 )))
             }
+            (Err(crate::budget::WorkloadError::Targets { targets, known }), None)
+                if self.targets.is_none() =>
+            {
+                return Err(Failure::usage_owned(format!(
+                    "the default LoRA targets (--targets q,v) name {}, which the model lacks: it \
+                     has {known}; give --targets",
+                    targets.join(" and ")
+                )))
+            }
             (Err(e), None) => return Err(e).context("invalid model or workload flags"),
         };
         Ok((workload, checkpoint))
@@ -564,11 +575,18 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         super::print(&presets, a.json)?;
         return Ok(ExitCode::SUCCESS);
     }
+    if a.plan.catalog.is_some() && !a.fit && a.plot.is_none() {
+        return Err(Failure::usage(
+            "--catalog is read by --fit and --plot only: add one of them",
+        ));
+    }
     for out in [&a.output, &a.plot].into_iter().flatten() {
         crate::files::check_new_file(out)?;
     }
-    if a.output.is_some() && a.output == a.plot {
-        return Err(Failure::usage("--output and --plot name the same file"));
+    if let (Some(output), Some(plot)) = (&a.output, &a.plot) {
+        if crate::files::same_destination(output, plot) {
+            return Err(Failure::usage("--output and --plot name the same file"));
+        }
     }
     let (workload, checkpoint) = a.workload()?;
     let settings = a.settings()?;

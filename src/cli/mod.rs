@@ -120,6 +120,7 @@ pub fn run_main_from<P: clap::Parser>(
     args: impl IntoIterator<Item = std::ffi::OsString>,
     run: impl FnOnce(P) -> Outcome,
 ) -> ExitCode {
+    signals::exit_on_interrupt();
     match parse_from::<P>(args) {
         Ok(args) => {
             let outcome = run(args);

@@ -76,10 +76,12 @@ pub fn read_with_checkpoint(path: &Path) -> Result<(Model, Option<Checkpoint>), 
         (path.to_path_buf(), None)
     };
     let bytes = read_capped(&config_path, Input::ModelConfig)?;
-    let model = config::parse(&bytes).map_err(|source| FolderError::Config {
-        file: config_path.display().to_string(),
-        source,
-    })?;
+    let model = config::parse(&bytes)
+        .and_then(|m| m.check_runnable().map(|()| m))
+        .map_err(|source| FolderError::Config {
+            file: config_path.display().to_string(),
+            source,
+        })?;
     let checkpoint = match folder {
         Some(f) => checkpoint(&f)?,
         None => None,
@@ -133,7 +135,7 @@ pub fn checkpoint(folder: &Path) -> Result<Option<Checkpoint>, FolderError> {
         let mut paths = Vec::new();
         for s in shards {
             let p = folder.join(&s);
-            if !p.is_file() {
+            if !p.exists() {
                 return Err(bad(format!(
                     "shard {} is missing",
                     crate::text::printable(&s)
@@ -277,8 +279,7 @@ fn header(path: &Path, c: &mut Checkpoint) -> Result<(), FolderError> {
         file: file.clone(),
         source,
     };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
+    let (mut f, len) = crate::files::open_regular(path, Input::SafetensorsHeader)?;
     let mut n = [0u8; 8];
     f.read_exact(&mut n)
         .map_err(|_| bad("shorter than its 8-byte header length".into()))?;

@@ -270,6 +270,93 @@ impl Model {
         .unwrap_or(0)
     }
 
+    /// The bounds every model read from a `config.json` keeps (sizes from 1 to
+    /// [`config::MAX_SIZE`], at most [`MAX_LAYERS`] layers and experts, parameters counted below
+    /// [`config::MAX_PARAMETERS`]): what a model given otherwise (a budget file's) is checked
+    /// against before anything is computed from it.
+    pub fn check_bounds(&self) -> Result<(), ConfigError> {
+        use config::MAX_SIZE;
+        let range = |field: &str, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(ConfigError::Range {
+                    field: field.into(),
+                    value: value.to_string(),
+                    range: format!("{min} to {max}"),
+                })
+            }
+        };
+        let size = |field: &str, value: u64| range(field, value, 1, MAX_SIZE);
+        size("vocab", self.vocab)?;
+        size("hidden", self.hidden)?;
+        size("heads", self.heads)?;
+        size("kv_heads", self.kv_heads)?;
+        size("head_dim", self.head_dim)?;
+        size("intermediate", self.intermediate)?;
+        range("rotary_dim", self.rotary_dim, 0, self.head_dim)?;
+        range("layers", self.layers.len() as u64, 1, MAX_LAYERS)?;
+        for l in &self.layers {
+            if let Some(w) = l.window {
+                size("layers[].window", w)?;
+            }
+            match l.mlp {
+                Mlp::Dense { intermediate } => size("layers[].mlp.intermediate", intermediate)?,
+                Mlp::Experts if self.moe.is_none() => {
+                    return Err(ConfigError::Invalid(
+                        "a layer of experts in a model without a mixture of experts".into(),
+                    ))
+                }
+                Mlp::Experts => {}
+            }
+        }
+        if let Some(m) = &self.moe {
+            range("moe.experts", m.experts, 1, MAX_LAYERS)?;
+            range("moe.top_k", m.top_k, 1, m.experts)?;
+            size("moe.intermediate", m.intermediate)?;
+            if let Some(shared) = m.shared {
+                range(
+                    "moe.shared.intermediate",
+                    shared.intermediate,
+                    0,
+                    MAX_SIZE * MAX_LAYERS,
+                )?;
+            }
+            if let Router::DeepseekV3 { groups, top_groups } = m.router {
+                range("moe.router.groups", groups, 1, MAX_LAYERS)?;
+                range("moe.router.top_groups", top_groups, 1, MAX_LAYERS)?;
+            }
+        }
+        if let Attention::Latent(l) = &self.attention {
+            if let Some(q) = l.q_lora_rank {
+                size("attention.q_lora_rank", q)?;
+            }
+            size("attention.kv_lora_rank", l.kv_lora_rank)?;
+            size("attention.qk_nope_head_dim", l.qk_nope_head_dim)?;
+            size("attention.qk_rope_head_dim", l.qk_rope_head_dim)?;
+            size("attention.v_head_dim", l.v_head_dim)?;
+        }
+        if let Some(v) = &self.vision {
+            size("vision.hidden", v.hidden)?;
+            size("vision.intermediate", v.intermediate)?;
+            range("vision.layers", v.layers, 1, MAX_LAYERS)?;
+            size("vision.channels", v.channels)?;
+            size("vision.patch", v.patch)?;
+            size("vision.positions", v.positions)?;
+        }
+        match self.checked_parameter_count() {
+            Some(n) if n <= config::MAX_PARAMETERS => self.check_runnable(),
+            _ => Err(ConfigError::Range {
+                field: "parameters".into(),
+                value: "more than 2^50".into(),
+                range: format!(
+                    "at most 2^50 = {}",
+                    crate::units::grouped(config::MAX_PARAMETERS)
+                ),
+            }),
+        }
+    }
+
     /// What transformers builds but cannot run: key/value heads that do not divide the query
     /// heads (transformers counts the parameters of such a model, its attention then fails).
     pub fn check_runnable(&self) -> Result<(), ConfigError> {
@@ -280,6 +367,29 @@ impl Model {
                 heads: self.heads,
                 kv_heads: self.kv_heads,
             });
+        }
+        // DeepSeek-V3's router views the experts' scores as `n_group` groups of equal size, keeps
+        // the `topk_group` best groups and picks the experts among them.
+        if let Some(Moe {
+            experts,
+            top_k,
+            router: Router::DeepseekV3 { groups, top_groups },
+            ..
+        }) = self.moe
+        {
+            if !experts.is_multiple_of(groups) {
+                return Err(ConfigError::Invalid(format!(
+                    "`n_group` ({groups}) must divide `n_routed_experts` ({experts}): \
+                     transformers' router views the experts as groups of equal size"
+                )));
+            }
+            if top_groups > groups || top_k > top_groups * (experts / groups) {
+                return Err(ConfigError::Invalid(format!(
+                    "`topk_group` ({top_groups}) groups of {} experts cannot give \
+                     `num_experts_per_tok` ({top_k}) experts out of `n_group` ({groups}) groups",
+                    experts / groups
+                )));
+            }
         }
         Ok(())
     }

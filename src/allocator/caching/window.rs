@@ -50,19 +50,6 @@ impl CachingAllocator {
         self.small_fingerprint
     }
 
-    /// Whether releasing the cache ([`CachingAllocator::empty_cache`]) would change `pool`: one
-    /// of its free blocks is a whole segment or, in an expandable segment, holds a whole page.
-    pub fn cache_release_changes(&self, pool: Pool) -> bool {
-        self.free[pool_index(pool)].slots().any(|slot| {
-            if self.segments[&self.segment_of(slot)].expandable {
-                let (begin, end) = self.whole_pages(slot);
-                begin < end
-            } else {
-                !self.slots[slot].is_split()
-            }
-        })
-    }
-
     /// Whether an allocation of `size` bytes may release the cache: no free block holds it, and
     /// the device may lack the memory it would take (a segment of its own; with expandable
     /// segments, at most a page more than its size: what it lacks, rounded up to a page once).

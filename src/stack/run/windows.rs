@@ -16,10 +16,11 @@
 //! of a shape that keep meeting the small pool in states none was kept in (the cache's keys and
 //! values growing in the small pool) are recorded only as the count of those in a row reaches a
 //! power of two; the others go through the blocks without being recorded. On a
-//! limited device, a large allocation of a window followed may release the cache; where that
-//! would change the small pool, and no free block holds the allocation nor does the device have
-//! room for what it would take, the small blocks the window holds at that point are placed where
-//! they were, and the rest of the window goes through the blocks.
+//! limited device, a large allocation of a window followed may release the cache; where no free
+//! block holds the allocation nor does the device have room for what it would take, the small
+//! blocks the window holds at that point (recorded at each of its large allocations) are placed
+//! where they were before the cache is released, and the rest of the window goes through the
+//! blocks.
 
 use super::{Event, Replaying};
 use crate::allocator::size::{round_size, Pool, SMALL_SIZE};
@@ -312,12 +313,13 @@ impl Replaying {
                 Some(Window::Recording(r)) if matches!(r.items.last(), Some(Item::Small(_)))
             );
         let before = starts_run.then(|| self.allocator.pool_currents(Pool::Small));
-        // Where a large allocation could release the cache and change the small pool (only on
-        // a limited device), the small blocks the window holds.
+        // At a large allocation on a limited device, the small blocks the window holds: a window
+        // followed later holds none of them in the blocks until it ends, so that releasing the
+        // cache there could give back a segment this one kept in use (whether it would change
+        // the small pool now says nothing of what it would then).
         let held = (small_block.is_none()
             && matches!(e, Event::Alloc { .. })
-            && self.allocator.capacity().is_some()
-            && self.allocator.cache_release_changes(Pool::Small))
+            && self.allocator.capacity().is_some())
         .then(|| self.held_by_window());
         let number = self.blocks.next_number();
         let done = self.plain_event(e);
@@ -589,6 +591,41 @@ mod tests {
         }
         let windows = [r.windows.followed, r.windows.placed_early];
         (r.finish(), windows)
+    }
+
+    /// Windows followed on a card that makes the allocator release its cache mid-window, in
+    /// runs of multi-head models whose keys and values grow in the small pool (where the size
+    /// searches of `--fit` used to stop at a kept block that no longer fitted): the figures of
+    /// the whole replay, with no window left unplaced.
+    #[test]
+    fn windows_followed_where_the_cache_is_released_give_the_whole_replay() {
+        use crate::budget::workload::{Mode, Workload};
+        let cases = [
+            ("phi-3-mini", 46, 64, 16, true, 9_167_824_486),
+            ("phi-3-mini", 36, 256, 16, false, 12_964_608_128),
+            ("llama-2-7b", 43, 64, 16, false, 15_690_310_067),
+        ];
+        for (preset, batch, context, generated, expandable, capacity) in cases {
+            let w = Workload {
+                mode: Mode::Inference { generated },
+                batch,
+                context,
+                ..Workload::preset(preset).expect("a preset")
+            }
+            .validated()
+            .expect("a valid workload");
+            let kernels =
+                crate::stack::ops::Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0));
+            let p = program(&w.runs(kernels)[0]);
+            let config = crate::budget::terms::allocator_config(match expandable {
+                true => crate::budget::AllocatorSetting::ExpandableSegments,
+                false => crate::budget::AllocatorSetting::Default,
+            });
+            let (written, [followed, _]) = replayed(&p, config, Some(capacity), true);
+            let (whole, _) = replayed(&p, config, Some(capacity), false);
+            assert_eq!(written, whole, "{preset} batch {batch} on {capacity} B");
+            assert!(followed > 0, "{preset}: windows followed");
+        }
     }
 
     /// Every inference run of the six recorded proofs, replayed with the windows of its layers

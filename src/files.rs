@@ -34,9 +34,8 @@ pub enum Input {
     Budget,
     /// Model presets with the columns of `data/modeles.csv` (a few KiB): at most 16 MiB.
     Presets,
-    /// A transformer bench report written by `mesure_memoire transformer` (tens of KiB): at most
-    /// 64 MiB.
-    BenchReport,
+    /// A GPU proof report (`data/hf-proof-*.json`, a few hundred KiB): at most 64 MiB.
+    ProofReport,
     /// A model's `config.json` (a few KiB): at most 16 MiB.
     ModelConfig,
     /// A safetensors file's header (its 8-byte length and JSON; the tensors are never read):
@@ -61,7 +60,7 @@ impl Input {
             Input::SafetensorsHeader => 100 << 20,
             Input::Measurement
             | Input::Budget
-            | Input::BenchReport
+            | Input::ProofReport
             | Input::Lesson
             | Input::Sweep => 64 << 20,
             Input::Grid => 256 << 20,
@@ -88,7 +87,7 @@ impl Input {
             Input::Presets => "model presets",
             Input::ModelConfig => "model configuration",
             Input::SafetensorsHeader => "safetensors header",
-            Input::BenchReport => "transformer bench report",
+            Input::ProofReport => "GPU proof report",
             Input::Lesson => "lesson record",
             Input::Sweep => "sweep file",
             Input::CompanionResult => "GPU process result",

@@ -1,9 +1,8 @@
-//! The trait a GPU backend implements: the environment report, the measurement protocol, the
-//! transformer bench and the allocator lesson, each on a real GPU. The libtorch backend (crate
+//! The trait a GPU backend implements: the environment report, the measurement protocol and the
+//! allocator lesson, each on a real GPU. The libtorch backend (crate
 //! `iteragpu-torch`) implements it and the program that links it hands it to the command line;
 //! this crate never links libtorch.
 
-use crate::budget::TransformerBench;
 use crate::device::CudaDevice;
 use crate::environment::EnvironmentReport;
 use crate::lesson::{LessonRecord, LessonScript};
@@ -22,10 +21,6 @@ pub trait Gpu {
         blocks: bool,
         on_phase: &mut dyn FnMut(&PhaseRecord),
     ) -> Result<Measurement, MeasureError>;
-    /// The transformer bench on this GPU, where this backend runs it.
-    fn transformer(&self) -> Option<&dyn TransformerBench> {
-        None
-    }
     /// Runs the allocator lesson `script` on `device` and records the figures, the allocator's
     /// statistics and its map after every step; `configuration` is `PYTORCH_CUDA_ALLOC_CONF` as
     /// this process saw it (recorded as it is). A backend that does not run it says so (exit 2).

@@ -8,8 +8,7 @@
 //! tried with its figures moved between terms or added to one and its sums, which must be
 //! refused), a presets file (`Presets::parse`, then each row's
 //! model), a model's `config.json` (`model::config::parse`, then its parameters), a
-//! safetensors file's header (`Checkpoint::add_header`), a transformer bench report
-//! (`BenchReport::from_bytes`, then what `budget --against` does with it) and a sweep folder's
+//! safetensors file's header (`Checkpoint::add_header`) and a sweep folder's
 //! `sweep.csv` (`Sweep::load`, then its text and chart).
 //!
 //! Each parser runs on the seed files of `tests/corpus/<parser>/` as they are, then on mutations
@@ -755,26 +754,6 @@ fn safetensors() {
         let (header, data) = rest.split_at(n as usize);
         c.add_header(header, data.len() as u64).is_ok()
     });
-}
-
-#[test]
-fn bench_report() {
-    fuzz(
-        "bench-report",
-        |bytes| match iteragpu_lab::budget::BenchReport::from_bytes(bytes, "fuzz.json") {
-            Ok(r) => {
-                let settings = iteragpu_lab::budget::synthetic::terms::BudgetSettings::h200();
-                if let Ok(v) = iteragpu_lab::budget::verify::verify(&r, settings) {
-                    let _ = v.to_string();
-                }
-                true
-            }
-            Err(e) => {
-                let _ = e.to_string();
-                false
-            }
-        },
-    );
 }
 
 #[test]

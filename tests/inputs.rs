@@ -48,11 +48,6 @@ fn read_as(kind: Input, path: &Path, scratch: &Path) -> Option<(assert_cmd::Comm
             c.args(["budget", "--list-models", "--models", path]);
             c
         }
-        Input::BenchReport => {
-            let mut c = mm();
-            c.args(["budget", "--against", path]);
-            c
-        }
         Input::Sweep => {
             // A sweep is read from its folder: its summary is the file.
             let folder = scratch.join(format!("sweep-of-{}", path.replace('/', "_")));
@@ -81,7 +76,9 @@ fn read_as(kind: Input, path: &Path, scratch: &Path) -> Option<(assert_cmd::Comm
             ]);
             c
         }
-        Input::Lesson | Input::CompanionResult | Input::SafetensorsHeader => return None,
+        Input::Lesson | Input::CompanionResult | Input::SafetensorsHeader | Input::ProofReport => {
+            return None
+        }
     };
     cmd.timeout(PATIENCE);
     Some((cmd, shown))

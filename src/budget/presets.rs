@@ -42,57 +42,6 @@ impl Preset {
     pub fn model(&self) -> Result<Model, config::ConfigError> {
         config::from_value(&self.config_json()?)
     }
-
-    /// The shape of the synthetic transformer bench for this preset: dense or Mixtral-like
-    /// models with full attention only.
-    pub fn shape(&self) -> Result<crate::budget::ModelShape, String> {
-        let m = self.model().map_err(|e| e.to_string())?;
-        let (q_bias, o_bias) = match m.attention {
-            crate::model::Attention::Standard {
-                q_bias,
-                o_bias,
-                fused_qkv: false,
-                qk_norm: crate::model::QkNorm::None,
-                ..
-            } => (q_bias, o_bias),
-            _ => {
-                return Err(format!(
-                    "preset {}: the synthetic transformer has no {} attention",
-                    self.preset, m.model_type
-                ))
-            }
-        };
-        if m.has_sliding_layers() || m.model_type.is_gemma() || o_bias || m.mlp_bias {
-            return Err(format!(
-                "preset {}: the synthetic transformer runs Llama-style layers only",
-                self.preset
-            ));
-        }
-        let (experts, per_token, intermediate) = match m.moe {
-            Some(moe) if moe.shared.is_none() => (moe.experts, moe.top_k, moe.intermediate),
-            Some(_) => {
-                return Err(format!(
-                    "preset {}: shared experts are not in the synthetic transformer",
-                    self.preset
-                ))
-            }
-            None => (1, 1, m.intermediate),
-        };
-        Ok(crate::budget::ModelShape {
-            layers: m.layers.len() as u64,
-            hidden: m.hidden,
-            heads: m.heads,
-            kv_heads: m.kv_heads,
-            head_dim: m.head_dim,
-            intermediate,
-            vocab: m.vocab,
-            tied_embeddings: m.tied_embeddings,
-            attention_bias: q_bias,
-            experts,
-            experts_per_token: per_token,
-            attention: crate::budget::AttentionKind::Full,
-        })
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

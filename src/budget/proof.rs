@@ -87,7 +87,7 @@ pub struct Report {
 
 impl crate::files::Tagged for Report {
     const SCHEMA: &'static str = SCHEMA;
-    const KIND: Input = Input::BenchReport;
+    const KIND: Input = Input::ProofReport;
     fn schema(&self) -> &str {
         &self.schema
     }

@@ -7,8 +7,8 @@ use super::{values, Context, Failure, Outcome};
 use crate::allocator::ComputeCapability;
 use crate::budget::fit::{self, Size};
 use crate::budget::{
-    self, presets::Presets, AllocatorSetting, Budget, BudgetSettings, LinearTarget, Mode,
-    ModelShape, Optimizer, WeightFormat, Workload,
+    self, presets::Presets, AllocatorSetting, Budget, BudgetSettings, Mode, Optimizer,
+    WeightFormat, Workload,
 };
 use crate::catalog::Catalog;
 use crate::measure::Dtype;
@@ -91,7 +91,7 @@ pub struct BudgetArgs {
     #[arg(long)]
     pub list_models: bool,
     /// What runs: inference (`generate`), lora, qlora or full training.
-    #[arg(long, value_enum, required_unless_present_any = ["list_models", "against"])]
+    #[arg(long, value_enum, required_unless_present = "list_models")]
     pub mode: Option<ModeArg>,
     /// Weights' and activations' dtype [default: bfloat16; float32 with --autocast].
     #[arg(long, value_parser = values::dtype)]
@@ -100,7 +100,7 @@ pub struct BudgetArgs {
     #[arg(long, value_parser = values::positive_u64, default_value = "1")]
     pub batch: u64,
     /// Prompt tokens (inference) or sequence length (training).
-    #[arg(long, value_parser = values::positive_u64, required_unless_present_any = ["list_models", "against"])]
+    #[arg(long, value_parser = values::positive_u64, required_unless_present = "list_models")]
     pub context: Option<u64>,
     /// Tokens `generate` adds after the prompt (inference) [default: 1].
     #[arg(long, value_parser = values::positive_u64)]
@@ -156,10 +156,6 @@ pub struct BudgetArgs {
     pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub plan: PlanArgs,
-    /// Instead, check the synthetic transformer's accounting against runs recorded by
-    /// `mesure_memoire transformer` (the run's shape and mode come from the file).
-    #[arg(long, num_args = 1.., conflicts_with_all = ["model", "config", "layers", "mode", "context", "fit", "output", "plot", "list_models"])]
-    pub against: Vec<PathBuf>,
 }
 
 /// How a budget is planned over the catalog.
@@ -238,48 +234,14 @@ impl ModelArgs {
             .map_err(|e| Failure::usage_owned(format!("invalid shape flags: {e}")))?;
         Ok(("the shape of the flags".into(), model, None))
     }
-
-    /// The synthetic transformer's shape of these flags (the bench).
-    pub fn shape(&self) -> Result<(Option<String>, ModelShape), Failure> {
-        if self.config.is_some() {
-            return Err(Failure::usage(
-                "--config: the synthetic transformer takes a preset or a shape, not a config.json",
-            ));
-        }
-        if let Some(name) = &self.model {
-            let presets = self.presets()?;
-            let p = presets.get(name).context("invalid --model")?;
-            let shape = p.shape().map_err(Failure::usage_owned)?;
-            return Ok((Some(p.preset.clone()), shape));
-        }
-        if self.layers.is_none() {
-            return Err(Self::no_model());
-        }
-        let need = |v: Option<u64>| v.expect("clap requires the shape flags together");
-        let (hidden, heads) = (need(self.hidden), need(self.heads));
-        let shape = ModelShape {
-            layers: need(self.layers),
-            hidden,
-            heads,
-            kv_heads: self.kv_heads.unwrap_or(heads),
-            head_dim: self.head_dim.unwrap_or(hidden / heads),
-            intermediate: need(self.intermediate),
-            vocab: need(self.vocab),
-            tied_embeddings: self.tied_embeddings,
-            attention_bias: self.attention_bias,
-            experts: self.experts,
-            experts_per_token: self.experts_per_token,
-            attention: budget::AttentionKind::Full,
-        };
-        Ok((None, shape))
-    }
 }
 
-/// The module a LoRA target names (`q` → `q_proj`).
+/// The module a LoRA target names: a short name (`q`, `k`, `v`, `o`, `gate`, `up`, `down`) is
+/// Llama's `q_proj`…; any other name is the module's own.
 fn target_module(t: &str) -> String {
-    match t.parse::<LinearTarget>() {
-        Ok(target) => target.module().to_string(),
-        Err(_) => t.to_string(),
+    match t {
+        "q" | "k" | "v" | "o" | "gate" | "up" | "down" => format!("{t}_proj"),
+        _ => t.to_string(),
     }
 }
 
@@ -551,20 +513,6 @@ struct Document<'a> {
 }
 
 pub fn run(a: &BudgetArgs) -> Outcome {
-    if !a.against.is_empty() {
-        let mut all = Vec::new();
-        for path in &a.against {
-            let report = crate::budget::BenchReport::load(path)?;
-            let v = crate::budget::verify::verify(
-                &report,
-                crate::budget::synthetic::terms::BudgetSettings::h200(),
-            )
-            .context(format!("cannot check {}", path.display()))?;
-            all.push(v);
-        }
-        super::print(&crate::budget::verify::Verifications(all), a.json)?;
-        return Ok(ExitCode::SUCCESS);
-    }
     if a.list_models {
         if a.output.is_some() || a.fit || a.plot.is_some() {
             return Err(Failure::usage(

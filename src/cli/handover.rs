@@ -1,5 +1,5 @@
 //! Handing a command line over to the companion `mesure_memoire_torch`: the GPU commands of
-//! `mesure_memoire` (`environment`, `measure`, `lesson`, `transformer`) run there, in the program
+//! `mesure_memoire` (`environment`, `measure`, `lesson`) run there, in the program
 //! that links libtorch, with this program's stdout and stderr, and its exit code passed through.
 //! A companion that is missing, or that the system loader cannot start, is said clearly (exit 2),
 //! never left to the loader's own message alone.

@@ -46,8 +46,6 @@ pub enum Command {
     Budget(super::budget::BudgetArgs),
     /// Vary one dimension over a range, each point measured in a fresh process; find the limit.
     Sweep(super::sweep::SweepArgs),
-    /// Measure a synthetic decoder-only transformer stage by stage (inference or training).
-    Transformer(super::transformer::TransformerArgs),
     /// Draw the per-phase chart of a measurement, or the chart of a sweep (SVG, no GPU needed).
     Plot {
         /// Measurement JSON written by `measure`.
@@ -173,7 +171,6 @@ pub fn run(args: &Args, mode: Mode) -> Outcome {
             }
         }
         Command::Lesson(a) => return super::lesson::run(a, mode),
-        Command::Transformer(a) => return super::transformer::run(a, mode),
         Command::Predict(a) => {
             let config = a.shape.config(CudaDevice { index: 0 })?;
             let settings = workspace_settings()?;

@@ -19,7 +19,6 @@ pub mod resultats_bruts;
 pub mod shape;
 pub mod signals;
 pub mod sweep;
-pub mod transformer;
 pub mod values;
 
 use crate::status::{Classify, Status};
@@ -27,7 +26,7 @@ use std::fmt::Display;
 use std::io::Write;
 use std::process::ExitCode;
 
-/// Where `environment`, `measure`, `lesson` and `transformer` run.
+/// Where `environment`, `measure` and `lesson` run.
 #[derive(Clone, Copy)]
 pub enum Mode<'a> {
     /// This program does not link libtorch: it hands GPU work to its companion

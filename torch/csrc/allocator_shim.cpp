@@ -209,16 +209,6 @@ int igl_snapshot(int device, const char** text) {
   });
 }
 
-int igl_backward_with_gradient(const void* output, const void* gradient) {
-  return guarded([&] {
-    static_cast<const at::Tensor*>(output)->backward(*static_cast<const at::Tensor*>(gradient));
-  });
-}
-
-int igl_clear_grad(const void* tensor) {
-  return guarded([&] { static_cast<const at::Tensor*>(tensor)->mutable_grad().reset(); });
-}
-
 int igl_allocator_settings(struct igl_allocator_settings* out, const char** text) {
   return guarded([&] {
     using c10::CachingAllocator::AcceleratorAllocatorConfig;

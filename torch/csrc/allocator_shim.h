@@ -59,12 +59,6 @@ void igl_event_destroy(void* event);
 // segments: per contiguous mapped range), in address order, each followed by a line
 // "B address size requested_size allocated" per block, in address order.
 int igl_snapshot(int device, const char** text);
-// Autograd on tch's tensors: each `const void*` is what a tch `Tensor` holds, a `torch::Tensor*`
-// (torch-sys: `typedef torch::Tensor *tensor`). `output.backward(gradient)`, accumulating into the
-// leaves' gradients, which tch offers only for a scalar output:
-int igl_backward_with_gradient(const void* output, const void* gradient);
-// Sets the tensor's gradient to None, freeing it (`param.grad = None`), which tch cannot do.
-int igl_clear_grad(const void* tensor);
 // The allocator's settings, and the configuration text it parsed (empty when none; valid until
 // the next call on this thread).
 int igl_allocator_settings(struct igl_allocator_settings* out, const char** text);

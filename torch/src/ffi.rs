@@ -81,8 +81,6 @@ extern "C" {
     fn igl_event_elapsed_ms(start: *mut c_void, end: *mut c_void, ms: *mut f32) -> c_int;
     fn igl_event_destroy(event: *mut c_void);
     fn igl_snapshot(device: c_int, text: *mut *const c_char) -> c_int;
-    fn igl_backward_with_gradient(output: *const c_void, gradient: *const c_void) -> c_int;
-    fn igl_clear_grad(tensor: *const c_void) -> c_int;
     fn igl_allocator_settings(out: *mut AllocatorSettings, text: *mut *const c_char) -> c_int;
 }
 
@@ -189,26 +187,6 @@ pub fn snapshot(device: u32) -> Result<String, String> {
     Ok(unsafe { CStr::from_ptr(text) }
         .to_string_lossy()
         .into_owned())
-}
-
-/// The `torch::Tensor*` a tch tensor holds (torch-sys: `typedef torch::Tensor *tensor`).
-fn tensor_ptr(t: &tch::Tensor) -> *const c_void {
-    t.as_ptr().cast()
-}
-
-/// `output.backward(gradient)`: gradients flow from `output`, seeded with `gradient` (same shape),
-/// and accumulate into the leaves that require them; the graph is freed.
-pub fn backward_with_gradient(output: &tch::Tensor, gradient: &tch::Tensor) -> Result<(), String> {
-    // SAFETY: both pointers are the live `torch::Tensor*` of borrowed tch tensors, valid for the
-    // whole call; the shim only reads them.
-    checked(unsafe { igl_backward_with_gradient(tensor_ptr(output), tensor_ptr(gradient)) })
-}
-
-/// Sets `tensor`'s gradient to None, freeing it when nothing else holds it (`tensor.grad = None`).
-pub fn clear_grad(tensor: &tch::Tensor) -> Result<(), String> {
-    // SAFETY: the pointer is the live `torch::Tensor*` of a borrowed tch tensor; the shim resets
-    // the gradient slot of its TensorImpl, which the Rust side never aliases.
-    checked(unsafe { igl_clear_grad(tensor_ptr(tensor)) })
 }
 
 /// The caching allocator's settings as it reports them, and the configuration text it parsed.

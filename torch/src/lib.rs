@@ -1,7 +1,7 @@
-//! The libtorch backend of IteraGPU Lab: the synthetic network and the transformer bench on a CUDA
-//! GPU through `tch`, the caching allocator's own figures through a small C++ shim
-//! (`csrc/allocator_shim.{h,cpp}`), the environment probe, and the allocator lesson ([`lesson`]). It
-//! implements the library's [`Gpu`] and `TransformerBench` traits; the companion program
+//! The libtorch backend of IteraGPU Lab: the synthetic network on a CUDA GPU through `tch`, the
+//! caching allocator's own figures through a small C++ shim (`csrc/allocator_shim.{h,cpp}`), the
+//! environment probe, and the allocator lesson ([`lesson`]). It implements the library's [`Gpu`]
+//! trait; the companion program
 //! `mesure_memoire_torch` hands it to the command line. All `unsafe` code is in `ffi.rs`.
 
 mod allocator;
@@ -10,7 +10,6 @@ mod blocks;
 mod environment;
 mod ffi;
 mod probe;
-mod transformer;
 
 pub use allocator::{open_device, Allocator};
 pub use backend::TorchBackend;
@@ -72,10 +71,6 @@ impl Gpu for TorchGpu {
         let mut m = Measurement::new(environment, config.clone(), phases)?;
         m.runtime_free_at_start_bytes = Some(free_at_start.0);
         Ok(m)
-    }
-
-    fn transformer(&self) -> Option<&dyn iteragpu_lab::budget::TransformerBench> {
-        Some(self)
     }
 
     fn lesson(

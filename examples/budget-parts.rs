@@ -11,10 +11,11 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use iteragpu_lab::budget::terms::allocator_config;
+use iteragpu_lab::budget::compute::allocator_config;
 use iteragpu_lab::budget::workload::{AllocatorSetting, Mode, Workload};
 use iteragpu_lab::budget::BudgetSettings;
-use iteragpu_lab::stack::run::program;
+use iteragpu_lab::replay::{Device, OutsideBytes, Plan};
+use iteragpu_lab::stack::run::{program, replays};
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -39,15 +40,19 @@ fn main() {
         AllocatorSetting::Default,
         AllocatorSetting::ExpandableSegments,
     ];
-    let (mut emulation, mut replays) = (Duration::MAX, [Duration::MAX; 2]);
+    let (mut emulation, mut replay_times) = (Duration::MAX, [Duration::MAX; 2]);
     let mut events = 0;
     for _ in 0..3 {
         let started = Instant::now();
         let p = program(&run);
         emulation = emulation.min(started.elapsed());
-        for (replay, setting) in replays.iter_mut().zip(settings) {
+        for (replay, setting) in replay_times.iter_mut().zip(settings) {
             let started = Instant::now();
-            p.replay(allocator_config(setting), None);
+            p.replay(
+                allocator_config(setting),
+                Device::Unlimited,
+                OutsideBytes::NONE,
+            );
             *replay = (*replay).min(started.elapsed());
         }
         events = p.len();
@@ -56,7 +61,13 @@ fn main() {
     let mut side_by_side = Duration::MAX;
     for _ in 0..3 {
         let started = Instant::now();
-        iteragpu_lab::stack::run::replayed(&run, allocator_config(settings[0]));
+        let plan = Plan {
+            keep: false,
+            under: &[allocator_config(settings[0])],
+            outside: OutsideBytes::NONE,
+            watch: None,
+        };
+        replays(&run, &plan);
         side_by_side = side_by_side.min(started.elapsed());
     }
     let per_event = |d: Duration| d.as_nanos() as f64 / events as f64;
@@ -65,7 +76,7 @@ fn main() {
         "emulation {emulation:.1?} ({:.0} ns an event)",
         per_event(emulation)
     );
-    for (replay, setting) in replays.iter().zip(settings) {
+    for (replay, setting) in replay_times.iter().zip(settings) {
         println!(
             "replay    {replay:.1?} ({:.0} ns an event), {setting:?}",
             per_event(*replay)

@@ -7,9 +7,9 @@
 //!
 //! (the recorded traces are in `tests/fixtures/hf-traces/`).
 
-use iteragpu_lab::allocator::trace::{Trace, TraceEvent};
+use iteragpu_lab::replay::trace::{Trace, TraceEvent};
+use iteragpu_lab::replay::{Device, Event, OutsideBytes};
 use iteragpu_lab::stack::run::{program, Run};
-use iteragpu_lab::stack::tensor::Event;
 use std::collections::HashMap;
 
 /// An event written the same way for both sides: `+bytes` (allocation n) or `-n` (allocation n
@@ -43,7 +43,7 @@ fn emulated(events: &[Event]) -> Vec<String> {
     events[2..]
         .iter()
         .filter_map(|e| match *e {
-            Event::Alloc { bytes, role } => {
+            Event::Alloc { bytes, role, .. } => {
                 n += 1;
                 Some(format!("+{bytes} #{} ({})", n - 1, role.name()))
             }
@@ -120,7 +120,7 @@ fn main() {
         ..config
     };
     let from_driver = synthetic.replay(driver, &[4]);
-    let from_emulation = prog.replay(driver, None);
+    let from_emulation = prog.replay(driver, Device::Unlimited, OutsideBytes::NONE);
     println!(
         "stage: peak reserved measured / trace replayed / trace at rising synthetic addresses \
          (as the driver places them) / emulation replayed as the budget replays it"

@@ -23,7 +23,7 @@ fn main() {
             context: next(4096),
             width: next(8192),
             hidden: Some(next(32768)),
-            dtype: Dtype::ALL[(next(3) - 1) as usize],
+            dtype: Dtype::FLOATS[(next(3) - 1) as usize],
             warmup: (next(10) - 1) as u32,
             repeats: next(8) as u32,
             ..Default::default()

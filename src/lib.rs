@@ -53,6 +53,7 @@ pub mod notebook;
 pub mod plot;
 pub mod quote;
 pub mod reading;
+pub mod replay;
 pub mod shown;
 #[deny(
     clippy::cast_possible_truncation,

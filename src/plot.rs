@@ -605,7 +605,7 @@ pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
             .y_desc("GiB (2^30 bytes)")
             .draw()
             .expect("drawing to memory");
-        type Peak = fn(&crate::budget::terms::StagePeak) -> u64;
+        type Peak = fn(&crate::budget::compute::StagePeak) -> u64;
         let series: [(&str, RGBColor, Peak); 2] = [
             ("peak allocated", ALLOCATED[2], |s| s.peak_allocated.0),
             ("peak reserved", RESERVED[1], |s| s.peak_reserved.0),

@@ -30,7 +30,7 @@ fn a_preset_budget_names_every_term_with_bytes_gib_and_gb() {
             "KV cache                                 2 147 483 648 B   2.00   2.15",
         ))
         .stdout(contains("measured on NVIDIA H200"))
-        .stdout(contains("reserved peaks in the prefill stage"))
+        .stdout(contains("the card is fullest (reserved and what lives outside the allocator) in the decode stage"))
         .stdout(contains("Each stage of the replayed run"))
         .stdout(contains("1 GiB = 2^30 bytes, 1 GB = 10^9 bytes"));
 }
@@ -39,7 +39,7 @@ fn a_preset_budget_names_every_term_with_bytes_gib_and_gb() {
 fn the_json_budget_holds_each_term_and_sums_to_its_total() {
     let v = json_of(mm().args(LLAMA2_7B).arg("--json"));
     let b = &v["budget"];
-    assert_eq!(b["schema"], "iteragpu-lab/budget/2");
+    assert_eq!(b["schema"], "iteragpu-lab/budget/3");
     let terms = b["terms"].as_array().unwrap();
     let term = |key: &str| terms.iter().find(|t| t["key"] == key).unwrap();
     assert_eq!(term("kv_cache")["bytes"]["bytes"], 2_147_483_648u64);
@@ -593,7 +593,7 @@ fn a_bad_budget_file_is_a_data_error_with_its_position() {
     let file = dir.path().join("b.json");
     std::fs::write(
         &file,
-        "{\"schema\": \"iteragpu-lab/budget/2\",\n \"workload\": 7}",
+        "{\"schema\": \"iteragpu-lab/budget/3\",\n \"workload\": 7}",
     )
     .unwrap();
     cf().arg("--fit")

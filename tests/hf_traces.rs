@@ -4,8 +4,8 @@
 //! autocast, expandable segments, bitsandbytes' QLoRA and 8-bit AdamW) replayed through the model gives each stage's peaks of
 //! `allocated` and `reserved` to the byte.
 
-use iteragpu_lab::allocator::trace::{Trace, TraceEvent};
 use iteragpu_lab::allocator::{AddressOrder, AllocatorConfig};
+use iteragpu_lab::replay::trace::{Trace, TraceEvent};
 use std::io::Read;
 use std::path::PathBuf;
 
@@ -122,7 +122,7 @@ fn at_the_drivers_synthetic_addresses_every_stage_is_within_the_margin() {
     println!(
         "the driver's placement, then rising addresses: {total:?} B off in all, the worst {worst:?}"
     );
-    let margin = iteragpu_lab::budget::terms::MARGIN_PPM as f64 / 1e6;
+    let margin = iteragpu_lab::budget::settings::MARGIN_PPM as f64 / 1e6;
     assert!(worst[0].0 < margin, "{:?}", worst[0]);
     // Placed as the driver placed them, the segments give the peaks far closer than rising
     // addresses do (16 MiB off in all over every stage of every trace, against 515 MiB).

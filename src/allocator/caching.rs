@@ -32,6 +32,21 @@ pub struct BlockId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Label(u32);
 
+impl Label {
+    /// Its number, in the order the names were interned.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Why an allocation was refused: the device had no memory left for it, even after the
+/// allocator released its cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("out of memory allocating {bytes} bytes")]
+pub struct OutOfMemory {
+    pub bytes: u64,
+}
+
 /// Address space an expandable segment reserves: more than any single GPU's memory (PyTorch
 /// reserves 1.125 × the device's memory, rounded to pages).
 const EXPANDABLE_RESERVATION: u64 = 1 << 40;

@@ -1,43 +1,50 @@
 //! The fit planner: for every GPU model and duration of the catalog, the fewest lots whose GPUs
 //! hold the workload, the headroom left and the exact price, cheapest first. On one GPU the
-//! verdict is the replay's: the run replayed on an allocator limited to the card's memory (less
-//! what lives outside the allocator and the reserve) either completes or runs out of memory, as
-//! on the card; a fit closer than the proof's margin is flagged. A budget made for the planner
-//! starts those replays beside its own, as soon as its replay shows one needed
-//! ([`crate::stack::run::Watched`]); the planner runs the others. Over several GPUs it is the
-//! split rule's estimate, said so.
+//! verdict is the replay's: the run replayed on a card of the offer's memory less the reserve
+//! (the allocator given that room less what the process holds outside it as it goes) either
+//! completes or runs out of memory, as on the card; a fit closer than the proof's margin is
+//! flagged. A budget made for the planner starts those replays beside its own, as soon as its
+//! replay shows one needed ([`crate::replay::Watched`]); the planner runs the others. Over
+//! several GPUs it is the split rule's estimate, said so. [`SizeSearch`] finds the largest batch
+//! or context that holds on each card.
 
-use super::terms::{allocator_config, Budget, BudgetSettings, CardReplay, Place, Split};
+use super::compute::{allocator_config, Budget, CardReplay};
+use super::settings::BudgetSettings;
+use super::terms::{Place, Split};
 use super::workload::{AllocatorSetting, Workload};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
-use crate::stack::run::{program, program_replayed_under, Program, Replayed};
+use crate::replay::{Device, OutsideBytes, Plan, Program};
+use crate::stack::run::{program, replays};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// The split rule over several GPUs, stated with every plan.
 pub const SPLIT_RULE: &str = "over several GPUs (an estimate, not replayed): weights, adapters, \
 gradients and optimizer states sharded evenly (ZeRO-3 / FSDP); the KV cache split by KV heads \
 (each GPU holds ⌈kv_heads / GPUs⌉ heads); activations, workspaces, the allocator's free blocks, \
-the CUDA context and the reserve whole on every GPU: on the high side where the free blocks and \
-temporaries come from sharded tensors (AdamW's, autocast's copies), which a sharded run holds in \
-part. On one GPU the verdict is the replay's on an allocator limited to the card.";
+what lives outside the allocator and the reserve whole on every GPU: on the high side where the \
+free blocks and temporaries come from sharded tensors (AdamW's, autocast's copies), which a \
+sharded run holds in part. On one GPU the verdict is the replay's on the card.";
 
 /// How a verdict was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
-    /// The whole run's peak of `reserved` fits: nothing to replay.
+    /// The card at its fullest in the unlimited replay (`reserved` and what lives outside the
+    /// allocator) fits: nothing to replay.
     PeakFits,
-    /// The run replayed on an allocator limited to the card (its cache freed and retried when
-    /// full, as PyTorch does): it completed.
+    /// The run replayed on the card (its cache freed and retried when full, as PyTorch does):
+    /// it completed.
     ReplayCompleted,
     /// It fits, but with less headroom than the proof's margin: the verdict is within the
     /// replays' measured error.
     WithinMargin,
-    /// The run replayed on the card ran out of memory (or even its `allocated` exceeds it).
+    /// The run replayed on the card ran out of memory (or even its `allocated` with what lives
+    /// outside the allocator exceeds it).
     ReplayOutOfMemory,
     /// Several GPUs: the split rule's estimate.
     SplitEstimate,
@@ -50,9 +57,8 @@ pub struct FitRow {
     pub display_name: String,
     pub duration_days: u32,
     pub memory_per_gpu: Bytes,
-    /// What the allocator may use: the card less what lives outside the allocator and the
-    /// reserve.
-    pub usable_per_gpu: Bytes,
+    /// What the run may use of each GPU: its memory less the reserve.
+    pub room_per_gpu: Bytes,
     /// `None` when no number of lots up to the limit holds the workload.
     pub fit: Option<Fit>,
     /// The one-GPU verdict's basis.
@@ -77,10 +83,11 @@ pub struct OtherSetting {
 pub struct Fit {
     pub lots: u64,
     pub gpus: u64,
-    /// What each GPU's allocator must hold (for one GPU: the replay's peak reserved, at most
-    /// the usable memory when the allocator freed its cache and retried).
+    /// What the run uses of each GPU at its fullest (for one GPU: the replay's peak of
+    /// `reserved` with what lives outside the allocator then, at most the room where the
+    /// allocator freed its cache and retried).
     pub need_per_gpu: Bytes,
-    /// The usable memory less that need.
+    /// The room less that need.
     pub headroom_per_gpu: Bytes,
     pub lot_price_usd_cents: Cents,
     pub total_usd_cents: Cents,
@@ -91,8 +98,8 @@ pub struct Fit {
 #[derive(Debug, Clone, Serialize)]
 pub struct FitPlan {
     pub workload: String,
-    /// What one GPU's allocator must hold (the `need / GPU` of a one-GPU row).
-    pub allocator_need: Bytes,
+    /// What the run uses of one GPU at its fullest (the `need / GPU` of a one-GPU row).
+    pub need_on_one_gpu: Bytes,
     pub budget_needed: Bytes,
     pub split_rule: String,
     pub margin_rule: String,
@@ -137,14 +144,15 @@ pub fn shares(budget: &Budget, gpus: u64) -> Vec<u64> {
         .collect()
 }
 
-/// What one GPU of `gpus` must hold in its allocator (neither what lives outside it nor the
-/// reserve, both taken off the card's usable memory).
+/// What the run uses of each of `gpus` GPUs at its fullest under the split rule: its share of
+/// the allocator's terms and what lives outside the allocator (the reserve is taken off the
+/// card's room).
 pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
     budget
         .terms
         .iter()
         .zip(shares(budget, gpus))
-        .filter(|(t, _)| t.place == Place::Allocator)
+        .filter(|(t, _)| t.place != Place::Reserve)
         .fold(0u64, |s, (_, b)| s.saturating_add(b))
 }
 
@@ -156,11 +164,57 @@ pub fn memory_bytes(row: &CatalogRow) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// The one-GPU verdicts of one workload, replayed once per card size and allocator setting.
+/// A card a run is replayed on: the allocator setting, and the card's room (its memory less
+/// the reserve).
+pub type Card = (AllocatorSetting, u64);
+
+/// What a run's peaks decide alone on a card of `room` bytes: it holds when the card at its
+/// fullest (`peak_device`: `reserved` and what lives outside the allocator, when known for the
+/// setting) is within the room, not when its peak of `allocated` with what lives outside is
+/// beyond it; `None` between the two, where a replay on the card decides.
+fn by_peaks(peak_in_use: u64, peak_device: Option<u64>, room: u64) -> Option<bool> {
+    if peak_device.is_some_and(|r| r <= room) {
+        Some(true)
+    } else if peak_in_use > room {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Whether every one of `programs` completes on each of `cards`, the process holding `outside`
+/// beside the allocator: as `beside` says where it has the program and the card (the replays a
+/// budget made beside its own), else by the replays, side by side on every core.
+fn complete_on_cards(
+    programs: &[Arc<Program>],
+    cards: &[Card],
+    outside: OutsideBytes,
+    beside: &[CardReplay],
+) -> Vec<bool> {
+    use rayon::prelude::*;
+    cards
+        .par_iter()
+        .map(|&(setting, room)| {
+            programs.par_iter().enumerate().all(|(index, program)| {
+                beside
+                    .iter()
+                    .find(|r| (r.program, r.room, r.allocator) == (index, room, setting))
+                    .map(|r| r.completed)
+                    .unwrap_or_else(|| {
+                        let card = Device::Card { room };
+                        let replayed = program.replay(allocator_config(setting), card, outside);
+                        replayed.out_of_memory.is_none()
+                    })
+            })
+        })
+        .collect()
+}
+
+/// The one-GPU verdicts of one workload, replayed once per card.
 pub struct OneGpu<'a> {
     budget: &'a Budget,
-    programs: Vec<std::sync::Arc<Program>>,
-    verdicts: HashMap<(u64, AllocatorSetting), bool>,
+    programs: Vec<Arc<Program>>,
+    verdicts: HashMap<Card, bool>,
 }
 
 impl<'a> OneGpu<'a> {
@@ -172,130 +226,73 @@ impl<'a> OneGpu<'a> {
         }
     }
 
-    /// What the allocator may use on a card of `memory` bytes: the card less what lives outside
-    /// the allocator and the reserve.
-    pub fn usable(&self, memory: u64) -> u64 {
-        let b = self.budget;
-        usable(
-            memory,
-            b.outside_allocator.0,
-            b.held_at_peak(Place::Reserve),
-        )
+    /// What the run may use of a card of `memory` bytes: the card less the reserve.
+    pub fn room(&self, memory: u64) -> u64 {
+        memory.saturating_sub(self.budget.held_at_peak(Place::Reserve))
     }
 
     /// The programs of the workload's runs (the budget's, or emulated again for a budget read
     /// from a file).
-    fn programs(&mut self) -> Vec<std::sync::Arc<Program>> {
+    fn programs(&mut self) -> Vec<Arc<Program>> {
         let b = self.budget;
         if self.programs.is_empty() {
             self.programs = b
                 .workload
                 .runs(b.kernels)
                 .iter()
-                .map(|run| std::sync::Arc::new(program(run)))
+                .map(|run| Arc::new(program(run)))
                 .collect();
         }
         self.programs.clone()
     }
 
-    /// The budget's peak of `reserved` under `setting`, when known (the budget's own setting's;
-    /// its peak of `allocated` is every setting's).
-    fn peak_reserved(&self, setting: AllocatorSetting) -> Option<u64> {
+    /// What the budget's peaks decide alone on a card (the card at its fullest is known for
+    /// the budget's own setting; its peak of `allocated` is every setting's).
+    fn decided_by_peaks(&self, (setting, room): Card) -> Option<bool> {
         let b = self.budget;
-        (setting == b.workload.allocator).then_some(b.peak_reserved.0)
+        let peak_device = (setting == b.workload.allocator).then(|| b.peak_use());
+        by_peaks(b.peak_in_use.0, peak_device, room)
     }
 
     /// Whether the run holds on a card of `memory` bytes, and on what basis.
     pub fn verdict(&mut self, memory: u64, setting: AllocatorSetting) -> (bool, Basis) {
-        let usable = self.usable(memory);
-        let decided = self.decided_by_peaks(usable, setting);
-        one_gpu_verdict(decided, || {
-            if let Some(&fits) = self.verdicts.get(&(usable, setting)) {
-                return fits;
-            }
-            let beside = &self.budget.replayed_on_cards;
-            let fits = complete_on_cards(&self.programs(), &[(setting, usable)], beside)[0];
-            self.verdicts.insert((usable, setting), fits);
-            fits
-        })
+        let card = (setting, self.room(memory));
+        match self.decided_by_peaks(card) {
+            Some(true) => return (true, Basis::PeakFits),
+            Some(false) => return (false, Basis::ReplayOutOfMemory),
+            None => {}
+        }
+        self.replay_open(&[(memory, setting)]);
+        match self.verdicts[&card] {
+            true => (true, Basis::ReplayCompleted),
+            false => (false, Basis::ReplayOutOfMemory),
+        }
     }
 
     /// Replays side by side, on every core, the verdicts on `cards` (their memory and the
-    /// setting) that the peaks leave open (what [`verdict`](Self::verdict) would replay one by
-    /// one).
+    /// setting) that the peaks leave open and no replay gave yet.
     pub fn replay_open(&mut self, cards: &[(u64, AllocatorSetting)]) {
-        let mut open: Vec<(AllocatorSetting, u64)> = Vec::new();
+        let mut open: Vec<Card> = Vec::new();
         for &(memory, setting) in cards {
-            let usable = self.usable(memory);
-            let decided = self.decided_by_peaks(usable, setting).is_some()
-                || self.verdicts.contains_key(&(usable, setting))
-                || open.contains(&(setting, usable));
-            if !decided {
-                open.push((setting, usable));
+            let card = (setting, self.room(memory));
+            if self.decided_by_peaks(card).is_none()
+                && !self.verdicts.contains_key(&card)
+                && !open.contains(&card)
+            {
+                open.push(card);
             }
         }
         if open.is_empty() {
             return;
         }
-        let fits = complete_on_cards(&self.programs(), &open, &self.budget.replayed_on_cards);
-        self.verdicts
-            .extend(open.into_iter().map(|(s, u)| (u, s)).zip(fits));
-    }
-
-    /// What the budget's peaks decide alone on `usable` bytes under `setting`.
-    fn decided_by_peaks(&self, usable: u64, setting: AllocatorSetting) -> Option<bool> {
-        by_peaks(
-            self.budget.peak_allocated.0,
-            self.peak_reserved(setting),
-            usable,
-        )
+        let (programs, b) = (self.programs(), self.budget);
+        let fits = complete_on_cards(&programs, &open, b.outside.bytes, &b.replayed_on_cards);
+        self.verdicts.extend(open.into_iter().zip(fits));
     }
 }
 
-/// Whether every one of `programs` completes on an allocator limited to each of `cards` (a
-/// setting and the bytes the allocator may use): as `beside` says where it has the program,
-/// the card and the setting (the replays a budget made beside its own), else by the replays,
-/// side by side on every core.
-fn complete_on_cards(
-    programs: &[std::sync::Arc<Program>],
-    cards: &[(AllocatorSetting, u64)],
-    beside: &[CardReplay],
-) -> Vec<bool> {
-    use rayon::prelude::*;
-    cards
-        .par_iter()
-        .map(|&(setting, usable)| {
-            programs.par_iter().enumerate().all(|(index, program)| {
-                beside
-                    .iter()
-                    .find(|r| (r.program, r.usable, r.allocator) == (index, usable, setting))
-                    .map(|r| r.completed)
-                    .unwrap_or_else(|| {
-                        program
-                            .replay(allocator_config(setting), Some(usable))
-                            .out_of_memory
-                            .is_none()
-                    })
-            })
-        })
-        .collect()
-}
-
-/// What a run's peaks decide alone on `usable` bytes: it holds when its peak of `reserved`
-/// (when known for the setting) is within them, not when its peak of `allocated` is beyond
-/// them; `None` between the two, where a replay limited to the card decides.
-fn by_peaks(peak_allocated: u64, peak_reserved: Option<u64>, usable: u64) -> Option<bool> {
-    if peak_reserved.is_some_and(|r| r <= usable) {
-        Some(true)
-    } else if peak_allocated > usable {
-        Some(false)
-    } else {
-        None
-    }
-}
-
-/// The memory of one GPU of each offer sold by the GPU: the cards whose verdicts a replay
-/// limited to the card may decide.
+/// The memory of one GPU of each offer sold by the GPU: the cards whose verdicts a replay on
+/// the card may decide.
 pub fn one_gpu_memories(catalog: &Catalog) -> Vec<u64> {
     let one_gpu = catalog.rows.iter().filter(|r| r.gpus_per_lot <= 1);
     one_gpu.map(memory_bytes).collect()
@@ -304,29 +301,11 @@ pub fn one_gpu_memories(catalog: &Catalog) -> Vec<u64> {
 /// The budget of `w` to plan over `catalog`: with the replays on one GPU of each offer that its
 /// own replay shows needed, made beside it.
 pub fn budget_for_catalog(w: &Workload, settings: &BudgetSettings, catalog: &Catalog) -> Budget {
-    let outside = settings.outside.for_mode(w.mode.trains());
-    let capacities: Vec<u64> = one_gpu_memories(catalog)
+    let rooms: Vec<u64> = one_gpu_memories(catalog)
         .into_iter()
-        .map(|memory| usable(memory, outside, settings.reserve_bytes))
+        .map(|memory| settings.room(memory))
         .collect();
-    super::terms::budget_on_cards(w, settings, &capacities)
-}
-
-/// What the allocator may use on a card of `memory` bytes: the card less what lives outside
-/// the allocator and the reserve.
-pub fn usable(memory: u64, outside: u64, reserve: u64) -> u64 {
-    memory.saturating_sub(outside).saturating_sub(reserve)
-}
-
-/// The one-GPU rule: what the peaks decide ([`by_peaks`]), else the replay on an allocator
-/// limited to the usable memory (`replay_fits`).
-fn one_gpu_verdict(by_peaks: Option<bool>, replay_fits: impl FnOnce() -> bool) -> (bool, Basis) {
-    match by_peaks {
-        Some(true) => (true, Basis::PeakFits),
-        Some(false) => (false, Basis::ReplayOutOfMemory),
-        None if replay_fits() => (true, Basis::ReplayCompleted),
-        None => (false, Basis::ReplayOutOfMemory),
-    }
+    super::compute::budget_on_cards(w, settings, &rooms)
 }
 
 /// Plans `budget` over every offer of `catalog`, trying up to `max_gpus` GPUs per offer (the
@@ -338,12 +317,12 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     let mut one = OneGpu::new(budget);
     let setting = budget.workload.allocator;
     // The replays the peaks leave open, side by side: under the budget's setting on every offer
-    // of one GPU, and under the other setting where the peak of `reserved` does not fit (the
+    // of one GPU, and under the other setting where the card at its fullest does not fit (the
     // offers whose verdict it is asked).
     let mut cards = Vec::new();
     for memory in one_gpu_memories(catalog) {
         cards.push((memory, setting));
-        if one.decided_by_peaks(one.usable(memory), setting) != Some(true) {
+        if one.decided_by_peaks((setting, one.room(memory))) != Some(true) {
             cards.push((memory, setting.other()));
         }
     }
@@ -351,7 +330,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     let mut rows = Vec::new();
     for row in &catalog.rows {
         let memory = memory_bytes(row);
-        let usable = one.usable(memory);
+        let room = one.room(memory);
         let per_lot = u64::from(row.gpus_per_lot).max(1);
         let max_lots = max_gpus / per_lot;
         let (one_fits, basis) = if per_lot == 1 {
@@ -367,7 +346,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             .filter(|o| o.fits != one_fits);
         // The fewest lots: one GPU by replay; more by the split rule, whose need only falls as
         // GPUs are added, so the smallest fitting count is found by halving.
-        let fits_with = |lots: u64| need_per_gpu(budget, lots * per_lot) <= usable;
+        let fits_with = |lots: u64| need_per_gpu(budget, lots * per_lot) <= room;
         let lots = if one_fits {
             Some(1)
         } else if max_lots >= 2 && fits_with(max_lots) {
@@ -397,7 +376,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
                 })?;
                 let (need, fit_basis) = if gpus == 1 {
                     // A replay that completes above its unlimited peak freed its cache and retried.
-                    let need = budget.peak_reserved.0.min(usable);
+                    let need = budget.peak_use().min(room);
                     let tight = budget.needed.0 > memory;
                     (need, if tight { Basis::WithinMargin } else { basis })
                 } else {
@@ -407,7 +386,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
                     lots,
                     gpus,
                     need_per_gpu: Bytes(need),
-                    headroom_per_gpu: Bytes(usable.saturating_sub(need)),
+                    headroom_per_gpu: Bytes(room.saturating_sub(need)),
                     lot_price_usd_cents: row.lot_price_usd_cents,
                     total_usd_cents: total,
                     basis: fit_basis,
@@ -418,14 +397,14 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         let lot_above_max_gpus = max_lots == 0;
         let shortfall = (fit.is_none() && !lot_above_max_gpus).then(|| {
             let gpus = max_lots * per_lot;
-            Bytes(need_per_gpu(budget, gpus).saturating_sub(usable))
+            Bytes(need_per_gpu(budget, gpus).saturating_sub(room))
         });
         rows.push(FitRow {
             model: row.model.clone(),
             display_name: row.display_name.clone(),
             duration_days: row.duration_days,
             memory_per_gpu: Bytes(memory),
-            usable_per_gpu: Bytes(usable),
+            room_per_gpu: Bytes(room),
             fit,
             basis,
             other_setting,
@@ -437,16 +416,22 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         Some(f) => (0, f.total_usd_cents.0, r.duration_days),
         None => (1, r.shortfall.map_or(u64::MAX, |s| s.0), r.duration_days),
     });
+    let o = &budget.outside;
     Ok(FitPlan {
         workload: budget.title(),
-        allocator_need: Bytes(need_per_gpu(budget, 1)),
+        need_on_one_gpu: Bytes(budget.peak_use()),
         budget_needed: budget.needed,
         split_rule: SPLIT_RULE.into(),
         margin_rule: format!(
-            "usable = card − {} B outside the allocator (measured on {}) − the reserve; a fit \
+            "room = card − the reserve; the run uses it for the allocator and what lives outside \
+             it, which grows as the process loads its work ({} B with CUDA's context, {} B after \
+             a forward pass, {} B after a backward pass, {} B decoding; measured on {}); a fit \
              with less headroom than {} B = {} (the margin: {}) is marked within the margin",
-            crate::units::grouped(budget.outside_allocator.0),
-            budget.outside.measured_on,
+            crate::units::grouped(o.bytes.context),
+            crate::units::grouped(o.bytes.forward),
+            crate::units::grouped(o.bytes.backward),
+            crate::units::grouped(o.bytes.decode),
+            o.measured_on,
             crate::units::grouped(budget.margin.0),
             budget.margin.gib_text(),
             budget.margin_source
@@ -475,36 +460,35 @@ impl FitPlan {
 }
 
 /// The largest values of a workload's size (`batch` or `context`) that hold on one GPU, for
-/// cards and allocator settings all given at the start, searched together in rounds
-/// ([`SizeSearch::largest_of_each`]). A size is emulated and replayed under the settings of the
-/// cards that ask for it, as the emulation writes it; its peaks decide every card of those
-/// settings they can, and each card between its peak of `allocated` and its peak of `reserved`
-/// that asks for the size or whose search is open at it (the size lies between the largest that
-/// holds on the card and the smallest that does not, of those tried on it) is then replayed on
-/// an allocator limited to it, while the program is at hand (it holds every event of its run,
-/// so it is let go once its cards are replayed). A card's search reads only verdicts within its
+/// cards all given at the start, searched together in rounds ([`SizeSearch::largest_of_each`]).
+/// A size is emulated and replayed under the settings of the cards that ask for it, as the
+/// emulation writes it; its peaks decide every card of those settings they can, and each card
+/// between its peak of `allocated` and the card at its fullest (both with what lives outside the
+/// allocator) that asks for the size or whose search is open at it (the size lies between the
+/// largest that holds on the card and the smallest that does not, of those tried on it) is then
+/// replayed on the card, while the program is at hand (it holds every event of its run, so it
+/// is let go once its cards are replayed). A card's search reads only verdicts within its
 /// bounds, which close in on its edge; a verdict it lacks (a size tried before it needed it, or
 /// under the other setting only) is replayed when it asks for it.
 pub struct SizeSearch<'a> {
     workload: &'a Workload,
     settings: &'a BudgetSettings,
     size: Size,
+    /// The largest size the workload allows, at most the limit asked.
     limit: u64,
     allocators: Vec<AllocatorSetting>,
-    /// What the allocator may use on each card searched.
-    usables: Vec<u64>,
-    /// Per size tried (`None`: not a valid workload): what its replays gave.
-    tried: HashMap<u64, Option<Tried>>,
+    /// The room of each card searched.
+    rooms: Vec<u64>,
+    /// What the replays of each size tried gave.
+    tried: HashMap<u64, Tried>,
 }
-
-/// A card searched: the allocator setting, and the bytes the allocator may use on it.
-type Card = (AllocatorSetting, u64);
 
 /// Sizes replayed side by side at most (each holds its program while its cards are replayed).
 const SIZES_AT_ONCE: usize = 8;
 
 /// Where one card's search stands: the width of its bounds before its last try, the step past
-/// the largest size holding that the line's estimate last needed, and what it found once done.
+/// the largest size holding that it takes while no size failed (doubled at each try), and what
+/// it found once done.
 struct Search {
     last_width: u64,
     step: u64,
@@ -523,16 +507,17 @@ impl Default for Search {
 
 /// What the replays of one size gave.
 struct Tried {
-    /// The verdict on each card searched (by its usable bytes) under each setting, where the
-    /// peaks decided it or the search of that card was open at this size.
+    /// The verdict on each card searched, where the peaks decided it or the search of that card
+    /// was open at this size.
     verdicts: HashMap<Card, bool>,
-    /// The peaks of `allocated` and `reserved` under each setting it was replayed under.
+    /// Under each setting it was replayed under, the most the card held in use (`allocated` and
+    /// what lived outside the allocator) and at its fullest (`reserved` and that).
     peaks: HashMap<AllocatorSetting, (u64, u64)>,
 }
 
 impl<'a> SizeSearch<'a> {
-    /// A search over `size` from 1 to `limit`, on cards of `memories` bytes under each of
-    /// `allocators`.
+    /// A search over `size` from 1 to `limit` (or the largest the workload allows, if smaller:
+    /// [`SizeSearch::limit`]), on cards of `memories` bytes under each of `allocators`.
     pub fn new(
         workload: &'a Workload,
         settings: &'a BudgetSettings,
@@ -541,20 +526,34 @@ impl<'a> SizeSearch<'a> {
         memories: &[u64],
         allocators: &[AllocatorSetting],
     ) -> SizeSearch<'a> {
+        let mut rooms: Vec<u64> = memories.iter().map(|&m| settings.room(m)).collect();
+        rooms.sort_unstable();
+        rooms.dedup();
         let mut search = SizeSearch {
             workload,
             settings,
             size,
-            limit,
+            limit: 1,
             allocators: allocators.to_vec(),
-            usables: Vec::new(),
+            rooms,
             tried: HashMap::new(),
         };
-        let mut usables: Vec<u64> = memories.iter().map(|&m| search.usable(m)).collect();
-        usables.sort_unstable();
-        usables.dedup();
-        search.usables = usables;
+        // The bounds on a workload only cap its sizes: the valid ones run from 1 up.
+        let (mut valid, mut invalid) = (1, limit.saturating_add(1));
+        while invalid - valid > 1 {
+            let mid = valid + (invalid - valid) / 2;
+            match search.at(mid) {
+                Some(_) => valid = mid,
+                None => invalid = mid,
+            }
+        }
+        search.limit = valid;
         search
+    }
+
+    /// The largest size searched: the limit asked, or the largest the workload allows.
+    pub fn limit(&self) -> u64 {
+        self.limit
     }
 
     /// The workload at size `n`, if valid.
@@ -573,58 +572,45 @@ impl<'a> SizeSearch<'a> {
     /// under each then decide every card of that setting they can.
     fn replayed(&self, w: &Workload, n: u64, asking: &[Card]) -> Tried {
         let needs = |card: Card| asking.contains(&card) || self.open_at(n, card);
-        let settings: Vec<AllocatorSetting> = self
-            .allocators
-            .iter()
-            .copied()
+        let settings: Vec<AllocatorSetting> = (self.allocators.iter().copied())
             .filter(|&s| asking.iter().any(|c| c.0 == s))
             .collect();
         let configs: Vec<_> = settings.iter().map(|&s| allocator_config(s)).collect();
-        let (programs, replayed): (Vec<_>, Vec<Vec<Replayed>>) = w
-            .runs(self.settings.kernels)
-            .iter()
-            .map(|run| {
-                let (program, replayed) = program_replayed_under(run, &configs);
-                (std::sync::Arc::new(program), replayed)
-            })
-            .unzip();
-        // Each setting's peaks: the largest of the runs'.
-        let peaks: HashMap<AllocatorSetting, (u64, u64)> = settings
-            .iter()
-            .enumerate()
-            .map(|(i, &setting)| {
-                let of_runs = replayed.iter().map(|r| &r[i]);
-                let allocated = of_runs.clone().map(|r| r.peak_allocated).max();
-                let reserved = of_runs.map(|r| r.peak_reserved).max();
-                (setting, (allocated.unwrap_or(0), reserved.unwrap_or(0)))
-            })
-            .collect();
+        let outside = self.settings.outside.bytes;
+        let plan = Plan {
+            keep: true,
+            under: &configs,
+            outside,
+            watch: None,
+        };
+        let mut programs = Vec::new();
+        let mut peaks: HashMap<AllocatorSetting, (u64, u64)> = HashMap::new();
+        for run in w.runs(self.settings.kernels) {
+            let r = replays(&run, &plan);
+            programs.push(Arc::new(r.program));
+            // Each setting's peaks: the largest of the runs'.
+            for (&setting, r) in settings.iter().zip(&r.unlimited) {
+                let p = peaks.entry(setting).or_default();
+                *p = (p.0.max(r.peak_device_allocated), p.1.max(r.peak_device));
+            }
+        }
         let mut verdicts = HashMap::new();
-        let mut limited = Vec::new();
-        for (&setting, &(allocated, reserved)) in &peaks {
-            for &usable in &self.usables {
-                let card = (setting, usable);
-                match by_peaks(allocated, Some(reserved), usable) {
+        let mut open = Vec::new();
+        for (&setting, &(in_use, device)) in &peaks {
+            for &room in &self.rooms {
+                let card = (setting, room);
+                match by_peaks(in_use, Some(device), room) {
                     Some(fits) => {
                         verdicts.insert(card, fits);
                     }
-                    None if needs(card) => limited.push(card),
+                    None if needs(card) => open.push(card),
                     None => {}
                 }
             }
         }
-        let fits = complete_on_cards(&programs, &limited, &[]);
-        verdicts.extend(limited.into_iter().zip(fits));
+        let fits = complete_on_cards(&programs, &open, outside, &[]);
+        verdicts.extend(open.into_iter().zip(fits));
         Tried { verdicts, peaks }
-    }
-
-    /// What the allocator may use on a card of `memory` bytes.
-    fn usable(&self, memory: u64) -> u64 {
-        usable(
-            memory,
-            self.settings.outside.for_mode(self.workload.mode.trains()),
-            self.settings.reserve_bytes,
-        )
     }
 
     /// The sizes each asked for by some cards, replayed side by side (at most
@@ -634,17 +620,20 @@ impl<'a> SizeSearch<'a> {
         use rayon::prelude::*;
         let asked: Vec<(u64, &Vec<Card>)> = asked.iter().map(|(&n, c)| (n, c)).collect();
         for group in asked.chunks(SIZES_AT_ONCE) {
-            let replayed: Vec<(u64, Option<Tried>)> = group
+            let replayed: Vec<(u64, Tried)> = group
                 .par_iter()
-                .map(|&(n, asking)| (n, self.at(n).map(|w| self.replayed(&w, n, asking))))
+                .map(|&(n, asking)| {
+                    let w = self.at(n).expect("sizes up to the limit are valid");
+                    (n, self.replayed(&w, n, asking))
+                })
                 .collect();
             for (n, again) in replayed {
-                match (self.tried.get_mut(&n), again) {
-                    (Some(Some(t)), Some(again)) => {
+                match self.tried.get_mut(&n) {
+                    Some(t) => {
                         t.verdicts.extend(again.verdicts);
                         t.peaks.extend(again.peaks);
                     }
-                    (_, again) => {
+                    None => {
                         self.tried.insert(n, again);
                     }
                 }
@@ -652,33 +641,31 @@ impl<'a> SizeSearch<'a> {
         }
     }
 
-    /// The verdict of size `n` on `card`, if it was tried on it (an invalid workload holds on
-    /// none).
+    /// The verdict of size `n` on `card`, if it was tried on it.
     fn verdict(&self, n: u64, card: Card) -> Option<bool> {
-        match self.tried.get(&n)? {
-            None => Some(false),
-            Some(t) => t.verdicts.get(&card).copied(),
-        }
+        self.tried.get(&n)?.verdicts.get(&card).copied()
     }
 
     /// The largest size that holds on one GPU of `memory` bytes under `setting`, with the next
-    /// size not holding; `None` when even 1 does not ([`SizeSearch::largest_of_each`] for one
-    /// card).
+    /// size not holding (or the limit); `None` when even 1 does not
+    /// ([`SizeSearch::largest_of_each`] for one card).
     pub fn largest(&mut self, memory: u64, setting: AllocatorSetting) -> Option<u64> {
         self.largest_of_each(&[(memory, setting)])[0]
     }
 
     /// For each card (its memory and the allocator setting), the largest size that holds on
-    /// one GPU of it, with the next size not holding; `None` when even 1 does not. The cards
-    /// are searched together, in rounds: in each, every search not done names the size it
-    /// tries next, and those sizes are replayed side by side. Every size tried bounds every
-    /// card it has a verdict on; the next size a card tries is where the peaks, interpolated
-    /// between its bounds, meet the card (or, when its last try did not halve the bounds, the
-    /// middle).
+    /// one GPU of it, with the next size not holding (or the limit); `None` when even 1 does
+    /// not. The cards are searched together, in rounds: in each, every search not done names
+    /// the size it tries next, and those sizes are replayed side by side. Every size tried
+    /// bounds every card it has a verdict on. A card whose bounds are open above tries where its
+    /// peaks, drawn as a line through the sizes tried, meet its room, or further by a step that
+    /// doubles at each try; once bounded, where the line meets the room between the bounds, or
+    /// the middle when its last try did not halve them: a search takes a number of rounds
+    /// logarithmic in the size it finds.
     pub fn largest_of_each(&mut self, cards: &[(u64, AllocatorSetting)]) -> Vec<Option<u64>> {
         let mut searches: Vec<(Card, Search)> = cards
             .iter()
-            .map(|&(memory, setting)| ((setting, self.usable(memory)), Search::default()))
+            .map(|&(memory, setting)| ((setting, self.settings.room(memory)), Search::default()))
             .collect();
         loop {
             let mut asked: BTreeMap<u64, Vec<Card>> = BTreeMap::new();
@@ -712,23 +699,13 @@ impl<'a> SizeSearch<'a> {
             Some(b) if b - good == 1 => return Err(Some(good)),
             None if good == self.limit => return Err(Some(good)),
             // The last try did not halve the bounds: the middle.
-            Some(b) => match self.estimate(good, Some(b), card) {
-                _ if b - good > search.last_width / 2 => good + (b - good) / 2,
-                n => n,
-            },
-            None => match self.estimate(good, None, card) {
-                // The line says the card is full, but it may be low: the next size, then,
-                // while sizes hold within their peak of `reserved`, steps twice as long each
-                // time one holds (beyond it, a replay on the card decided: the edge is near).
-                n if n <= good => {
-                    search.step = match self.peaks(good, card.0) {
-                        Some((_, reserved)) if reserved > card.1 => 1,
-                        _ => search.step.saturating_mul(2).max(1),
-                    };
-                    good.saturating_add(search.step)
-                }
-                n => n,
-            },
+            Some(b) if b - good > search.last_width / 2 => good + (b - good) / 2,
+            Some(b) => self.estimate(good, Some(b), card),
+            None => {
+                search.step = search.step.saturating_mul(2).max(1);
+                let estimate = self.estimate(good, None, card);
+                estimate.max(good.saturating_add(search.step))
+            }
         };
         search.last_width = bad.map_or(u64::MAX, |b| b - good);
         Ok(next.min(self.limit))
@@ -758,31 +735,23 @@ impl<'a> SizeSearch<'a> {
         good < n && bad.is_none_or(|b| n < b)
     }
 
-    /// The peaks of `allocated` and `reserved` of size `n` under `setting`, if tried under it
-    /// and valid.
-    fn peaks(&self, n: u64, setting: AllocatorSetting) -> Option<(u64, u64)> {
-        self.tried
-            .get(&n)
-            .and_then(Option::as_ref)
-            .and_then(|t| t.peaks.get(&setting).copied())
-    }
-
     /// The next size to try between `good` (holds) and `bad` (does not, or no such size tried):
     /// where the line through the peaks at `good` and at `bad`, else at the smallest size tried
-    /// (the average slope: peaks grow in steps of whole segments), reaches `usable` (without
-    /// `bad`, possibly `good` or below); without two such peaks, twice `good`. The peaks are
-    /// those of `reserved` under the default setting, where a segment with any block in use
-    /// cannot be given back, so that a run holds on a card little beyond where its peak of
-    /// `reserved` fills it; and those of `allocated` with expandable segments, whose pages not
-    /// in use are given back when the card is full, so that a run holds nearly until its peak
-    /// of `allocated` fills the card.
-    fn estimate(&self, good: u64, bad: Option<u64>, (setting, usable): Card) -> u64 {
-        let peaks = |n: u64| self.peaks(n, setting);
-        let by_allocated = setting == AllocatorSetting::ExpandableSegments;
-        let peak = |n: u64| peaks(n).map(|(a, r)| if by_allocated { a } else { r });
+    /// (the average slope: peaks grow in steps of whole segments), reaches the card's room
+    /// (without `bad`, possibly `good` or below); without two such peaks, twice `good`. The
+    /// peaks are the card at its fullest under the default setting, where a segment with any
+    /// block in use cannot be given back, so that a run holds on a card little beyond where its
+    /// peak of `reserved` fills it; and its most in use with expandable segments, whose pages
+    /// not in use are given back when the card is full, so that a run holds nearly until its
+    /// peak of `allocated` fills the card.
+    fn estimate(&self, good: u64, bad: Option<u64>, (setting, room): Card) -> u64 {
+        let by_in_use = setting == AllocatorSetting::ExpandableSegments;
+        let peak = |n: u64| {
+            let (in_use, device) = *self.tried.get(&n)?.peaks.get(&setting)?;
+            Some(if by_in_use { in_use } else { device })
+        };
         let other = bad.or_else(|| {
-            self.tried
-                .keys()
+            (self.tried.keys())
                 .filter(|&&n| n < good && peak(n).is_some())
                 .min()
                 .copied()
@@ -790,10 +759,10 @@ impl<'a> SizeSearch<'a> {
         let line = other.and_then(|o| Some((o, peak(o)?, peak(good)?)));
         match line {
             Some((o, at_other, at_good)) if at_other != at_good => {
-                // n = good + (usable - peak(good)) * (o - good) / (peak(o) - peak(good)).
+                // n = good + (room - peak(good)) * (o - good) / (peak(o) - peak(good)).
                 let rise = i128::from(at_other) - i128::from(at_good);
                 let run = i128::from(o) - i128::from(good);
-                let step = (i128::from(usable) - i128::from(at_good)) * run / rise;
+                let step = (i128::from(room) - i128::from(at_good)) * run / rise;
                 let n = u64::try_from((i128::from(good) + step).max(0)).unwrap_or(u64::MAX);
                 match bad {
                     Some(b) => n.clamp(good + 1, b - 1),

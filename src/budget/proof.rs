@@ -9,6 +9,7 @@
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
 use crate::files::{Input, JsonError};
+use crate::replay::{Device, Loaded, Outside, OutsideBytes};
 use crate::stack::run::{program, Run};
 use serde::{Deserialize, Serialize};
 
@@ -123,8 +124,9 @@ pub struct RunCheck {
     /// The whole run's peaks: measured, predicted.
     pub peak_allocated: (u64, u64),
     pub peak_reserved: (u64, u64),
-    /// What the process held outside the allocator at its end (card runs: alone on the GPU).
-    pub outside: Option<u64>,
+    /// What the process held outside the allocator at the end of its stages, the most at each
+    /// step of its loading (card runs: alone on the GPU).
+    pub outside: Option<OutsideBytes>,
     /// For a card: the outcome measured and the replay's on the card (`ok`, `oom in STAGE`, or
     /// measured `error in STAGE`), and how many stages each completed.
     pub card_outcome: Option<(String, String)>,
@@ -246,31 +248,43 @@ impl Report {
 }
 
 /// Replays one record as the budget does and compares it.
-pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::run::SpecError> {
+pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::spec::SpecError> {
     let run = Run::from_spec(&rec.spec)?;
     let expandable = rec
         .spec
         .get("expandable")
         .and_then(|e| e.as_bool())
         .unwrap_or(false);
-    let config = super::terms::allocator_config(if expandable {
+    let config = super::compute::allocator_config(if expandable {
         super::workload::AllocatorSetting::ExpandableSegments
     } else {
         super::workload::AllocatorSetting::Default
     });
     let prog = program(&run);
-    let unlimited = prog.replay(config, None);
-    let outside = rec.card.as_ref().and_then(|c| {
-        rec.stages
-            .last()
-            .map(|s| s.outside_after.saturating_sub(c.taken_bytes))
+    let unlimited = prog.replay(config, Device::Unlimited, OutsideBytes::NONE);
+    // What the process held outside the allocator at the end of each stage, the most of each
+    // step of its loading (as the program's stages say where they are).
+    let outside = rec.card.as_ref().map(|c| {
+        let (mut most, mut loaded) = (OutsideBytes::NONE, Loaded::Context);
+        for (m, stage) in rec.stages.iter().zip(prog.stages()) {
+            let held = m.outside_after.saturating_sub(c.taken_bytes);
+            // What a process has loaded stays loaded (a second step's forward after a backward).
+            loaded = loaded.max(stage.loaded);
+            let step = match loaded {
+                Loaded::Context => &mut most.context,
+                Loaded::Forward => &mut most.forward,
+                Loaded::Backward => &mut most.backward,
+                Loaded::Decode => &mut most.decode,
+            };
+            *step = (*step).max(held);
+        }
+        most
     });
-    // On a card: the replay on an allocator limited to the card less what the process holds
-    // outside it.
+    // On a card: the replay on the card, the process holding what it loads outside the
+    // allocator as it goes.
     let on_card = rec.card.as_ref().map(|c| {
-        let trains = run.work.trains();
-        let outside = super::outside::OutsideAllocator::h200().for_mode(trains);
-        prog.replay(config, Some(super::fit::usable(c.card_bytes, outside, 0)))
+        let card = Device::Card { room: c.card_bytes };
+        prog.replay(config, card, Outside::h200().bytes)
     });
     let stages_completed = on_card.as_ref().map(|r| (rec.stages.len(), r.stages.len()));
     let figures = match &on_card {

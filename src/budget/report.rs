@@ -1,8 +1,9 @@
 //! The budget and the fit plan as a person reads them: text tables with exact bytes beside GiB
 //! and GB, and the same tables in HTML for notebooks.
 
+use super::compute::Budget;
 use super::fit::{Basis, FitPlan, FitRow};
-use super::terms::{Budget, Split, Term};
+use super::terms::{Split, Term};
 use super::workload::{AllocatorSetting, Mode, Optimizer, WeightFormat};
 use crate::markup::{table, Html, Table};
 use crate::units::{grouped, Bytes, ROUNDING_RULE};
@@ -20,7 +21,7 @@ pub const FIT_COLUMNS: [&str; 9] = [
     "days",
     "lots",
     "GPUs",
-    "usable / GPU",
+    "room / GPU",
     "need / GPU",
     "headroom / GPU",
     "verdict",
@@ -96,7 +97,8 @@ impl Budget {
         vec![
             ("peak of allocated".into(), self.peak_allocated),
             ("peak of reserved".into(), self.peak_reserved),
-            ("total (reserved + outside + reserve)".into(), self.total),
+            ("most in use (allocated + outside)".into(), self.peak_in_use),
+            ("card at its fullest + reserve".into(), self.total),
             ("needed, with the margin".into(), self.needed),
         ]
     }
@@ -104,7 +106,8 @@ impl Budget {
     fn notes(&self) -> Vec<String> {
         let mut notes = vec![format!(
             "The run replayed through the allocator model, every allocation and free of the \
-             Hugging Face stack in its order: reserved peaks in the {} stage.",
+             Hugging Face stack in its order: the card is fullest (reserved and what lives \
+             outside the allocator) in the {} stage.",
             self.peak_stage
         )];
         if self.workload.mask_orders().len() > 1 {
@@ -283,7 +286,7 @@ impl FitRow {
             self.duration_days.to_string(),
             lots,
             gpus,
-            self.usable_per_gpu.gib_text(),
+            self.room_per_gpu.gib_text(),
             need,
             headroom,
             verdict,
@@ -319,10 +322,10 @@ impl FitPlan {
 
     fn caption(&self) -> String {
         format!(
-            "Fit — {} (on one GPU: {} in the allocator; the card needs {} with what lives \
-             outside it and the margin)",
+            "Fit — {} (on one GPU the run uses {} at its fullest; with the reserve and the \
+             margin, a card of {})",
             self.workload,
-            self.allocator_need.gib_text(),
+            self.need_on_one_gpu.gib_text(),
             self.budget_needed.gib_text()
         )
     }
@@ -331,7 +334,7 @@ impl FitPlan {
         let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
         table(&self.caption(), &FIT_COLUMNS, &rows)
             .then(Html::note(&self.verdict()))
-            .then(Html::note(&format!("Usable memory: {}", self.margin_rule)))
+            .then(Html::note(&format!("Room: {}", self.margin_rule)))
             .then(Html::note(&format!("Split rule: {}", self.split_rule)))
             .then(Html::note(&format!("Catalog: {}", self.catalog)))
             .then(Html::note(self.catalog.banner()))

@@ -2,6 +2,7 @@
 //! (the KV cache of full, sliding and latent attention, LoRA's and AdamW's tensors), the budget
 //! file's invariants, and the fit planner on a small catalog.
 
+use super::compute::allocator_config;
 use super::fit::{self, Basis, Size};
 use super::*;
 use crate::catalog::Catalog;
@@ -275,9 +276,10 @@ fn the_planner_replays_one_gpu_and_splits_over_more() {
         &preset("llama-3.1-8b", generate(512), 4, 8192),
         &BudgetSettings::h200(),
     );
-    // One GPU's allocator holds the replay's peak: the outside memory and the reserve are taken
-    // off the card, not counted again.
-    assert_eq!(fit::need_per_gpu(&b, 1), b.peak_reserved.0);
+    // One GPU holds the card at its fullest: the allocator's peak and what lives outside it
+    // then; the reserve is taken off the card, not counted again.
+    assert_eq!(fit::need_per_gpu(&b, 1), b.peak_use());
+    assert_eq!(b.peak_use(), b.peak_reserved.0 + b.outside_allocator.0);
     let with_reserve = budget(
         &preset("llama-3.1-8b", generate(512), 4, 8192),
         &BudgetSettings {
@@ -293,11 +295,8 @@ fn the_planner_replays_one_gpu_and_splits_over_more() {
     for row in &plan.rows {
         let f = row.fit.as_ref().expect("fits within 8 GPUs");
         assert_eq!(f.total_usd_cents.0, f.lots * f.lot_price_usd_cents.0);
-        // Need and headroom share the usable memory (the card less outside and reserve).
-        assert_eq!(
-            f.need_per_gpu.0 + f.headroom_per_gpu.0,
-            row.usable_per_gpu.0
-        );
+        // Need and headroom share the room (the card less the reserve).
+        assert_eq!(f.need_per_gpu.0 + f.headroom_per_gpu.0, row.room_per_gpu.0);
         match row.model.as_str() {
             "small" => {
                 assert_eq!(row.basis, Basis::ReplayOutOfMemory);
@@ -320,7 +319,7 @@ fn the_planner_replays_one_gpu_and_splits_over_more() {
     let short = plan.rows.iter().find(|r| r.model == "small").unwrap();
     assert_eq!(
         short.shortfall.unwrap().0,
-        fit::need_per_gpu(&b, 1) - short.usable_per_gpu.0
+        fit::need_per_gpu(&b, 1) - short.room_per_gpu.0
     );
     assert!(matches!(
         fit::plan(&b, &catalog(), 0),
@@ -511,13 +510,13 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
     let mut n = 0u32;
     for e in program.events().take(loading.end) {
         match e {
-            crate::stack::tensor::Event::Alloc { bytes, role } => {
-                if role == crate::stack::tensor::Role::Weights {
+            crate::replay::Event::Alloc { bytes, role, .. } => {
+                if role == crate::replay::Role::Weights {
                     kept.insert(n, bytes);
                 }
                 n += 1;
             }
-            crate::stack::tensor::Event::Free { alloc } => {
+            crate::replay::Event::Free { alloc } => {
                 kept.remove(&alloc);
             }
             _ => {}
@@ -553,24 +552,24 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
 
 #[test]
 fn replays_made_as_the_emulation_writes_equal_replays_of_the_kept_program() {
-    use crate::stack::run::{program_replayed_under, Replayed};
+    use crate::replay::{Device, Plan};
     let w = preset("qwen2.5-0.5b", generate(8), 2, 512);
     let configs = [
-        terms::allocator_config(AllocatorSetting::Default),
-        terms::allocator_config(AllocatorSetting::ExpandableSegments),
+        allocator_config(AllocatorSetting::Default),
+        allocator_config(AllocatorSetting::ExpandableSegments),
     ];
-    let (program, streamed) =
-        program_replayed_under(&w.runs(BudgetSettings::h200().kernels)[0], &configs);
-    let figures = |r: &Replayed| {
-        (
-            r.stages.clone(),
-            r.peak_allocated,
-            r.peak_reserved,
-            r.peak_stage.clone(),
-        )
+    let outside = BudgetSettings::h200().outside.bytes;
+    let plan = Plan {
+        keep: true,
+        under: &configs,
+        outside,
+        watch: None,
     };
+    let r = crate::stack::run::replays(&w.runs(BudgetSettings::h200().kernels)[0], &plan);
+    let (program, streamed) = (r.program, r.unlimited);
     for (config, streamed) in configs.iter().zip(&streamed) {
-        assert_eq!(figures(streamed), figures(&program.replay(*config, None)));
+        let kept = program.replay(*config, Device::Unlimited, outside);
+        assert_eq!(streamed, &kept);
     }
     // The two settings do differ, so the comparison can fail.
     assert_ne!(streamed[0].peak_reserved, streamed[1].peak_reserved);
@@ -625,7 +624,8 @@ fn a_vision_tower_is_loaded_never_trained_and_both_mask_orders_replayed() {
         .iter()
         .map(|r| {
             let p = crate::stack::run::program(r);
-            p.replay(super::terms::allocator_config(w.allocator), None)
+            let config = allocator_config(w.allocator);
+            p.replay(config, crate::replay::Device::Unlimited, Default::default())
                 .peak_reserved
         })
         .collect();
@@ -680,7 +680,7 @@ fn a_vision_tower_is_loaded_never_trained_and_both_mask_orders_replayed() {
 
 #[test]
 fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
-    use crate::stack::run::{program_replayed_watching, Watched};
+    use crate::replay::{Device, Plan, Watched};
     let settings = BudgetSettings::h200();
     let lora = Mode::Lora {
         rank: 8,
@@ -693,21 +693,17 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
         gemma3_with_vision(generate(4)).validated().unwrap(),
     ] {
         let alone = budget(&w, &settings);
-        // Cards a MiB apart from 64 MiB below the peak of `allocated` to 64 MiB above the peak
-        // of `reserved`, in a catalog (GiB exact to the byte: a MiB is 2^-10 GiB).
-        let outside = settings.outside.for_mode(w.mode.trains());
-        let mib = |bytes: u64| (bytes + outside) >> 20;
-        let (low, high) = (
-            mib(alone.peak_allocated.0) - 64,
-            mib(alone.peak_reserved.0) + 64,
-        );
+        // 25 cards from 64 KiB below the most the run holds in use to 64 KiB above the card at
+        // its fullest, in a catalog (GiB exact to the byte: a KiB is 2^-20 GiB).
+        let kib = |bytes: u64| bytes >> 10;
+        let (low, high) = (kib(alone.peak_in_use.0) - 64, kib(alone.peak_use()) + 64);
         let step = ((high - low) / 24).max(1);
         let mut csv = String::from(
             "model,display_name,gpus_per_lot,memory_per_gpu_gib,duration_days,\
              lot_price_usd_cents,snapshot_date,price_status\n",
         );
         for (i, m) in (low..=high).step_by(step as usize).enumerate() {
-            let gib = rust_decimal::Decimal::from(m) / rust_decimal::Decimal::from(1024);
+            let gib = rust_decimal::Decimal::from(m) / rust_decimal::Decimal::from(1 << 20);
             for days in [3, 7, 30] {
                 csv += &format!(
                     "c{i},C{i},1,{gib},{days},{},2026-11-30,illustrative\n",
@@ -720,33 +716,37 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
         let b = fit::budget_for_catalog(&w, &settings, &catalog);
         assert!(!b.replayed_on_cards.is_empty(), "{}", b.title());
         // Unbounded, a watching replay starts the limited replays of every card its own peaks
-        // leave open under its setting, under both settings; and of no card its peak of
-        // `reserved` holds (one its peak of `allocated` passed may have been, its replay ended
-        // before it was stopped).
-        let mut capacities: Vec<u64> = memories
-            .iter()
-            .map(|&m| fit::usable(m, outside, 0))
-            .collect();
-        capacities.dedup();
+        // leave open under its setting, under both settings; and of no card the card at its
+        // fullest holds (one its peak in use passed may have been, its replay ended before it
+        // was stopped).
+        let mut rooms: Vec<u64> = memories.iter().map(|&m| settings.room(m)).collect();
+        rooms.dedup();
         let allocators = [w.allocator, w.allocator.other()];
-        let configs = allocators.map(terms::allocator_config);
-        let watched = Watched {
-            capacities: &capacities,
-            configs: &configs,
-            at_most: usize::MAX,
+        let configs = allocators.map(allocator_config);
+        let outside = settings.outside.bytes;
+        let plan = Plan {
+            keep: false,
+            under: &configs[..1],
+            outside,
+            watch: Some(Watched {
+                rooms: &rooms,
+                configs: &configs,
+                outside,
+                at_most: usize::MAX,
+            }),
         };
         for run in w.runs(settings.kernels) {
-            let (_, own, limited) = program_replayed_watching(&run, configs[0], &watched);
-            for &usable in &capacities {
-                let open = own.peak_allocated <= usable && usable < own.peak_reserved;
+            let r = crate::stack::run::replays(&run, &plan);
+            let own = &r.unlimited[0];
+            for &room in &rooms {
+                let open = own.peak_device_allocated <= room && room < own.peak_device;
                 for config in 0..configs.len() {
-                    let replayed = limited
-                        .iter()
-                        .any(|l| (l.capacity, l.config) == (usable, config));
-                    let crossed = usable < own.peak_reserved;
+                    let replayed =
+                        (r.on_cards.iter()).any(|l| (l.room, l.config) == (room, config));
+                    let crossed = room < own.peak_device;
                     assert!(
                         (!open || replayed) && (!replayed || crossed),
-                        "{} on {usable} B",
+                        "{} on {room} B",
                         b.title()
                     );
                 }
@@ -754,11 +754,12 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
         }
         // Each as the kept program replayed on the card after the budget says.
         for r in &b.replayed_on_cards {
+            let card = Device::Card { room: r.room };
             let after = b.programs[r.program]
-                .replay(terms::allocator_config(r.allocator), Some(r.usable))
+                .replay(allocator_config(r.allocator), card, outside)
                 .out_of_memory
                 .is_none();
-            assert_eq!(r.completed, after, "{} on {} B", b.title(), r.usable);
+            assert_eq!(r.completed, after, "{} on {} B", b.title(), r.room);
             *(if after {
                 &mut completed
             } else {

@@ -378,7 +378,7 @@ impl Workload {
     /// The runs the workload may make: one, or, for a model whose masks come in the order the
     /// process's string hashing gives (Gemma 3 with its vision tower, with sliding and full
     /// layers), one for each order. A card holds the workload only if it holds every run.
-    pub fn runs(&self, kernels: crate::stack::ops::Kernels) -> Vec<crate::stack::run::Run> {
+    pub fn runs(&self, kernels: crate::stack::process::Kernels) -> Vec<crate::stack::run::Run> {
         self.mask_orders()
             .iter()
             .map(|&mask_order| crate::stack::run::Run {
@@ -390,8 +390,8 @@ impl Workload {
 
     /// The orders the process may make the masks in: both for a Gemma 3 with its vision tower
     /// and sliding and full layers, else the one order of a model's own forward.
-    pub fn mask_orders(&self) -> &'static [crate::stack::masks::MaskOrder] {
-        use crate::stack::masks::MaskOrder;
+    pub fn mask_orders(&self) -> &'static [crate::stack::process::MaskOrder] {
+        use crate::stack::process::MaskOrder;
         let m = &self.model;
         match m.vision.is_some() && m.mixes_sliding_and_global() {
             true => &MaskOrder::BOTH,
@@ -400,8 +400,9 @@ impl Workload {
     }
 
     /// The emulated run (one training step: its peak is the second step's, the states made).
-    fn run(&self, kernels: crate::stack::ops::Kernels) -> crate::stack::run::Run {
-        use crate::stack::run::{Loading, Lora, Run, Work};
+    fn run(&self, kernels: crate::stack::process::Kernels) -> crate::stack::run::Run {
+        use crate::stack::loading::{Loading, Lora};
+        use crate::stack::run::{Run, Work};
         let work = match &self.mode {
             Mode::Inference { generated } => Work::Generate {
                 generated: (*generated).max(1),

@@ -384,7 +384,7 @@ impl BudgetArgs {
 
     fn settings(&self) -> Result<BudgetSettings, Failure> {
         let reserve = crate::units::gib_to_bytes(self.reserve_gib)
-            .filter(|&b| b <= crate::budget::terms::MAX_RESERVE_BYTES)
+            .filter(|&b| b <= crate::budget::settings::MAX_RESERVE_BYTES)
             .ok_or_else(|| {
                 Failure::usage_owned(format!(
                     "--reserve-gib {} is above 2^20 GiB (1 PiB), more than any GPU",
@@ -399,6 +399,9 @@ impl BudgetArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct Largest {
     pub size: Size,
+    /// The largest size searched: the most the workload allows (`batch × (context + generated)`
+    /// tokens a step and the sizes' own bounds). A row at it may hold more.
+    pub limit: u64,
     pub rows: Vec<LargestRow>,
 }
 
@@ -437,7 +440,11 @@ impl std::fmt::Display for Largest {
                         n => format!("{} (lots of {n})", r.model),
                     },
                     r.memory_per_gpu.gib_text(),
-                    r.largest.map_or("none fits".into(), |n| n.to_string()),
+                    match r.largest {
+                        None => "none fits".into(),
+                        Some(n) if n == self.limit => format!("{n} (the most searched)"),
+                        Some(n) => n.to_string(),
+                    },
                     r.with_expandable_segments
                         .map_or(String::new(), |n| format!("{n} with expandable segments")),
                 ]
@@ -447,7 +454,16 @@ impl std::fmt::Display for Largest {
             f,
             "{}",
             crate::markup::Table::new(&["GPU", "memory", what, ""], rows).with_gap(2)
-        )
+        )?;
+        if self.rows.iter().any(|r| r.largest == Some(self.limit)) {
+            write!(
+                f,
+                "\n{} is the most the workload allows: a larger one is refused (`mesure_memoire \
+                 budget` with it says why).",
+                self.limit
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -479,6 +495,7 @@ fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Siz
         .flat_map(|&memory| allocators.iter().map(move |&a| (memory, a)))
         .collect();
     let found = search.largest_of_each(&asked);
+    let limit = search.limit();
     let rows = cards
         .iter()
         .zip(memories)
@@ -499,7 +516,7 @@ fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Siz
             }
         })
         .collect();
-    Largest { size, rows }
+    Largest { size, limit, rows }
 }
 
 /// One JSON document for a budget with what was asked of it.
@@ -551,7 +568,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         ..match (&catalog, a.fit) {
             (Some(c), true) => fit::budget_for_catalog(&workload, &settings, c),
             (Some(_), false) => budget::budget(&workload, &settings),
-            (None, _) => budget::terms::budget_alone(&workload, &settings),
+            (None, _) => budget::compute::budget_alone(&workload, &settings),
         }
     };
     let plan = match (&catalog, a.fit) {

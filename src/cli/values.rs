@@ -82,7 +82,7 @@ pub fn gib(s: &str) -> Result<PlainDecimal, String> {
 
 /// An element type: float32, float16 or bfloat16.
 pub fn dtype(s: &str) -> Result<crate::measure::Dtype, String> {
-    s.parse()
+    crate::dtype::Dtype::float(s)
 }
 
 /// A GPU architecture the allocator model knows, e.g. 9.0.

@@ -18,8 +18,9 @@ pub use view::{LessonView, Lessons};
 use crate::allocator::workspace::{
     ComputeCapability, WorkspaceError, WorkspaceSettings, Workspaces, KNOWN_ARCHITECTURES,
 };
-use crate::allocator::{AddressOrder, AllocatorConfig, Replay, SegmentView, TensorId};
+use crate::allocator::{AddressOrder, AllocatorConfig, SegmentView};
 use crate::reading::{DeviceStats, StepLog, StepReading};
+use crate::replay::{NamedReplay, TensorId};
 use std::collections::BTreeMap;
 
 /// What heads a predicted log.
@@ -29,7 +30,7 @@ pub const PREDICTED: &str = "PREDICTED by the allocator model";
 /// caching allocator would report in a fresh process under PyTorch's default settings.
 #[derive(Debug)]
 pub struct LessonModel {
-    replay: Replay,
+    replay: NamedReplay,
     tensors: BTreeMap<String, TensorId>,
     workspace_bytes: u64,
     products: usize,
@@ -63,7 +64,7 @@ impl LessonModel {
             "PyTorch's default settings"
         };
         let mut m = LessonModel {
-            replay: Replay::new(AllocatorConfig {
+            replay: NamedReplay::new(AllocatorConfig {
                 expandable_segments: expandable,
                 address_order: AddressOrder::Descending,
             }),

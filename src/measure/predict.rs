@@ -16,11 +16,10 @@
 use super::table::{PHASE_COLUMNS, PHASE_WIDTHS};
 use super::MeasureConfig;
 use crate::allocator::workspace::WorkspaceError;
-use crate::allocator::{
-    AddressOrder, AllocatorConfig, ComputeCapability, LiveBlock, Replay, SegmentView, Workspaces,
-};
+use crate::allocator::{AddressOrder, AllocatorConfig, ComputeCapability, SegmentView, Workspaces};
 use crate::markup::Table;
 use crate::reading::{DeviceStats, Figures, Phase};
+use crate::replay::{LiveBlock, NamedReplay};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -95,10 +94,10 @@ impl crate::status::Classify for PredictError {
 
 /// Runs one phase under the protocol: baseline, peak reset, work, end reading, output freed.
 fn phase(
-    r: &mut Replay,
+    r: &mut NamedReplay,
     phase: Phase,
     repetition: Option<u32>,
-    work: impl FnOnce(&mut Replay),
+    work: impl FnOnce(&mut NamedReplay),
 ) -> PhasePrediction {
     r.begin_span();
     work(r);
@@ -117,7 +116,7 @@ fn phase(
 
 /// Allocates `name`: the model has no device capacity, so only a zero-byte tensor allocates
 /// nothing.
-fn alloc(r: &mut Replay, name: &str, bytes: u64) {
+fn alloc(r: &mut NamedReplay, name: &str, bytes: u64) {
     r.alloc(name, bytes)
         .expect("the model of a measurement has no device capacity");
 }
@@ -138,7 +137,7 @@ pub fn predict(
     // addmm takes cuBLASLt when both sizes of the transposed weight exceed 1.
     let cublaslt_path = workspaces.addmm_cublaslt && width > 1 && hidden > 1;
     let mut first_pass = true;
-    let mut forward = move |r: &mut Replay| {
+    let mut forward = move |r: &mut NamedReplay| {
         r.free_named("output");
         alloc(r, "hidden", rows * hidden * e);
         if first_pass {
@@ -155,7 +154,7 @@ pub fn predict(
         alloc(r, "output", rows * width * e);
         r.free_named("gelu");
     };
-    let mut r = Replay::new(AllocatorConfig {
+    let mut r = NamedReplay::new(AllocatorConfig {
         address_order: AddressOrder::Descending,
         ..Default::default()
     })

@@ -41,6 +41,14 @@ impl Parameter {
     }
 
     /// [`Parameter::elements`], `None` past 2^64.
+    /// The element type of a model's buffer: int64 positions, float32 otherwise.
+    pub fn buffer_dtype(&self) -> crate::dtype::Dtype {
+        match self.role {
+            TensorRole::Positions => crate::dtype::Dtype::Int64,
+            _ => crate::dtype::Dtype::Float32,
+        }
+    }
+
     pub fn checked_elements(&self) -> Option<u64> {
         self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
     }

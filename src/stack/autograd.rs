@@ -4,7 +4,8 @@
 //! frees each node's incoming gradients when it returns and its saved tensors right after, and
 //! adds gradients that meet at one input in place when the first is not shared.
 
-use super::tensor::{Grad, Leaf, Meta, Node, NodeRef, Role, Rule, Tensor};
+use super::tensor::{Grad, Leaf, Meta, Node, NodeRef, Rule, Tensor};
+use crate::replay::program::Role;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::collections::BinaryHeap;

@@ -6,8 +6,9 @@
 //! (`_dequant_linear_fallback`), which bitsandbytes takes on every CUDA GPU above
 //! [`DEQUANTIZING_ROWS`] rows or when the input width is not a multiple of the block.
 
-use super::ops::Process;
-use super::tensor::{Elem, Tensor};
+use super::process::Process;
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
 
 /// The elements sharing one scale of a 4-bit weight (bitsandbytes' default `blocksize`).
 pub const BLOCK: u64 = 64;
@@ -46,26 +47,26 @@ fn blocks(elements: u64) -> u64 {
 /// What one quantized weight of `elements` keeps on the device, as (entries, type): the packed
 /// values (two a byte), the code, the offset, one byte per block, a float32 per 256 blocks and
 /// the dynamic map's copy.
-fn kept(elements: u64) -> [(u64, Elem); 6] {
+fn kept(elements: u64) -> [(u64, Dtype); 6] {
     let b = blocks(elements);
     [
-        (elements.div_ceil(2), Elem::U8),
-        (CODE_ENTRIES, Elem::F32),
-        (1, Elem::F32),
-        (b, Elem::U8),
-        (b.div_ceil(SCALE_BLOCK), Elem::F32),
-        (DYNAMIC_MAP_ENTRIES, Elem::F32),
+        (elements.div_ceil(2), Dtype::Uint8),
+        (CODE_ENTRIES, Dtype::Float32),
+        (1, Dtype::Float32),
+        (b, Dtype::Uint8),
+        (b.div_ceil(SCALE_BLOCK), Dtype::Float32),
+        (DYNAMIC_MAP_ENTRIES, Dtype::Float32),
     ]
 }
 
 /// The bytes one quantized weight of `elements` keeps on the device.
 pub fn quantized_bytes(elements: u64) -> u64 {
-    kept(elements).iter().map(|(n, e)| n * e.size()).sum()
+    kept(elements).iter().map(|(n, e)| n * e.bytes()).sum()
 }
 
 /// The dynamic map `quantize_blockwise` makes at its first call and keeps for the process.
 pub fn dynamic_map_bytes() -> u64 {
-    DYNAMIC_MAP_ENTRIES * Elem::F32.size()
+    DYNAMIC_MAP_ENTRIES * Dtype::Float32.bytes()
 }
 
 /// Whether bitsandbytes dequantizes the weight for a product of `rows` rows of `in_features`
@@ -92,20 +93,20 @@ impl Quantizer {
         let n = out_features * in_features;
         let b = blocks(n);
         let [packed, code, offset, bytes, scales, map] = kept(n);
-        let make = |p: &mut Process, (entries, elem): (u64, Elem)| p.empty(&[entries], elem);
-        let absmax = p.empty(&[b], Elem::F32);
+        let make = |p: &mut Process, (entries, elem): (u64, Dtype)| p.empty(&[entries], elem);
+        let absmax = p.empty(&[b], Dtype::Float32);
         let packed = make(p, packed);
         let code = make(p, code);
-        let abs = p.empty(&[CODE_ENTRIES], Elem::F32);
-        let max = p.empty(&[], Elem::F32);
+        let abs = p.empty(&[CODE_ENTRIES], Dtype::Float32);
+        let max = p.empty(&[], Dtype::Float32);
         drop(abs);
         drop(max);
         let offset = make(p, offset);
         // `absmax.mean()` of the block maxima: a whole reduction of `b` float32 values.
-        p.reduction_staging(super::reduce::Reduction::whole(b), Elem::F32);
-        let centred = p.empty(&[b], Elem::F32);
+        p.reduction_staging(super::reduce::Reduction::whole(b), Dtype::Float32);
+        let centred = p.empty(&[b], Dtype::Float32);
         if self.dynamic_map.is_none() {
-            self.dynamic_map = Some(p.empty(&[DYNAMIC_MAP_ENTRIES], Elem::F32));
+            self.dynamic_map = Some(p.empty(&[DYNAMIC_MAP_ENTRIES], Dtype::Float32));
         }
         let scales = make(p, scales);
         let bytes = make(p, bytes);
@@ -143,8 +144,8 @@ impl Process {
     /// autograd one node (`MatMul4Bit`) saves nothing that allocates; its backward dequantizes
     /// again.
     pub fn linear_4bit(&mut self, x: &Tensor, w: &Quantized4bit, bias: Option<&Tensor>) -> Tensor {
-        let scales = self.empty(&[w.blocks()], Elem::F32);
-        let shifted = self.empty(&[w.blocks()], Elem::F32);
+        let scales = self.empty(&[w.blocks()], Dtype::Float32);
+        let shifted = self.empty(&[w.blocks()], Dtype::Float32);
         let dequantized = self.empty(&[w.out_features, w.in_features], x.elem);
         let enabled = std::mem::replace(&mut self.autograd.enabled, false);
         let mut out = self.linear(x, &dequantized, bias);

@@ -3,7 +3,7 @@
 //! freed); a sliding layer keeps a view of its last `window - 1` positions, which holds the whole
 //! concatenation's storage until the next update.
 
-use super::ops::Process;
+use super::process::Process;
 use super::tensor::Tensor;
 
 enum Layer {
@@ -137,7 +137,7 @@ impl Cache {
         k: &Tensor,
         v: &Tensor,
     ) -> (Tensor, Tensor) {
-        p.in_role(super::tensor::Role::KvCache, |p| {
+        p.in_role(crate::replay::program::Role::KvCache, |p| {
             self.update_layer(p, layer, k, v)
         })
     }
@@ -175,7 +175,7 @@ impl Cache {
                 values,
             } => {
                 if window_tensor.is_none() {
-                    *window_tensor = Some(p.empty(&[1], super::tensor::Elem::I64));
+                    *window_tensor = Some(p.empty(&[1], crate::dtype::Dtype::Int64));
                 }
                 *seen += k.size(-2);
                 let fk = cat(p, keys, k);

@@ -4,9 +4,10 @@
 //! Python code so that every temporary is freed when Python frees it.
 
 use super::cache::Cache;
-use super::ops::Process;
+use super::process::Process;
 use super::repeat::{Capture, ForwardRecords, LayerKinds};
-use super::tensor::{Elem, Tensor};
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
 use crate::model::{Attention, Mlp, Model, QkNorm};
 use rustc_hash::FxHashMap;
 use smallvec::smallvec;
@@ -130,7 +131,7 @@ impl Decoder<'_> {
     /// back.
     fn gemma_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
         let p = &mut *self.process;
-        let xf = p.to(x, Elem::F32);
+        let xf = p.to(x, Dtype::Float32);
         let sq = p.pow(&xf);
         let variance = p.mean_last(&sq);
         drop(sq);
@@ -141,7 +142,7 @@ impl Decoder<'_> {
         let normed = p.mul(&xf, &r);
         drop(r);
         drop(xf);
-        let wf = p.to(weight, Elem::F32);
+        let wf = p.to(weight, Dtype::Float32);
         let one_plus = p.add_scalar(&wf);
         drop(wf);
         let scaled = p.mul(&normed, &one_plus);
@@ -156,7 +157,7 @@ impl Decoder<'_> {
     fn rms_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
         let input = x.elem;
         let p = &mut *self.process;
-        let xf = p.to(x, Elem::F32);
+        let xf = p.to(x, Dtype::Float32);
         let sq = p.pow(&xf);
         let variance = p.mean_last(&sq);
         drop(sq);
@@ -261,17 +262,17 @@ impl Decoder<'_> {
     /// sum, and the check that every row is one sequence.
     pub(super) fn packed_sequences(&mut self, b: u64, t: u64) {
         let p = &mut *self.process;
-        let first = p.empty(&[b, 1], Elem::I64);
-        let prepended = p.empty(&[b, t + 1], Elem::I64);
-        let diff = p.empty(&[b, t], Elem::I64);
+        let first = p.empty(&[b, 1], Dtype::Int64);
+        let prepended = p.empty(&[b, t + 1], Dtype::Int64);
+        let diff = p.empty(&[b, t], Dtype::Int64);
         drop(prepended);
-        let ne = p.empty(&[b, t], Elem::Bool);
-        let sums = p.empty(&[b, t], Elem::I64);
-        let widened = p.empty(&[b, t], Elem::I64);
+        let ne = p.empty(&[b, t], Dtype::Bool);
+        let sums = p.empty(&[b, t], Dtype::Int64);
+        let widened = p.empty(&[b, t], Dtype::Int64);
         drop(widened);
         drop(ne);
-        let last = p.empty(&[b], Elem::Bool);
-        let all = p.empty(&[], Elem::Bool);
+        let last = p.empty(&[b], Dtype::Bool);
+        let all = p.empty(&[], Dtype::Bool);
         drop(last);
         drop(all);
         drop(first);
@@ -281,18 +282,18 @@ impl Decoder<'_> {
 
     /// The rotary embedding's `cos` and `sin` for `positions` (`[b, t]` int64), in `dtype`
     /// (computed in float32 with autocast off).
-    fn rotary(&mut self, positions: &Tensor, dtype: Elem) -> (Tensor, Tensor) {
+    fn rotary(&mut self, positions: &Tensor, dtype: Dtype) -> (Tensor, Tensor) {
         let (b, t) = (positions.shape[0], positions.shape[1]);
         let half = self.model.rotary_dim.div_ceil(2);
         let p = &mut *self.process;
-        let pos = p.empty(&[b, 1, t], Elem::F32);
-        let freqs = p.product(&[b, half, t], Elem::F32);
-        let emb = p.empty(&[b, t, 2 * half], Elem::F32);
-        let raw = p.empty(&[b, t, 2 * half], Elem::F32);
-        let cos = p.empty(&[b, t, 2 * half], Elem::F32);
+        let pos = p.empty(&[b, 1, t], Dtype::Float32);
+        let freqs = p.product(&[b, half, t], Dtype::Float32);
+        let emb = p.empty(&[b, t, 2 * half], Dtype::Float32);
+        let raw = p.empty(&[b, t, 2 * half], Dtype::Float32);
+        let cos = p.empty(&[b, t, 2 * half], Dtype::Float32);
         drop(raw);
-        let raw = p.empty(&[b, t, 2 * half], Elem::F32);
-        let sin = p.empty(&[b, t, 2 * half], Elem::F32);
+        let raw = p.empty(&[b, t, 2 * half], Dtype::Float32);
+        let sin = p.empty(&[b, t, 2 * half], Dtype::Float32);
         drop(raw);
         let cos_out = p.to(&cos, dtype);
         let sin_out = p.to(&sin, dtype);
@@ -676,8 +677,8 @@ impl Decoder<'_> {
         let made_positions = positions.is_none().then(|| {
             let t = ids.shape[1];
             let p = &mut *self.process;
-            let range = p.empty(&[t], Elem::I64);
-            let shifted = p.empty(&[t], Elem::I64);
+            let range = p.empty(&[t], Dtype::Int64);
+            let shifted = p.empty(&[t], Dtype::Int64);
             drop(range);
             shifted.restrided(smallvec![1, t], smallvec![t, 1])
         });
@@ -711,7 +712,7 @@ impl Decoder<'_> {
                 let mut inputs = vec![
                     hidden.clone(),
                     mask.clone()
-                        .unwrap_or_else(|| self.process.empty(&[0], Elem::U8)),
+                        .unwrap_or_else(|| self.process.empty(&[0], Dtype::Uint8)),
                 ];
                 inputs.extend(rope.tensors());
                 self.process.begin_checkpoint(layer, inputs);
@@ -770,10 +771,10 @@ impl Decoder<'_> {
     fn loss(&mut self, logits: &Tensor, labels: &Tensor) -> Tensor {
         let p = &mut *self.process;
         let (b, t, v) = (logits.shape[0], logits.shape[1], logits.shape[2]);
-        let upcast = p.to(logits, Elem::F32);
+        let upcast = p.to(logits, Dtype::Float32);
         // `labels = pad(labels, (0, 1))`, `shift_labels = labels[..., 1:].contiguous()`: a copy
         // unless the slice already is contiguous (a batch of one).
-        let padded = p.empty(&[b, t + 1], Elem::I64);
+        let padded = p.empty(&[b, t + 1], Dtype::Int64);
         let sliced = p.slice(&padded, -1, 1, t + 1);
         let shifted = p.contiguous(&sliced);
         drop(sliced);

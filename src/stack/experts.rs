@@ -5,7 +5,8 @@
 //! on a GPU), the weighted outputs summed per token; shared experts beside them.
 
 use super::decoder::{joined, Decoder, ExpertsPath};
-use super::tensor::{Elem, Tensor};
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
 use crate::model::{Moe, Router};
 
 impl Decoder<'_> {
@@ -42,8 +43,8 @@ impl Decoder<'_> {
         match moe.router {
             Router::SoftmaxRenormalised => {
                 let logits = p.linear(x, &w, None);
-                let upcast = p.to(&logits, Elem::F32);
-                let probs = p.softmax(&upcast, Elem::F32);
+                let upcast = p.to(&logits, Dtype::Float32);
+                let probs = p.softmax(&upcast, Dtype::Float32);
                 drop(upcast);
                 let (values, index) = p.topk(&probs, k);
                 // values /= values.sum(-1, keepdim=True)
@@ -55,7 +56,7 @@ impl Decoder<'_> {
             }
             Router::SoftmaxTopK { renormalise } => {
                 let logits = p.linear(x, &w, None);
-                let probs = p.softmax(&logits, Elem::F32);
+                let probs = p.softmax(&logits, Dtype::Float32);
                 let (values, index) = p.topk(&probs, k);
                 let values = if renormalise {
                     let sum = p.sum_last(&values);
@@ -72,47 +73,47 @@ impl Decoder<'_> {
             }
             Router::DeepseekV2 | Router::DeepseekV3 { .. } => {
                 // F.linear(x.float(), weight.float())
-                let xf = p.to(x, Elem::F32);
-                let wf = p.to(&w, Elem::F32);
+                let xf = p.to(x, Dtype::Float32);
+                let wf = p.to(&w, Dtype::Float32);
                 let logits = p.linear(&xf, &wf, None);
                 drop(wf);
                 drop(xf);
                 let scores = match moe.router {
-                    Router::DeepseekV2 => p.softmax(&logits, Elem::F32),
+                    Router::DeepseekV2 => p.softmax(&logits, Dtype::Float32),
                     _ => p.sigmoid(&logits),
                 };
                 let (values, index) = match moe.router {
                     Router::DeepseekV3 { groups, top_groups } => {
                         // scores + correction, grouped top-2 sums, the top groups' mask.
-                        let corrected = p.empty(&[tokens, e], Elem::F32);
-                        let group_scores = p.empty(&[tokens, groups], Elem::F32);
+                        let corrected = p.empty(&[tokens, e], Dtype::Float32);
+                        let group_scores = p.empty(&[tokens, groups], Dtype::Float32);
                         let (gv, gi) = (
-                            p.empty(&[tokens, groups, 2], Elem::F32),
-                            p.empty(&[tokens, groups, 2], Elem::I64),
+                            p.empty(&[tokens, groups, 2], Dtype::Float32),
+                            p.empty(&[tokens, groups, 2], Dtype::Int64),
                         );
                         drop(gv);
                         drop(gi);
                         let (tv, ti) = (
-                            p.empty(&[tokens, top_groups], Elem::F32),
-                            p.empty(&[tokens, top_groups], Elem::I64),
+                            p.empty(&[tokens, top_groups], Dtype::Float32),
+                            p.empty(&[tokens, top_groups], Dtype::Int64),
                         );
                         drop(tv);
-                        let mask = p.empty(&[tokens, groups], Elem::F32);
+                        let mask = p.empty(&[tokens, groups], Dtype::Float32);
                         drop(ti);
                         drop(group_scores);
-                        let score_mask = p.empty(&[tokens, e], Elem::Bool);
+                        let score_mask = p.empty(&[tokens, e], Dtype::Bool);
                         drop(mask);
-                        let masked = p.empty(&[tokens, e], Elem::F32);
+                        let masked = p.empty(&[tokens, e], Dtype::Float32);
                         drop(score_mask);
                         let (_, index) = p.topk(&masked, k);
                         drop(masked);
                         drop(corrected);
-                        let gathered = p.empty(&[tokens, k], Elem::F32);
-                        let sum = p.empty(&[tokens, 1], Elem::F32);
-                        let normed = p.empty(&[tokens, k], Elem::F32);
+                        let gathered = p.empty(&[tokens, k], Dtype::Float32);
+                        let sum = p.empty(&[tokens, 1], Dtype::Float32);
+                        let normed = p.empty(&[tokens, k], Dtype::Float32);
                         drop(sum);
                         drop(gathered);
-                        let scaled = p.empty(&[tokens, k], Elem::F32);
+                        let scaled = p.empty(&[tokens, k], Dtype::Float32);
                         drop(normed);
                         (scaled, index)
                     }
@@ -154,23 +155,23 @@ impl Decoder<'_> {
         let s = tokens * k;
         let p = &mut *self.process;
         // expert_ids_g, perm = sort(expert_ids)
-        let ids_g = p.empty(&[s], Elem::I64);
-        let perm = p.empty(&[s], Elem::I64);
-        let scratch = p.empty(&[s], Elem::I64);
+        let ids_g = p.empty(&[s], Dtype::Int64);
+        let perm = p.empty(&[s], Dtype::Int64);
+        let scratch = p.empty(&[s], Dtype::Int64);
         drop(scratch);
         // hidden_states[perm // k]
-        let rows = p.empty(&[s], Elem::I64);
+        let rows = p.empty(&[s], Dtype::Int64);
         let selected = p.index_rows(x, &rows);
         drop(rows);
         let flat_weights = p.reshape(weights, &[s]);
         let sample = p.index_rows(&flat_weights, &perm);
         drop(flat_weights);
-        let histc_input = p.empty(&[s], Elem::I32);
-        let per_expert = p.empty(&[e], Elem::I32);
-        let offsets = p.empty(&[e], Elem::I32);
-        let scan = p.empty(&[1023], Elem::U8);
+        let histc_input = p.empty(&[s], Dtype::Int32);
+        let per_expert = p.empty(&[e], Dtype::Int32);
+        let offsets = p.empty(&[e], Dtype::Int32);
+        let scan = p.empty(&[1023], Dtype::Uint8);
         drop(scan);
-        let sentinel = p.empty(&[s], Elem::Bool);
+        let sentinel = p.empty(&[s], Dtype::Bool);
         let up_out = p.grouped_mm(&selected, gate_up);
         let filled = p.masked_fill(&up_out);
         drop(up_out);
@@ -188,8 +189,8 @@ impl Decoder<'_> {
         let sample2 = p.unsqueeze(&sample, 1);
         let weighted = p.mul(&proj, &sample2);
         drop(sample2);
-        let inv = p.empty(&[s], Elem::I64);
-        let range = p.empty(&[s], Elem::I64);
+        let inv = p.empty(&[s], Dtype::Int64);
+        let range = p.empty(&[s], Dtype::Int64);
         drop(range);
         let restored = p.index_rows(&weighted, &inv);
         drop(weighted);
@@ -231,10 +232,10 @@ impl Decoder<'_> {
         let k = moe.top_k;
         let s = tokens * k;
         let p = &mut *self.process;
-        let repeat = p.empty(&[s], Elem::I64);
+        let repeat = p.empty(&[s], Dtype::Int64);
         let selected = p.index_rows(x, &repeat);
         drop(repeat);
-        let ids = p.empty(&[s], Elem::I64);
+        let ids = p.empty(&[s], Dtype::Int64);
         let w_up = p.index_rows(gate_up, &ids);
         let up_out = p.bmm_out(&[s, gate_up.shape[1]], x.elem);
         let (gate, up) = p.chunk2(&up_out);

@@ -5,7 +5,8 @@
 
 use super::cache::Cache;
 use super::decoder::Decoder;
-use super::tensor::{Elem, Tensor};
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
 
 /// Where `generate` is, for the stages of a run.
 pub trait Stages {
@@ -27,24 +28,24 @@ pub fn generate(
     let mut cache = Cache::new(&windows);
     let p = &mut *d.process;
     // The special tokens as tensors (the padding token), kept to the end.
-    let pad = p.empty(&[1], Elem::I64);
-    let pad2 = p.empty(&[1], Elem::I64);
+    let pad = p.empty(&[1], Dtype::Int64);
+    let pad2 = p.empty(&[1], Dtype::Int64);
     // The right-padding check: `attention_mask[:, -1] == 0`, `any`.
-    let last = p.empty(&[b], Elem::Bool);
-    let any = p.empty(&[], Elem::Bool);
+    let last = p.empty(&[b], Dtype::Bool);
+    let any = p.empty(&[], Dtype::Bool);
     drop(last);
     drop(any);
     // position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    let cumsum = p.empty(&[b, t], Elem::I64);
-    let shifted = p.empty(&[b, t], Elem::I64);
+    let cumsum = p.empty(&[b, t], Dtype::Int64);
+    let shifted = p.empty(&[b, t], Dtype::Int64);
     drop(cumsum);
-    let zero = p.empty(&[b, t], Elem::Bool);
-    let mut positions = p.empty(&[b, t], Elem::I64);
+    let zero = p.empty(&[b, t], Dtype::Bool);
+    let mut positions = p.empty(&[b, t], Dtype::Int64);
     // The prompt's positions stay referenced (by generate's own arguments) to the end.
     let prompt_positions = positions.clone();
     drop(zero);
     drop(shifted);
-    let mut unfinished = p.empty(&[b], Elem::I64);
+    let mut unfinished = p.empty(&[b], Dtype::Int64);
     let mut ids = ids.clone();
     let mut mask = mask.clone();
     let mut next_logits: Option<Tensor> = None;
@@ -67,8 +68,8 @@ pub fn generate(
             out
         } else {
             // prepare_inputs_for_generation: the last id and position, cloned.
-            let i = d.process.empty(&[b, 1], Elem::I64);
-            let q = d.process.empty(&[b, 1], Elem::I64);
+            let i = d.process.empty(&[b, 1], Dtype::Int64);
+            let q = d.process.empty(&[b, 1], Dtype::Int64);
             drop(inputs.take());
             let out = d.forward(&i, Some(&mask), Some(&q), Some(&mut cache), true, None);
             inputs = Some((i, q, mask.clone()));
@@ -77,44 +78,44 @@ pub fn generate(
         let p = &mut *d.process;
         // _update_model_kwargs_for_generation: arange(1) + positions[..., -1:] + 1 and the cat;
         // the mask grown by ones; the old positions go at its return.
-        let range = p.empty(&[1], Elem::I64);
-        let plus = p.empty(&[b, 1], Elem::I64);
+        let range = p.empty(&[1], Dtype::Int64);
+        let plus = p.empty(&[b, 1], Dtype::Int64);
         drop(range);
-        let one = p.empty(&[b, 1], Elem::I64);
+        let one = p.empty(&[b, 1], Dtype::Int64);
         drop(plus);
-        let grown = p.empty(&[b, length + 1], Elem::I64);
+        let grown = p.empty(&[b, length + 1], Dtype::Int64);
         drop(one);
         let old_positions = std::mem::replace(&mut positions, grown);
-        let ones = p.empty(&[b, 1], Elem::I64);
-        let grown_mask = p.empty(&[b, length + 1], Elem::I64);
+        let ones = p.empty(&[b, 1], Dtype::Int64);
+        let grown_mask = p.empty(&[b, length + 1], Dtype::Int64);
         drop(ones);
         mask = grown_mask;
         drop(old_positions);
         // next_token_logits = logits[:, -1].to(float32, copy=True)
         let vocab = out.logits.size(-1);
-        next_logits = Some(p.empty(&[b, vocab], Elem::F32));
+        next_logits = Some(p.empty(&[b, vocab], Dtype::Float32));
         if step == 0 {
             stages.prefill_done(d);
             // `_optimize_model_for_decode`: on a GPU, experts run as batched products.
             d.experts_path = super::decoder::ExpertsPath::Batched;
         }
         let p = &mut *d.process;
-        next_tokens = Some(p.empty(&[b], Elem::I64));
-        ids = p.empty(&[b, length + 1], Elem::I64);
+        next_tokens = Some(p.empty(&[b], Dtype::Int64));
+        ids = p.empty(&[b, length + 1], Dtype::Int64);
         // unfinished & ~stopping_criteria(ids): max length reached, per sequence.
-        let full = p.empty(&[b], Elem::Bool);
-        let done = p.empty(&[b], Elem::Bool);
-        let is_done = p.empty(&[b], Elem::Bool);
+        let full = p.empty(&[b], Dtype::Bool);
+        let done = p.empty(&[b], Dtype::Bool);
+        let is_done = p.empty(&[b], Dtype::Bool);
         drop(done);
         drop(full);
-        let not = p.empty(&[b], Elem::Bool);
+        let not = p.empty(&[b], Dtype::Bool);
         drop(is_done);
-        let still = p.empty(&[b], Elem::I64);
+        let still = p.empty(&[b], Dtype::Int64);
         drop(not);
         unfinished = still;
         // StopCheck: `unfinished.max() == 0`.
-        let max = p.empty(&[], Elem::I64);
-        let stop = p.empty(&[], Elem::Bool);
+        let max = p.empty(&[], Dtype::Int64);
+        let stop = p.empty(&[], Dtype::Bool);
         drop(max);
         drop(stop);
         drop(out);

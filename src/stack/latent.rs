@@ -7,7 +7,8 @@
 
 use super::cache::Cache;
 use super::decoder::{joined, layer_prefix, Decoder, Rope};
-use super::tensor::{Elem, Tensor};
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
 use crate::model::Latent;
 
 impl Decoder<'_> {
@@ -124,8 +125,8 @@ impl Decoder<'_> {
     /// frequencies, cast back.
     fn complex_rotary(&mut self, q: &Tensor, k: &Tensor, freqs: &Tensor) -> (Tensor, Tensor) {
         let p = &mut *self.process;
-        let qf = p.to(q, Elem::F32);
-        let kf = p.to(k, Elem::F32);
+        let qf = p.to(q, Dtype::Float32);
+        let kf = p.to(k, Dtype::Float32);
         let f = p.unsqueeze(freqs, 1);
         let qm = p.mul(&qf, &f);
         let q_out = p.to(&qm, q.elem);
@@ -172,12 +173,12 @@ impl Decoder<'_> {
         let (b, t) = (positions.shape[0], positions.shape[1]);
         let half = self.model.rotary_dim.div_ceil(2);
         let p = &mut *self.process;
-        let pos = p.empty(&[b, 1, t], Elem::F32);
-        let freqs = p.product(&[b, half, t], Elem::F32);
-        let ones = p.empty(&[b, t, half], Elem::F32);
-        let polar = p.empty(&[b, t, 2 * half], Elem::F32);
+        let pos = p.empty(&[b, 1, t], Dtype::Float32);
+        let freqs = p.product(&[b, half, t], Dtype::Float32);
+        let ones = p.empty(&[b, t, half], Dtype::Float32);
+        let polar = p.empty(&[b, t, 2 * half], Dtype::Float32);
         drop(ones);
-        let scaled = p.empty(&[b, t, 2 * half], Elem::F32);
+        let scaled = p.empty(&[b, t, 2 * half], Dtype::Float32);
         drop(polar);
         drop(pos);
         drop(freqs);

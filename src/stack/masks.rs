@@ -5,7 +5,9 @@
 
 use super::cache::Cache;
 use super::decoder::Decoder;
-use super::tensor::{Elem, Tensor};
+use super::process::MaskOrder;
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
 use crate::model::ModelType;
 use smallvec::smallvec;
 
@@ -23,20 +25,6 @@ impl Masks {
             Some(_) => self.sliding.as_ref(),
         }
     }
-}
-
-/// The order in which a Gemma 3 with its vision tower makes its masks: `create_masks_for_generate`
-/// iterates `set(config.layer_types)`, whose order follows the process's string hashing
-/// (`PYTHONHASHSEED`, random in every process), so each run makes them one way or the other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MaskOrder {
-    #[default]
-    FullFirst,
-    SlidingFirst,
-}
-
-impl MaskOrder {
-    pub const BOTH: [MaskOrder; 2] = [MaskOrder::FullFirst, MaskOrder::SlidingFirst];
 }
 
 impl Decoder<'_> {
@@ -96,7 +84,7 @@ impl Decoder<'_> {
     ) -> Option<Tensor> {
         let p = &mut *self.process;
         let padding = match mask {
-            Some(m) => Some(p.empty(&m.shape, Elem::Bool)),
+            Some(m) => Some(p.empty(&m.shape, Dtype::Bool)),
             None => {
                 if no_cache {
                     self.packed_sequences(b, q);
@@ -108,8 +96,8 @@ impl Decoder<'_> {
         // A longer mask than the keys (a sliding layer past its window) is indexed down.
         let padding = padding.map(|pm| {
             if pm.size(-1) > kv {
-                let indices = p.empty(&[kv], Elem::I64);
-                let sliced = p.empty(&[b, kv], Elem::Bool);
+                let indices = p.empty(&[kv], Dtype::Int64);
+                let sliced = p.empty(&[b, kv], Dtype::Bool);
                 drop(indices);
                 drop(pm);
                 sliced
@@ -133,10 +121,10 @@ impl Decoder<'_> {
     /// `fast_all(padding_mask)`: a sum through int64 compared with the count.
     fn fast_all(&mut self, padding: &Tensor) {
         let p = &mut *self.process;
-        let sum = p.empty(&[], Elem::I64);
-        let widened = p.empty(&padding.shape, Elem::I64);
+        let sum = p.empty(&[], Dtype::Int64);
+        let widened = p.empty(&padding.shape, Dtype::Int64);
         drop(widened);
-        let equal = p.empty(&[], Elem::Bool);
+        let equal = p.empty(&[], Dtype::Bool);
         drop(sum);
         drop(equal);
     }
@@ -153,40 +141,40 @@ impl Decoder<'_> {
         _window: u64,
     ) -> Tensor {
         let p = &mut *self.process;
-        let batch = p.empty(&[b], Elem::I64);
-        let head = p.empty(&[1], Elem::I64);
-        let kv_range = p.empty(&[kv], Elem::I64);
-        let kv_arange = p.empty(&[kv], Elem::I64);
+        let batch = p.empty(&[b], Dtype::Int64);
+        let head = p.empty(&[1], Dtype::Int64);
+        let kv_range = p.empty(&[kv], Dtype::Int64);
+        let kv_arange = p.empty(&[kv], Dtype::Int64);
         drop(kv_range);
-        let q_range = p.empty(&[q], Elem::I64);
-        let q_arange = p.empty(&[q], Elem::I64);
+        let q_range = p.empty(&[q], Dtype::Int64);
+        let q_arange = p.empty(&[q], Dtype::Int64);
         drop(q_range);
-        let outer = p.empty(&[], Elem::Bool);
-        let inner = p.empty(&[], Elem::Bool);
+        let outer = p.empty(&[], Dtype::Bool);
+        let inner = p.empty(&[], Dtype::Bool);
         // The window: kv_idx > q_idx - window.
-        let shifted = p.empty(&[q, 1], Elem::I64);
-        let window = p.empty(&[q, kv], Elem::Bool);
+        let shifted = p.empty(&[q, 1], Dtype::Int64);
+        let window = p.empty(&[q, kv], Dtype::Bool);
         drop(shifted);
-        let r1 = p.empty(&[q, kv], Elem::Bool);
+        let r1 = p.empty(&[q, kv], Dtype::Bool);
         drop(window);
         drop(inner);
         // Causal: kv_idx <= q_idx.
-        let causal = p.empty(&[q, kv], Elem::Bool);
-        let r2 = p.empty(&[q, kv], Elem::Bool);
+        let causal = p.empty(&[q, kv], Dtype::Bool);
+        let r2 = p.empty(&[q, kv], Dtype::Bool);
         drop(causal);
         drop(r1);
-        let combined = p.empty(&[q, kv], Elem::Bool);
+        let combined = p.empty(&[q, kv], Dtype::Bool);
         drop(r2);
         drop(outer);
         let out = match padding {
             Some(_) => {
                 // padding_mask[batch_idx, kv_idx]
-                let index = p.empty(&[b, kv], Elem::I64);
-                let index2 = (b > 1).then(|| p.empty(&[b, kv], Elem::I64));
-                let padded = p.empty(&[b, kv], Elem::Bool);
+                let index = p.empty(&[b, kv], Dtype::Int64);
+                let index2 = (b > 1).then(|| p.empty(&[b, kv], Dtype::Int64));
+                let padded = p.empty(&[b, kv], Dtype::Bool);
                 drop(index2);
                 drop(index);
-                let full = p.empty(&[b, 1, q, kv], Elem::Bool);
+                let full = p.empty(&[b, 1, q, kv], Dtype::Bool);
                 drop(padded);
                 drop(combined);
                 full

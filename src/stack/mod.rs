@@ -1,22 +1,37 @@
-//! What a Hugging Face workload allocates on the GPU, operation by operation: transformers 5.17's
-//! models ([`decoder`]), `generate` with its default cache ([`generate`], [`cache`]), PyTorch
-//! 2.11's operations and autograd ([`ops`], [`autograd`]; what a long reduction stages, [`reduce`]), AdamW and bitsandbytes' 8-bit AdamW
-//! ([`optimizer`]), PEFT's adapters, bitsandbytes' 4-bit weights ([`bitsandbytes`]), emulated over [`tensor`]s whose storages are allocated and freed on a tape in the
-//! order the real stack allocates and frees them; alike layers of a decode step are written again
-//! rather than run again ([`repeat`]). A whole run ([`run`]) is a program that the
-//! allocator model replays into the peaks of `allocated` and `reserved`.
+//! The emulated process: what a Hugging Face workload allocates on the GPU, operation by
+//! operation, written as a program ([`crate::replay::program`]) that the replay driver runs
+//! through the allocator model.
+//!
+//! - the machine's state: the process ([`process`]: autograd's state, autocast, the kernels'
+//!   workspaces), its tensors ([`tensor`]) and the tape they are allocated on ([`tape`]);
+//! - the instruction set: PyTorch 2.11's operations ([`ops`]), their backward rules
+//!   ([`backward`]), autograd's graph and engine ([`autograd`]), what a long reduction stages
+//!   ([`reduce`]);
+//! - the programs: transformers 5.17's models ([`decoder`], with latent attention [`latent`],
+//!   mixtures of experts [`experts`], masks [`masks`], the KV cache [`cache`]), `generate`
+//!   ([`generate`]), the weights' loading and PEFT's adapters ([`loading`]), bitsandbytes' 4-bit
+//!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), alike layers written again
+//!   rather than run ([`repeat`]), a whole run ([`run`]) and the proof scripts' specification
+//!   of one ([`spec`]).
 
 pub mod autograd;
+pub mod backward;
 pub mod bitsandbytes;
 pub mod cache;
 pub mod decoder;
 pub mod experts;
 pub mod generate;
 pub mod latent;
+pub mod loading;
 pub mod masks;
 pub mod ops;
 pub mod optimizer;
+pub mod process;
 pub mod reduce;
 pub mod repeat;
 pub mod run;
+pub mod spec;
+pub mod tape;
 pub mod tensor;
+#[cfg(test)]
+mod windows_tests;

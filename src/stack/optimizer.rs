@@ -6,8 +6,10 @@
 //! float32 scales per block of 256, two float32 moments for a smaller one, its two 256-entry
 //! quantization maps copied to the device once, and a step that allocates nothing.
 
-use super::ops::Process;
-use super::tensor::{Elem, Role, Tensor};
+use super::process::Process;
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
+use crate::replay::program::Role;
 use serde::{Deserialize, Serialize};
 
 /// Which implementation of the step runs.
@@ -18,6 +20,7 @@ use serde::{Deserialize, Serialize};
     PartialEq,
     Eq,
     Hash,
+    Default,
     Serialize,
     Deserialize,
     strum::Display,
@@ -28,6 +31,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum OptimizerImpl {
+    #[default]
     /// `foreach` (PyTorch's default on CUDA): `_foreach_sqrt` of all second moments of a
     /// (device, dtype) group, alive until the update.
     Foreach,
@@ -62,21 +66,21 @@ pub const QMAP_BYTES: u64 = 256 * 4;
 
 /// The tensors `AdamW8bit` makes for a parameter of `elements`, in the order it makes them:
 /// (bytes, type).
-fn adamw_8bit_states(elements: u64) -> [(u64, Elem); 4] {
+fn adamw_8bit_states(elements: u64) -> [(u64, Dtype); 4] {
     if elements < MIN_8BIT_ELEMENTS {
         [
-            (elements, Elem::F32),
-            (elements, Elem::F32),
-            (0, Elem::F32),
-            (0, Elem::F32),
+            (elements, Dtype::Float32),
+            (elements, Dtype::Float32),
+            (0, Dtype::Float32),
+            (0, Dtype::Float32),
         ]
     } else {
         let blocks = elements.div_ceil(BLOCK_8BIT);
         [
-            (elements, Elem::U8),
-            (elements, Elem::U8),
-            (blocks, Elem::F32),
-            (blocks, Elem::F32),
+            (elements, Dtype::Uint8),
+            (elements, Dtype::Uint8),
+            (blocks, Dtype::Float32),
+            (blocks, Dtype::Float32),
         ]
     }
 }
@@ -91,7 +95,7 @@ pub fn adamw_8bit_state_bytes(elements: impl IntoIterator<Item = u64>) -> u64 {
         }
         total += adamw_8bit_states(n)
             .iter()
-            .map(|(count, elem)| count * elem.size())
+            .map(|(count, elem)| count * elem.bytes())
             .sum::<u64>();
     }
     total + maps
@@ -130,7 +134,7 @@ impl OptimizerState {
                     .map(|w| {
                         let mut s = Vec::new();
                         if fused {
-                            s.push(p.empty(&[], Elem::F32));
+                            s.push(p.empty(&[], Dtype::Float32));
                         }
                         s.push(p.empty_like(&super::tensor::Meta::of(w)));
                         s.push(p.empty_like(&super::tensor::Meta::of(w)));
@@ -169,8 +173,8 @@ impl OptimizerState {
             for w in params {
                 if w.numel() >= MIN_8BIT_ELEMENTS && self.maps.is_empty() {
                     // `name2qmap["dynamic"]` and `["udynamic"]` moved to the device.
-                    self.maps.push(p.empty(&[256], Elem::F32));
-                    self.maps.push(p.empty(&[256], Elem::F32));
+                    self.maps.push(p.empty(&[256], Dtype::Float32));
+                    self.maps.push(p.empty(&[256], Dtype::Float32));
                 }
                 let states = adamw_8bit_states(w.numel())
                     .iter()

@@ -8,7 +8,7 @@
 //! Tensors of 2^31 elements or more are reduced by the kernel in 32-bit pieces, each with its own
 //! staging; they are counted here as one reduction, which stages at least as much.
 
-use super::tensor::Elem;
+use crate::dtype::Dtype;
 
 /// The threads a GPU keeps resident, which size the grid a reduction aims at
 /// (`multiProcessorCount` × `maxThreadsPerMultiProcessor` / the block's threads).
@@ -151,8 +151,8 @@ impl Reduction {
 }
 
 /// The accumulator of a reduction of `elem` values: float32, double for double.
-pub fn accumulator_bytes(elem: Elem) -> u64 {
-    elem.size().max(4)
+pub fn accumulator_bytes(elem: Dtype) -> u64 {
+    elem.bytes().max(4)
 }
 
 #[cfg(test)]
@@ -181,8 +181,8 @@ mod tests {
                 .map(|v| v.as_u64().unwrap())
                 .collect();
             let elem = match row["dtype"].as_str().unwrap() {
-                "torch.float32" => Elem::F32,
-                _ => Elem::Bf16,
+                "torch.float32" => Dtype::Float32,
+                _ => Dtype::Bfloat16,
             };
             let sizes = |key: &str| -> Vec<u64> {
                 let all: Vec<u64> = row[key]

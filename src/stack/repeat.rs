@@ -12,15 +12,18 @@
 //! compares whole programs).
 
 use super::cache::Cache;
-use super::tensor::{Dims, Elem, Event, Role, Step, Storage, Tape, Tensor, WrittenLayer};
+use super::tape::{Storage, Tape};
+use super::tensor::{Dims, Tensor};
 use crate::allocator::size::{round_size, SMALL_SIZE};
+use crate::dtype::Dtype;
 use crate::model::{Layer, Model};
+use crate::replay::program::{Event, Role, Step, WrittenLayer};
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 /// What makes layers alike: the layer's configuration, and its tensors (name within the layer,
 /// shape, type) in name order.
-type Signature = (Layer, Vec<(String, Dims, Elem)>);
+type Signature = (Layer, Vec<(String, Dims, Dtype)>);
 
 /// Which layers are alike (per layer, its kind, or `None` for a layer never repeated), and
 /// the shapes of the records layers were written again from, numbered.
@@ -54,7 +57,7 @@ impl LayerKinds {
             Some((index.parse().ok()?, suffix.to_string()))
         };
         let n = model.layers.len();
-        let mut by_layer: Vec<Vec<(String, Dims, Elem)>> = vec![Vec::new(); n];
+        let mut by_layer: Vec<Vec<(String, Dims, Dtype)>> = vec![Vec::new(); n];
         for (name, t) in tensors {
             if let Some((i, suffix)) = layer_of(name).filter(|(i, _)| *i < n) {
                 by_layer[i].push((suffix, t.shape.clone(), t.elem));
@@ -134,7 +137,7 @@ enum Source {
 struct View {
     shape: Dims,
     strides: Dims,
-    elem: Elem,
+    elem: Dtype,
     is_view: bool,
 }
 
@@ -278,7 +281,13 @@ impl Capture {
         let mut freed = Vec::new();
         for e in events {
             steps.push(match e {
-                Event::Alloc { bytes, role } => Step::Alloc { bytes, role },
+                // Written again on the default stream only.
+                Event::Alloc {
+                    bytes,
+                    role,
+                    stream: 0,
+                } => Step::Alloc { bytes, role },
+                Event::Alloc { .. } => return None,
                 Event::Free { alloc } if alloc >= first => {
                     freed.push(alloc - first);
                     Step::FreeLocal(alloc - first)
@@ -446,8 +455,8 @@ fn write_again(
 #[cfg(test)]
 mod tests {
     use super::super::run::{program, program_running_every_layer, Run};
-    use super::super::tensor::Event;
     use crate::budget::proof::Report;
+    use crate::replay::Event;
 
     /// Every inference run of the six recorded proofs (Llama, Mistral, Mixtral, Qwen3 and its
     /// mixture, DeepSeek-V2 and V3's latent attention, Gemma 2 past its window, Gemma 3 with its

@@ -13,6 +13,10 @@ pub(crate) fn kind(d: Dtype) -> Kind {
         Dtype::Float32 => Kind::Float,
         Dtype::Float16 => Kind::Half,
         Dtype::Bfloat16 => Kind::BFloat16,
+        Dtype::Int64 => Kind::Int64,
+        Dtype::Int32 => Kind::Int,
+        Dtype::Bool => Kind::Bool,
+        Dtype::Uint8 => Kind::Uint8,
     }
 }
 

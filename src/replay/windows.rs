@@ -1,4 +1,5 @@
-//! Layers written again, replayed without going through the small pool's blocks. A layer
+//! The replay of a program ([`ProgramReplay`]): its events read in order through the driver, and
+//! layers written again replayed without going through the small pool's blocks. A layer
 //! written again from a record comes as a window of events (a `WrittenLayer`), marked with the
 //! record's shape: its small-pool events, and where its large-pool events fall. The
 //! first time a window of a shape meets the small pool in a given state (its fingerprint: its
@@ -22,11 +23,12 @@
 //! where they were before the cache is released, and the rest of the window goes through the
 //! blocks.
 
-use super::{Event, Replaying};
+use super::driver::{Device, Driver, Replayed};
+use super::outside::OutsideBytes;
+use super::program::{Chunk, Event, Program, Role, WrittenLayer};
 use crate::allocator::size::{round_size, Pool, SMALL_SIZE};
+use crate::allocator::AllocatorConfig;
 use crate::allocator::BlockId;
-use crate::stack::tensor::Role;
-use crate::stack::tensor::WrittenLayer;
 use std::rc::Rc;
 
 /// Windows kept at most (the shapes of the kinds of layer, in each state of the small pool they
@@ -48,11 +50,11 @@ struct SmallRun {
     /// Bytes by role after the run less before it.
     roles: [i64; Role::ALL.len()],
     /// Its allocations in order while the window is recorded: role and block size.
-    allocations: Vec<(usize, u64)>,
+    allocations: Vec<(Role, u64)>,
     /// Once kept, those numbered live (the window leaves them live, or holds them at a large
     /// allocation where the small pool's blocks may be needed): how many numbered freed come
     /// before each, its role and block size; and how many numbered freed come after the last.
-    numbered_live: Vec<(u32, usize, u64)>,
+    numbered_live: Vec<(u32, Role, u64)>,
     freed_after: u32,
 }
 
@@ -114,9 +116,9 @@ enum Window {
     Passing,
 }
 
-pub(super) struct Windows {
+pub(crate) struct Windows {
     /// Whether windows are followed (the tests compare with a replay where none is).
-    pub(super) follow: bool,
+    pub(crate) follow: bool,
     /// The windows kept, by shape and the small pool's fingerprint at their start, and the order
     /// they were kept in (the oldest is let go first).
     kept: rustc_hash::FxHashMap<(u32, u128), Rc<Trajectory>>,
@@ -125,9 +127,9 @@ pub(super) struct Windows {
     misses: Vec<u32>,
     open: Option<Window>,
     /// Windows followed so far.
-    pub(super) followed: u64,
+    pub(crate) followed: u64,
     /// Windows followed whose small blocks were placed at a large allocation.
-    pub(super) placed_early: u64,
+    pub(crate) placed_early: u64,
 }
 
 impl Windows {
@@ -160,11 +162,98 @@ fn signed(v: u64) -> i64 {
     i64::try_from(v).expect("a counter below 2^63")
 }
 
-impl Replaying {
+/// The replay of a program: its chunks read in order through the driver, each layer written
+/// again followed through its window where one was kept.
+pub struct ProgramReplay {
+    pub(crate) driver: Driver<Role>,
+    /// The layers written again: their windows recorded, and the one being read.
+    pub(crate) windows: Windows,
+}
+
+impl ProgramReplay {
+    /// A fresh process's replay under `config` on `device`, holding `outside` beside the
+    /// allocator as it loads its work.
+    pub fn new(config: AllocatorConfig, device: Device, outside: OutsideBytes) -> ProgramReplay {
+        ProgramReplay {
+            driver: Driver::new(config, device, outside),
+            windows: Windows::default(),
+        }
+    }
+
+    /// What the replay gave so far.
+    pub fn so_far(&self) -> &Replayed {
+        &self.driver.out
+    }
+
+    /// The figures: the stage still open closed, unless the device ran out of memory.
+    pub fn finish(self) -> Replayed {
+        self.driver.finish()
+    }
+
+    /// Replays what a tape wrote next; `false` once the device had no room (the replay then
+    /// stops).
+    pub fn read(&mut self, chunk: &Chunk) -> bool {
+        match chunk {
+            Chunk::Events(events) => events.iter().all(|&e| match e {
+                Event::Written { at } => self.written_layer(events.written(at)),
+                e => self.event(e),
+            }),
+            Chunk::Begin(mark) => self.driver.begin(&mark.name, mark.loaded),
+            Chunk::End => {
+                self.driver.end();
+                true
+            }
+        }
+    }
+
+    /// Replays one allocation or free outside a layer written again (no window is open);
+    /// `false` once the device had no room (the replay then stops).
+    fn event(&mut self, e: Event) -> bool {
+        self.driver.out.out_of_memory.is_none() && self.plain_event(e)
+    }
+
+    /// Replays one allocation or free through the block structure.
+    fn plain_event(&mut self, e: Event) -> bool {
+        let d = &mut self.driver;
+        match e {
+            Event::Alloc {
+                bytes,
+                role,
+                stream,
+            } => d.alloc(bytes, role, stream, d.label).is_some(),
+            Event::Free { alloc } => {
+                d.free(alloc);
+                true
+            }
+            Event::Written { .. } => unreachable!("a layer written again is read as its events"),
+        }
+    }
+}
+
+impl Program {
+    /// Replays the program through the allocator under `config` on `device`, the process holding
+    /// `outside` beside the allocator.
+    pub fn replay(
+        &self,
+        config: AllocatorConfig,
+        device: Device,
+        outside: OutsideBytes,
+    ) -> Replayed {
+        let mut replay = ProgramReplay::new(config, device, outside);
+        for chunk in self.chunks() {
+            if !replay.read(chunk) {
+                break;
+            }
+        }
+        replay.finish()
+    }
+}
+
+impl ProgramReplay {
     /// Replays a layer written again: its events as a window; `false` once the device had no
     /// room (the replay then stops).
     pub(super) fn written_layer(&mut self, layer: &WrittenLayer) -> bool {
-        if self.out.out_of_memory.is_some() {
+        if self.driver.out.out_of_memory.is_some() {
             return false;
         }
         self.begin_window(layer.shape);
@@ -191,13 +280,13 @@ impl Replaying {
     }
 
     fn begin_window(&mut self, shape: u32) {
-        let a = &self.allocator;
+        let a = &self.driver.allocator;
         self.windows.open = None;
         if !self.windows.follow {
             return;
         }
         let key = (shape, a.small_pool_fingerprint());
-        let first = self.blocks.next_number();
+        let first = self.driver.blocks.next_number();
         let trajectory = self.windows.kept.get(&key).cloned();
         let misses = self.windows.misses_of(shape);
         let window = match trajectory {
@@ -243,7 +332,7 @@ impl Replaying {
     }
 
     /// Replays an allocation or free of the window open (a run of small events followed is
-    /// passed by [`Replaying::written_layer`], which gives this the first of the run).
+    /// passed by [`Driver::written_layer`], which gives this the first of the run).
     fn window_event(&mut self, e: Event) -> bool {
         match &mut self.windows.open {
             None | Some(Window::Passing) => self.plain_event(e),
@@ -256,7 +345,7 @@ impl Replaying {
                 match item {
                     Item::Large(placement) => {
                         if let (Some(placement), Event::Alloc { bytes, .. }) = (placement, e) {
-                            if self.allocator.might_release_cache(bytes) {
+                            if self.driver.allocator.might_release_cache(bytes) {
                                 let first = f.first;
                                 self.place_held(first, placement);
                             }
@@ -283,14 +372,13 @@ impl Replaying {
     #[cold]
     fn place_held(&mut self, first: u32, placement: &Placement) {
         for &(n, address, size, requested) in &placement.held {
-            let block = self
-                .allocator
-                .place_block(Pool::Small, 0, address, size, requested, self.label)
+            let block = (self.driver.allocator)
+                .place_block(Pool::Small, 0, address, size, requested, self.driver.label)
                 .expect("a block held by a window fits where it was");
-            self.blocks.set_block(first + n, block);
+            self.driver.blocks.set_block(first + n, block);
         }
         for &n in &placement.freed {
-            self.blocks.take(first + n);
+            self.driver.blocks.take(first + n);
         }
         self.windows.open = None;
         self.windows.placed_early += 1;
@@ -300,8 +388,12 @@ impl Replaying {
     fn recorded_event(&mut self, e: Event) -> bool {
         // The pool, role and block size of what the event allocates or frees.
         let small_block = match e {
-            Event::Alloc { bytes, role } => Some((role.index(), round_size(bytes), 1)),
-            Event::Free { alloc } => self.blocks.get(alloc).map(|&(_, r, size)| (r, size, -1)),
+            Event::Alloc { bytes, role, .. } => Some((role, round_size(bytes), 1)),
+            Event::Free { alloc } => self
+                .driver
+                .blocks
+                .get(alloc)
+                .map(|&(_, r, size)| (r, size, -1)),
             _ => None,
         }
         .filter(|&(_, size, _)| size <= SMALL_SIZE);
@@ -312,19 +404,19 @@ impl Replaying {
                 &self.windows.open,
                 Some(Window::Recording(r)) if matches!(r.items.last(), Some(Item::Small(_)))
             );
-        let before = starts_run.then(|| self.allocator.pool_currents(Pool::Small));
+        let before = starts_run.then(|| self.driver.allocator.pool_currents(Pool::Small));
         // At a large allocation on a limited device, the small blocks the window holds: a window
         // followed later holds none of them in the blocks until it ends, so that releasing the
         // cache there could give back a segment this one kept in use (whether it would change
         // the small pool now says nothing of what it would then).
         let held = (small_block.is_none()
             && matches!(e, Event::Alloc { .. })
-            && self.allocator.capacity().is_some())
+            && self.driver.allocator.capacity().is_some())
         .then(|| self.held_by_window());
-        let number = self.blocks.next_number();
+        let number = self.driver.blocks.next_number();
         let done = self.plain_event(e);
-        let after = small_block.map(|_| self.allocator.pool_currents(Pool::Small));
-        let block = self.blocks.get(number).map(|b| b.0);
+        let after = small_block.map(|_| self.driver.allocator.pool_currents(Pool::Small));
+        let block = self.driver.blocks.get(number).map(|b| b.0);
         let Some(Window::Recording(r)) = &mut self.windows.open else {
             unreachable!("the window recorded stays open")
         };
@@ -355,7 +447,7 @@ impl Replaying {
                     *net = signed(a) - signed(b);
                     *rise = (*rise).max(*net);
                 }
-                run.roles[role] += sign * signed(size);
+                run.roles[role.index()] += sign * signed(size);
                 match (e, block) {
                     (Event::Alloc { .. }, Some(b)) => {
                         run.allocations.push((role, size));
@@ -384,13 +476,13 @@ impl Replaying {
     fn live_now(&self, r: &Recording) -> Vec<bool> {
         r.small
             .iter()
-            .map(|(n, _)| self.blocks.get(*n).is_some())
+            .map(|(n, _)| self.driver.blocks.get(*n).is_some())
             .collect()
     }
 
     /// The small blocks allocated by window `r` that `live` says are live.
     fn live_blocks(&self, r: &Recording, live: &[bool]) -> Vec<Held> {
-        let a = &self.allocator;
+        let a = &self.driver.allocator;
         r.small
             .iter()
             .zip(live)
@@ -411,21 +503,20 @@ impl Replaying {
     /// they moved, the peaks raised as high, the allocations numbered (those numbered live get
     /// their block when the window ends, or when a large allocation needs the blocks placed).
     fn follow_run(&mut self, run: &SmallRun) {
-        let allocated = self.allocator.allocated_now();
-        self.allocator
+        let allocated = self.driver.allocator.allocated_now();
+        self.driver
+            .allocator
             .move_counters(Pool::Small, &run.net, &run.rise);
-        self.out.peak_allocated = self
-            .out
-            .peak_allocated
-            .max(allocated.saturating_add_signed(run.rise[0]));
-        for (bytes, delta) in self.roles.iter_mut().zip(run.roles) {
+        self.driver
+            .raise_allocated_peak(allocated.saturating_add_signed(run.rise[0]));
+        for (bytes, delta) in self.driver.tags.iter_mut().zip(run.roles) {
             *bytes = bytes.saturating_add_signed(delta);
         }
         for &(freed, role, size) in &run.numbered_live {
-            self.blocks.push_freed(freed as usize);
-            self.blocks.push((BlockId::PENDING, role, size));
+            self.driver.blocks.push_freed(freed as usize);
+            self.driver.blocks.push((BlockId::PENDING, role, size));
         }
-        self.blocks.push_freed(run.freed_after as usize);
+        self.driver.blocks.push_freed(run.freed_after as usize);
     }
 
     /// Ends a window followed: the small blocks it left allocated are placed, and the
@@ -437,17 +528,16 @@ impl Replaying {
             "a window followed to its end"
         );
         for &(n, address, size, requested) in &t.kept {
-            let block = self
-                .allocator
-                .place_block(Pool::Small, 0, address, size, requested, self.label)
+            let block = (self.driver.allocator)
+                .place_block(Pool::Small, 0, address, size, requested, self.driver.label)
                 .expect("a block left by a window fits where it was left");
-            self.blocks.set_block(f.first + n, block);
+            self.driver.blocks.set_block(f.first + n, block);
         }
         for &n in &t.freed_pending {
-            self.blocks.take(f.first + n);
+            self.driver.blocks.take(f.first + n);
         }
         debug_assert_eq!(
-            self.allocator.small_pool_fingerprint(),
+            self.driver.allocator.small_pool_fingerprint(),
             t.end,
             "the small pool ends as the window left it"
         );
@@ -456,7 +546,7 @@ impl Replaying {
     /// Keeps what a window replayed event by event did, if it left the small pool's segments
     /// and the device's cache as they were.
     fn keep(&mut self, mut r: Box<Recording>) {
-        let a = &self.allocator;
+        let a = &self.driver.allocator;
         let now = a.pool_currents(Pool::Small);
         // Reserved bytes and segments (counters 1 and 6) unchanged, no release of the cache.
         let same_segments = now[1] == r.start[1] && now[6] == r.start[6];
@@ -532,158 +622,5 @@ impl Replaying {
             replaced.is_none(),
             "a window is recorded only where none was kept"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{program, Program, Replayed, Replaying, Run};
-    use crate::allocator::AllocatorConfig;
-    use crate::budget::proof::Report;
-
-    /// Allocation numbers run on through allocations numbered freed already and through pages
-    /// given back, and a live one gets its block.
-    #[test]
-    fn allocations_are_numbered_through_freed_ones_and_pages_given_back() {
-        use super::super::LiveBlocks;
-        use crate::allocator::BlockId;
-        let mut blocks = LiveBlocks::default();
-        assert_eq!(blocks.next_number(), 0);
-        let page = u32::try_from(LiveBlocks::PAGE).expect("a page of 2 048");
-        // A first page wholly freed (given back as it fills), then one live allocation.
-        for n in 0..page {
-            blocks.push_freed(1);
-            assert_eq!(blocks.next_number(), n + 1);
-        }
-        assert!(blocks.get(0).is_none());
-        blocks.push((BlockId::PENDING, 2, 512));
-        assert_eq!(blocks.next_number(), page + 1);
-        assert_eq!(blocks.get(page).map(|b| (b.1, b.2)), Some((2, 512)));
-        // Many numbered freed at once, across pages: the full page with the live one is kept,
-        // the next one (none live) given back as it fills.
-        blocks.push_freed(2 * LiveBlocks::PAGE + 5);
-        assert_eq!(blocks.next_number(), 3 * page + 6);
-        assert!(blocks.get(page).is_some() && blocks.get(2 * page + 1).is_none());
-        let kept: Vec<bool> = blocks.pages.iter().map(Option::is_some).collect();
-        assert_eq!(kept, [false, true, false, true]);
-        let mut allocator = crate::allocator::CachingAllocator::new();
-        let label = allocator.label("t");
-        let block = allocator.malloc(512, 0, label).expect("a block");
-        blocks.set_block(page, block);
-        assert_eq!(blocks.take(page).map(|b| b.0), Some(block));
-        assert!(blocks.get(page).is_none());
-    }
-
-    /// The replay of `p`, windows followed or not, with how many windows were followed and how
-    /// many of those had their blocks placed at a large allocation.
-    fn replayed(
-        p: &Program,
-        config: AllocatorConfig,
-        capacity: Option<u64>,
-        follow: bool,
-    ) -> (Replayed, [u64; 2]) {
-        let mut r = Replaying::new(config, capacity);
-        r.windows.follow = follow;
-        for chunk in &p.chunks {
-            if !r.read(chunk) {
-                break;
-            }
-        }
-        let windows = [r.windows.followed, r.windows.placed_early];
-        (r.finish(), windows)
-    }
-
-    /// Windows followed on a card that makes the allocator release its cache mid-window, in
-    /// runs of multi-head models whose keys and values grow in the small pool (where the size
-    /// searches of `--fit` used to stop at a kept block that no longer fitted): the figures of
-    /// the whole replay, with no window left unplaced.
-    #[test]
-    fn windows_followed_where_the_cache_is_released_give_the_whole_replay() {
-        use crate::budget::workload::{Mode, Workload};
-        let cases = [
-            ("phi-3-mini", 46, 64, 16, true, 9_167_824_486),
-            ("phi-3-mini", 36, 256, 16, false, 12_964_608_128),
-            ("llama-2-7b", 43, 64, 16, false, 15_690_310_067),
-        ];
-        for (preset, batch, context, generated, expandable, capacity) in cases {
-            let w = Workload {
-                mode: Mode::Inference { generated },
-                batch,
-                context,
-                ..Workload::preset(preset).expect("a preset")
-            }
-            .validated()
-            .expect("a valid workload");
-            let kernels =
-                crate::stack::ops::Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0));
-            let p = program(&w.runs(kernels)[0]);
-            let config = crate::budget::terms::allocator_config(match expandable {
-                true => crate::budget::AllocatorSetting::ExpandableSegments,
-                false => crate::budget::AllocatorSetting::Default,
-            });
-            let (written, [followed, _]) = replayed(&p, config, Some(capacity), true);
-            let (whole, _) = replayed(&p, config, Some(capacity), false);
-            assert_eq!(written, whole, "{preset} batch {batch} on {capacity} B");
-            assert!(followed > 0, "{preset}: windows followed");
-        }
-    }
-
-    /// Every inference run of the six recorded proofs, replayed with the windows of its layers
-    /// written again followed and with every event through the blocks, under both settings, on
-    /// an unlimited device, on devices just below and just above its peak of `reserved`, and on
-    /// devices between its peaks of `allocated` and `reserved` (where the cache is released
-    /// during the run): the same figures, stage for stage, the same roles at the peak, the same
-    /// stage out of memory.
-    #[test]
-    fn windows_give_what_the_whole_replay_gives() {
-        let reports = Report::all_recorded();
-        // Windows followed, per setting and device, and those whose blocks were placed early.
-        let (mut followed, mut placed) = ([[0; 5]; 2], 0);
-        for rec in reports.iter().flat_map(|r| &r.records) {
-            let run = Run::from_spec(&rec.spec).expect("a recorded spec");
-            if run.work.trains() {
-                continue;
-            }
-            let p = program(&run);
-            for expandable in [false, true] {
-                let config = AllocatorConfig {
-                    expandable_segments: expandable,
-                    ..AllocatorConfig::default()
-                };
-                let (whole, _) = replayed(&p, config, None, false);
-                let (allocated, reserved) = (whole.peak_allocated, whole.peak_reserved);
-                let devices = [
-                    None,
-                    Some(reserved / 100 * 99),
-                    Some(reserved / 100 * 101),
-                    Some(allocated / 1000 * 1003),
-                    Some(allocated + (reserved - allocated) / 2),
-                ];
-                for (d, capacity) in devices.into_iter().enumerate() {
-                    let (written, [windows, early]) = replayed(&p, config, capacity, true);
-                    let (whole, _) = replayed(&p, config, capacity, false);
-                    assert_eq!(written, whole, "{} {config:?} {capacity:?}", rec.name);
-                    followed[usize::from(expandable)][d] += windows;
-                    placed += early;
-                }
-            }
-        }
-        println!(
-            "windows followed (default, expandable; unlimited, 99 %, 101 % of the peak reserved, \
-             0.3 % above the peak allocated, between the peaks): {followed:?}, {placed} with \
-             their blocks placed at a large allocation"
-        );
-        // Just below the peak most runs stop before their decode (at the default settings, all).
-        let [[plain, _, plain_above, ..], [grown, grown_below, grown_above, ..]] = followed;
-        assert!(
-            [plain, plain_above, grown, grown_above]
-                .iter()
-                .all(|&n| n > 100_000)
-                && grown_below > 10_000,
-            "{followed:?}"
-        );
-        // Where the cache is released, windows are still followed, some placed early.
-        let between = followed[0][4] + followed[1][4];
-        assert!(between > 10_000 && placed > 0, "{followed:?}, {placed}");
     }
 }

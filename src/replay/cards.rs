@@ -1,26 +1,31 @@
-//! Replays limited to cards, started while the unlimited replay runs. A replay on a device
-//! limited to `capacity` bytes makes the same choices as the unlimited one until `reserved`
-//! would pass the capacity; so it is only needed once the unlimited replay's peak of
-//! `reserved` passes it while its peak of `allocated` is still within it (beyond, the run
-//! cannot hold there). The unlimited replay watches the capacities of the cards asked about and
-//! asks for the limited replays the moment one is passed; each reads the events written so far,
-//! then the rest as the emulation writes them, on a thread of its own. One whose capacity the
-//! peak of `allocated` passes later is stopped: the peaks decide that card.
+//! Replays limited to cards, started while the unlimited replay runs. A replay on a card makes
+//! the same choices as the unlimited one until `reserved` and what lives outside the allocator
+//! would pass the card's room; so it is only needed once the unlimited replay's peak of the
+//! device's use passes the room while its peak of `allocated` (with what lives outside) is still
+//! within it (beyond, the run cannot hold there). The unlimited replay watches the rooms of the
+//! cards asked about and asks for the limited replays the moment one is passed; each reads the
+//! events written so far, then the rest as the emulation writes them, on a thread of its own.
+//! One whose room the peak of `allocated` passes later is stopped: the peaks decide that card.
 
-use super::{Chunk, Replaying};
+use super::driver::{Device, Replayed};
+use super::outside::OutsideBytes;
+use super::program::Chunk;
+use super::windows::ProgramReplay;
 use crate::allocator::AllocatorConfig;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::thread::{Scope, ScopedJoinHandle};
 
-/// The cards a streaming replay watches: the bytes the allocator may use on each, and the
-/// settings a replay limited to them runs under once it is needed.
+/// The cards a streaming replay watches: the room of each (its memory less the reserve), the
+/// settings a replay limited to them runs under once it is needed, and what the process holds
+/// outside the allocator there.
 #[derive(Debug, Clone, Copy)]
 pub struct Watched<'a> {
     /// Ascending, each once.
-    pub capacities: &'a [u64],
+    pub rooms: &'a [u64],
     pub configs: &'a [AllocatorConfig],
+    pub outside: OutsideBytes,
     /// The most limited replays that may run at once (the others are left to be made after),
     /// so that a catalog of many cards does not start a thread for each; one card's under every
     /// setting at least.
@@ -37,21 +42,21 @@ impl Watched<'_> {
 /// A replay limited to a card, started while the unlimited replay ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limited {
-    pub capacity: u64,
+    pub room: u64,
     /// The index of its setting in [`Watched::configs`].
     pub config: usize,
     /// Whether the run completed on the card.
     pub completed: bool,
 }
 
-/// What the unlimited replay does with the capacities it watches.
+/// What the unlimited replay does with the rooms it watches.
 pub(super) struct Watcher<'a> {
-    capacities: &'a [u64],
-    /// The first capacity the peak of `reserved` has not passed.
+    rooms: &'a [u64],
+    /// The first room the peak of the device's use has not passed.
     next: usize,
-    /// The first capacity the peak of `allocated` has not passed.
+    /// The first room the peak of `allocated` (with what lives outside) has not passed.
     beyond: usize,
-    /// Set for a capacity the peak of `allocated` passed: its limited replays stop.
+    /// Set for a room the peak of `allocated` passed: its limited replays stop.
     stopped: Arc<Vec<AtomicBool>>,
     asks: Sender<usize>,
 }
@@ -62,17 +67,17 @@ pub(super) fn watch<'scope>(
     watched: &Watched<'scope>,
 ) -> (Watcher<'scope>, LimitedReplays<'scope>) {
     debug_assert!(
-        watched.capacities.windows(2).all(|w| w[0] < w[1]),
-        "capacities ascending, each once"
+        watched.rooms.windows(2).all(|w| w[0] < w[1]),
+        "rooms ascending, each once"
     );
     let (asks, asked) = std::sync::mpsc::channel();
     let stopped: Arc<Vec<AtomicBool>> = Arc::new(
-        (watched.capacities.iter())
+        (watched.rooms.iter())
             .map(|_| AtomicBool::new(false))
             .collect(),
     );
     let watcher = Watcher {
-        capacities: watched.capacities,
+        rooms: watched.rooms,
         next: 0,
         beyond: 0,
         stopped: stopped.clone(),
@@ -88,16 +93,16 @@ pub(super) fn watch<'scope>(
 }
 
 impl Watcher<'_> {
-    /// After the unlimited replay's latest chunk: asks for the replays limited to each capacity
-    /// its peak of `reserved` passed with its peak of `allocated` within it, and stops those
-    /// whose capacity the peak of `allocated` passed.
-    pub(super) fn saw(&mut self, replay: &Replaying) {
-        let (allocated, reserved) = (replay.out.peak_allocated, replay.out.peak_reserved);
-        while self.beyond < self.capacities.len() && allocated > self.capacities[self.beyond] {
+    /// After the unlimited replay's latest chunk: asks for the replays limited to each room its
+    /// peak of the device's use passed with its peak of `allocated` within it, and stops those
+    /// whose room the peak of `allocated` passed.
+    pub(super) fn saw(&mut self, replayed: &Replayed) {
+        let (allocated, used) = (replayed.peak_device_allocated, replayed.peak_device);
+        while self.beyond < self.rooms.len() && allocated > self.rooms[self.beyond] {
             self.stopped[self.beyond].store(true, Ordering::Relaxed);
             self.beyond += 1;
         }
-        while self.next < self.capacities.len() && reserved > self.capacities[self.next] {
+        while self.next < self.rooms.len() && used > self.rooms[self.next] {
             if self.next >= self.beyond {
                 // The limited replays outlive the watcher: they read the asks to the end.
                 let _ = self.asks.send(self.next);
@@ -118,7 +123,7 @@ pub(super) struct LimitedReplays<'scope> {
 /// A limited replay started: its card and setting, what feeds it the chunks that follow (until
 /// it stops reading) and its thread.
 struct Started<'scope> {
-    capacity: u64,
+    room: u64,
     config: usize,
     feed: Option<Sender<Chunk>>,
     thread: ScopedJoinHandle<'scope, Option<bool>>,
@@ -134,7 +139,7 @@ impl<'scope> LimitedReplays<'scope> {
         }
     }
 
-    /// Starts the replays limited to capacity `index`, unless that would make more than
+    /// Starts the replays limited to room `index`, unless that would make more than
     /// [`Watched::at_most`] run (the planner replays those left after the budget).
     fn start(&mut self, s: &'scope Scope<'scope, '_>, index: usize, written: &[Chunk]) {
         let w = self.watched;
@@ -142,13 +147,15 @@ impl<'scope> LimitedReplays<'scope> {
         if running.count() + w.configs.len() > w.at_most.max(w.configs.len()) {
             return;
         }
-        let capacity = w.capacities[index];
+        let room = w.rooms[index];
         for (config, &c) in w.configs.iter().enumerate() {
             let (feed, after) = std::sync::mpsc::channel();
             let (before, stopped) = (written.to_vec(), self.stopped.clone());
-            let thread = s.spawn(move || limited(c, capacity, &before, after, &stopped[index]));
+            let outside = w.outside;
+            let thread =
+                s.spawn(move || limited(c, room, outside, &before, after, &stopped[index]));
             self.started.push(Started {
-                capacity,
+                room,
                 config,
                 feed: Some(feed),
                 thread,
@@ -190,9 +197,9 @@ impl<'scope> LimitedReplays<'scope> {
         self.close();
         (self.started.into_iter())
             .filter_map(|r| {
-                let completed = super::joined(r.thread)?;
+                let completed = joined(r.thread)?;
                 Some(Limited {
-                    capacity: r.capacity,
+                    room: r.room,
                     config: r.config,
                     completed,
                 })
@@ -201,20 +208,28 @@ impl<'scope> LimitedReplays<'scope> {
     }
 }
 
-/// A replay under `config` limited to `capacity`: the chunks written before it started, then
-/// those that follow; `None` if stopped.
+/// A replay under `config` on a card of `room` bytes: the chunks written before it started,
+/// then those that follow; `None` if stopped.
 fn limited(
     config: AllocatorConfig,
-    capacity: u64,
+    room: u64,
+    outside: OutsideBytes,
     before: &[Chunk],
     after: Receiver<Chunk>,
     stopped: &AtomicBool,
 ) -> Option<bool> {
-    let mut replay = Replaying::new(config, Some(capacity));
+    let mut replay = ProgramReplay::new(config, Device::Card { room }, outside);
     let mut go = |chunk: &Chunk| !stopped.load(Ordering::Relaxed) && replay.read(chunk);
     let _ = before.iter().all(&mut go) && after.iter().all(|c| go(&c));
     match stopped.load(Ordering::Relaxed) {
         true => None,
         false => Some(replay.finish().out_of_memory.is_none()),
     }
+}
+
+/// What a scoped thread returned, its panic carried on.
+pub(super) fn joined<T>(thread: ScopedJoinHandle<'_, T>) -> T {
+    thread
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }

@@ -3,8 +3,8 @@
 //! the same allocations and frees in the same order, stage by stage. Where the model is exact,
 //! the replay gives back the figures the GPU reported; the check of a recorded run says so.
 
-use super::caching::AllocatorConfig;
-use super::replay::{Replay, TensorId};
+use super::named::{NamedReplay, TensorId};
+use crate::allocator::AllocatorConfig;
 use crate::reading::Figures;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -125,7 +125,7 @@ impl Trace {
     /// made and freed before the trace began, such as the tensor that starts CUDA). Returns the
     /// figures of every stage, as the GPU script read them (peaks reset at the stage's start).
     pub fn replay(&self, config: AllocatorConfig, before: &[u64]) -> Vec<(String, Figures)> {
-        let mut replay = Replay::new(config);
+        let mut replay = NamedReplay::new(config);
         for &bytes in before {
             if let Ok(Some(id)) = replay.alloc("before the trace", bytes) {
                 replay.free(id);

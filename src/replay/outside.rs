@@ -1,0 +1,82 @@
+//! What a Hugging Face process holds on the GPU outside PyTorch's caching allocator: the CUDA
+//! context, then what each kind of work loads the first time it runs (CUDA loads a kernel's code
+//! at its first launch; cuBLAS makes its handle and cuDNN its own at their first call; autograd's
+//! thread makes its handles at the first backward). So it grows by steps as the process goes from
+//! loading its weights to its first forward pass, its first backward pass, its decoding.
+//! Measured (`torch.cuda.mem_get_info` − `memory_reserved`, one process alone on the GPU, at the
+//! end of each stage) in the kinds of process the budget describes, on a named GPU and software:
+//! not a formula. A replay on a card gives the allocator the card's room less the step the
+//! process has reached ([`super::driver::Driver`]).
+
+use super::program::Loaded;
+use serde::{Deserialize, Serialize};
+
+/// The bytes outside the allocator once the process has loaded each kind of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OutsideBytes {
+    /// CUDA started, the weights and inputs copied.
+    pub context: u64,
+    /// After a first forward pass (a training step's, or `generate`'s prefill).
+    pub forward: u64,
+    /// After a first backward pass.
+    pub backward: u64,
+    /// While `generate` decodes.
+    pub decode: u64,
+}
+
+impl OutsideBytes {
+    /// Nothing outside the allocator: a replay's figures are the allocator's alone.
+    pub const NONE: OutsideBytes = OutsideBytes {
+        context: 0,
+        forward: 0,
+        backward: 0,
+        decode: 0,
+    };
+
+    /// What the process holds outside the allocator once it has loaded `loaded`.
+    pub fn at(self, loaded: Loaded) -> u64 {
+        match loaded {
+            Loaded::Context => self.context,
+            Loaded::Forward => self.forward,
+            Loaded::Backward => self.backward,
+            Loaded::Decode => self.decode,
+        }
+    }
+
+    /// What a run that trains (or generates) holds outside the allocator at its end, the most.
+    pub fn at_end(self, trains: bool) -> u64 {
+        match trains {
+            true => self.backward,
+            false => self.decode,
+        }
+    }
+}
+
+/// The memory outside the allocator as measured, and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outside {
+    pub bytes: OutsideBytes,
+    pub measured_on: String,
+    pub software: String,
+    pub source: String,
+}
+
+impl Outside {
+    /// Recorded on the H200 by `scripts/gpu/hf-proof.py` and `hf-record.py`'s card runs
+    /// (`docs/benchmarks.md`, "What lives outside the allocator"): for each step, the most any of
+    /// the 38 processes that ran alone on an emulated card held at the end of a stage of that step
+    /// (from one process to the next the driver's own part moves by about 1.4 MB).
+    pub fn h200() -> Outside {
+        Outside {
+            bytes: OutsideBytes {
+                context: 650_782_965,
+                forward: 730_474_741,
+                backward: 805_972_213,
+                decode: 780_806_389,
+            },
+            measured_on: "NVIDIA H200".into(),
+            software: "PyTorch 2.11.0+cu130, transformers 5.17.0, driver 580.159.04".into(),
+            source: "docs/benchmarks.md, What lives outside the allocator".into(),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
+//! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
+//! checkpointing, steps, loading, mask_order; the script's other fields are its own), read as a
+//! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
+
+use super::loading::{Loading, Lora};
+use super::optimizer::{Optimizer, OptimizerImpl};
+use super::process::{Kernels, MaskOrder};
+use super::run::{Run, Work};
+use crate::dtype::Dtype;
+use serde::Deserialize;
+
+/// Why a workload specification was refused: the field and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("config: {0}")]
+    Config(#[from] crate::model::ConfigError),
+    #[error("{0}")]
+    Field(String),
+}
+
+/// What a proof script ran.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Spec {
+    pub model_type: String,
+    /// The config.json fields of the model.
+    pub config: serde_json::Map<String, serde_json::Value>,
+    pub mode: SpecMode,
+    #[serde(default = "bfloat16")]
+    pub dtype: Dtype,
+    /// Float32 weights trained under `torch.autocast` of this type.
+    #[serde(default)]
+    pub autocast: Option<Dtype>,
+    pub batch: u64,
+    pub context: u64,
+    #[serde(default)]
+    pub generated: Option<u64>,
+    #[serde(default)]
+    pub lora: Option<SpecLora>,
+    #[serde(default)]
+    pub optimizer: SpecOptimizer,
+    #[serde(default)]
+    pub optimizer_impl: OptimizerImpl,
+    #[serde(default)]
+    pub checkpointing: bool,
+    #[serde(default = "three")]
+    pub steps: u64,
+    #[serde(default)]
+    pub loading: SpecLoading,
+    /// The order the recorded process iterated `set(layer_types)` in.
+    #[serde(default)]
+    pub mask_order: Option<Vec<String>>,
+}
+
+fn bfloat16() -> Dtype {
+    Dtype::Bfloat16
+}
+
+fn three() -> u64 {
+    3
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecMode {
+    Inference,
+    Full,
+    Lora,
+    Qlora,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SpecLora {
+    pub rank: u64,
+    pub targets: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum SpecOptimizer {
+    #[default]
+    #[serde(rename = "adamw")]
+    AdamW,
+    #[serde(rename = "adamw-8bit")]
+    AdamW8bit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecLoading {
+    #[default]
+    FromConfig,
+    Pretrained,
+}
+
+impl Run {
+    /// The workload a GPU proof script ran, with the H200's kernels.
+    pub fn from_spec(spec: &serde_json::Value) -> Result<Run, SpecError> {
+        let spec = Spec::deserialize(spec).map_err(|e| SpecError::Field(e.to_string()))?;
+        Run::try_from(spec)
+    }
+}
+
+impl TryFrom<Spec> for Run {
+    type Error = SpecError;
+
+    fn try_from(s: Spec) -> Result<Run, SpecError> {
+        let field = |name: &str, message: &str| SpecError::Field(format!("`{name}`: {message}"));
+        let mut config = s.config;
+        config.insert("model_type".into(), s.model_type.into());
+        let model = crate::model::config::from_value(&serde_json::Value::Object(config))?;
+        model.check_runnable()?;
+        for (name, value) in [
+            ("batch", s.batch),
+            ("context", s.context),
+            ("steps", s.steps),
+        ] {
+            if value == 0 {
+                return Err(field(name, "not a whole number above 0"));
+            }
+        }
+        if !s.dtype.is_float() {
+            return Err(field("dtype", "float32, float16 or bfloat16"));
+        }
+        if s.autocast
+            .is_some_and(|a| !a.is_float() || a == Dtype::Float32)
+        {
+            return Err(field("autocast", "bfloat16 or float16"));
+        }
+        // Under autocast the weights are float32.
+        let dtype = match s.autocast {
+            Some(_) => Dtype::Float32,
+            None => s.dtype,
+        };
+        let optimizer = match s.optimizer {
+            SpecOptimizer::AdamW => Optimizer::AdamW(s.optimizer_impl),
+            SpecOptimizer::AdamW8bit => Optimizer::AdamW8bit,
+        };
+        let lora = || -> Result<Lora, SpecError> {
+            let l = s.lora.clone().ok_or_else(|| field("lora", "missing"))?;
+            if l.rank == 0 {
+                return Err(field("lora", "rank: not a whole number above 0"));
+            }
+            Ok(Lora {
+                rank: l.rank,
+                targets: l.targets,
+            })
+        };
+        let train = |lora| Work::Train {
+            lora,
+            optimizer,
+            checkpointing: s.checkpointing,
+            steps: s.steps,
+        };
+        let work = match s.mode {
+            SpecMode::Inference => Work::Generate {
+                generated: s
+                    .generated
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| field("generated", "not a whole number above 0"))?,
+            },
+            SpecMode::Full => train(None),
+            SpecMode::Lora | SpecMode::Qlora => train(Some(lora()?)),
+        };
+        // QLoRA's script saves a checkpoint and loads it quantized.
+        let loading = match (s.mode, s.loading) {
+            (SpecMode::Qlora, _) => Loading::PretrainedNf4,
+            (_, SpecLoading::FromConfig) => Loading::FromConfig,
+            (_, SpecLoading::Pretrained) => Loading::Pretrained,
+        };
+        let mask_order =
+            match s.mask_order.as_deref().and_then(|o| o.first()) {
+                None => MaskOrder::FullFirst,
+                Some(kind) if kind == "sliding_attention" => MaskOrder::SlidingFirst,
+                Some(kind) if kind == "full_attention" => MaskOrder::FullFirst,
+                Some(_) => return Err(field(
+                    "mask_order",
+                    "not a list of layer kinds beginning with sliding_attention or full_attention",
+                )),
+            };
+        Ok(Run {
+            model,
+            dtype,
+            autocast: s.autocast,
+            batch: s.batch,
+            context: s.context,
+            work,
+            loading,
+            kernels: Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0)),
+            mask_order,
+        })
+    }
+}

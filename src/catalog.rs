@@ -20,6 +20,11 @@ pub const DEFAULT_PATH: &str = "data/tarifs-forfaits.csv";
 /// The catalog shipped with this build, used when `data/tarifs-forfaits.csv` is not in the
 /// current directory.
 pub const BUILTIN_CSV: &[u8] = include_bytes!("../data/tarifs-forfaits.csv");
+/// The most lots a plan prices one offer at (`--max-gpus` at most this many GPUs).
+pub const MAX_LOTS: u64 = 4096;
+/// The largest lot price a catalog may hold: any number of lots up to [`MAX_LOTS`] priced in
+/// whole cents without overflow.
+pub const MAX_LOT_PRICE_CENTS: u64 = u64::MAX / MAX_LOTS;
 /// The columns, in order.
 pub const COLUMNS: [&str; 8] = [
     "model",
@@ -218,12 +223,26 @@ impl fmt::Display for Catalog {
     }
 }
 
+/// One row as `csv` reads it, every value still text: each is then checked with the catalog's
+/// own rules and messages.
+#[derive(serde::Deserialize)]
+struct RawRow {
+    model: String,
+    display_name: String,
+    gpus_per_lot: String,
+    memory_per_gpu_gib: String,
+    duration_days: String,
+    lot_price_usd_cents: String,
+    snapshot_date: String,
+    price_status: String,
+}
+
 /// Reads every row, checking the header and each field; returns rows with their line numbers.
 ///
 /// The file is UTF-8 text (a leading byte-order mark is allowed), one record per line (`\n` or
-/// `\r\n`), no empty line. A value is plain (no quote inside) or enclosed in double quotes with
-/// `""` standing for one quote; a value never spans lines, so an unclosed quote is reported on
-/// the line where it opens.
+/// `\r\n`), no empty line. `csv` splits and unquotes the records; what it is lenient about is
+/// refused here ([`strict_quoting`]): a value is plain (no quote inside) or enclosed in double
+/// quotes with `""` standing for one quote, nothing after its closing quote, closed on its line.
 fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, CatalogError> {
     let invalid = |line: u64, column: &str, message: String| CatalogError::Invalid {
         file: file.to_string(),
@@ -239,91 +258,64 @@ fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, Catalo
         invalid(line as u64, "(row)", "not UTF-8 text".into())
     })?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    // `csv` skips empty lines; a catalog has none (a final line break ends the last row).
     let body = text.strip_suffix('\n').unwrap_or(text);
-    let mut lines = (1u64..).zip(body.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)));
-
-    let (_, header) = lines.next().expect("split yields at least one piece");
-    let names = split_values(header).map_err(|(_, m)| invalid(1, "(header)", m))?;
-    if names != COLUMNS {
-        let missing: Vec<&str> = COLUMNS
-            .iter()
-            .filter(|c| !names.iter().any(|n| n == *c))
-            .copied()
-            .collect();
-        let unknown: Vec<String> = names
-            .iter()
-            .filter(|n| !COLUMNS.contains(&n.as_str()))
-            .map(|n| printable(n).into_owned())
-            .collect();
-        return Err(invalid(
-            1,
-            "(header)",
-            format!(
-                "expected columns {} in that order; missing: [{}], unknown: [{}]",
-                COLUMNS.join(","),
-                missing.join(", "),
-                unknown.join(", ")
+    let mut lines = (1u64..).zip(body.split('\n'));
+    if let Some((line, _)) = lines.find(|(_, l)| l.trim_end_matches('\r').is_empty()) {
+        return Err(match line {
+            1 => invalid(
+                1,
+                "(header)",
+                check_header(&csv::StringRecord::new()).unwrap_err(),
             ),
-        ));
+            _ => invalid(line, "(row)", "empty line".into()),
+        });
     }
-
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    let mut header = None;
     let mut rows = Vec::new();
     let mut seen = BTreeMap::new();
-    for (line, content) in lines {
-        let values = read_record(content).map_err(|(column, m)| invalid(line, column, m))?;
-        let at = |i: usize, message: String| invalid(line, COLUMNS[i], message);
-        let v = |i: usize| values[i].as_str();
-        let model = v(0).to_string();
-        if !model
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        {
-            return Err(at(
-                0,
-                format!("`{model}` must use lowercase letters, digits and '-' only"),
-            ));
+    let mut record = csv::StringRecord::new();
+    let (mut line, mut counted) = (1u64, 0usize);
+    loop {
+        let read =
+            (reader.read_record(&mut record)).map_err(|e| invalid(line, "(row)", e.to_string()))?;
+        if !read {
+            break;
         }
-        let gpus_per_lot = positive_integer(v(2), u32::MAX.into()).map_err(|m| at(2, m))?;
-        let gpus_per_lot = u32::try_from(gpus_per_lot).expect("at most u32::MAX");
-        let memory_per_gpu_gib = positive_gib(v(3)).map_err(|m| at(3, m))?;
-        let duration_days = DURATIONS_DAYS
-            .into_iter()
-            .find(|d| d.to_string() == v(4))
-            .ok_or_else(|| at(4, format!("`{}` is not one of 3, 7, 30", v(4))))?;
-        let lot_price_usd_cents = Cents(positive_integer(v(5), u64::MAX).map_err(|m| at(5, m))?);
-        let snapshot_date = v(6).to_string();
-        if !is_iso_date(&snapshot_date) {
-            return Err(at(6, format!("`{snapshot_date}` is not a date YYYY-MM-DD")));
-        }
-        let price_status = match v(7) {
-            "illustrative" => PriceStatus::Illustrative,
-            "published" => PriceStatus::Published,
-            other => {
-                return Err(at(
-                    7,
-                    format!("`{other}` must be `illustrative` or `published`"),
-                ))
-            }
+        // The record's own text and line: after a `\r\n`, `csv` starts the next record at the
+        // `\n` and counts its line late.
+        let start = record.position().expect("a record read has its position");
+        let span = &text[start.byte() as usize..reader.position().byte() as usize];
+        let raw = span.trim_start_matches('\n').trim_end_matches(['\r', '\n']);
+        let begins = start.byte() as usize + (span.len() - span.trim_start_matches('\n').len());
+        line += text[counted..begins].matches('\n').count() as u64;
+        counted = begins;
+        let Some(names) = &header else {
+            let column = |_| "(header)";
+            strict_quoting(raw, &record).map_err(|(i, m)| invalid(line, column(i), m))?;
+            check_header(&record).map_err(|m| invalid(line, "(header)", m))?;
+            header = Some(record.clone());
+            continue;
         };
-        if let Some(first) = seen.insert((model.clone(), duration_days), line) {
-            return Err(at(
-                4,
-                format!("duplicate row for ({model}, {duration_days} days), first on line {first}"),
-            ));
+        let column = |i: usize| COLUMNS.get(i).copied().unwrap_or("(row)");
+        strict_quoting(raw, &record).map_err(|(i, m)| invalid(line, column(i), m))?;
+        plain_values(&record).map_err(|(i, m)| invalid(line, column(i), m))?;
+        let raw: RawRow = record
+            .deserialize(Some(names))
+            .map_err(|e| invalid(line, "(row)", e.to_string()))?;
+        let row = checked_row(raw).map_err(|(i, m)| invalid(line, COLUMNS[i], m))?;
+        if let Some(first) = seen.insert((row.model.clone(), row.duration_days), line) {
+            let message = format!(
+                "duplicate row for ({}, {} days), first on line {first}",
+                row.model, row.duration_days
+            );
+            return Err(invalid(line, "duration_days", message));
         }
-        rows.push((
-            line,
-            CatalogRow {
-                model,
-                display_name: v(1).to_string(),
-                gpus_per_lot,
-                memory_per_gpu_gib,
-                duration_days,
-                lot_price_usd_cents,
-                snapshot_date,
-                price_status,
-            },
-        ));
+        rows.push((line, row));
     }
     if rows.is_empty() {
         return Err(CatalogError::Structure {
@@ -334,128 +326,149 @@ fn parse_rows(bytes: &[u8], file: &str) -> Result<Vec<(u64, CatalogRow)>, Catalo
     Ok(rows)
 }
 
-/// One data line's eight values, each checked to be plain text: not empty, no character a
-/// terminal would obey (escape, NUL, other controls, bidirectional overrides), no space at either
-/// end. `Err((column, message))` names the column at fault (`(row)` for the line as a whole).
-fn read_record(line: &str) -> Result<Vec<String>, (&'static str, String)> {
-    let column = |i: usize| COLUMNS.get(i).copied().unwrap_or("(row)");
-    if line.is_empty() {
-        return Err(("(row)", "empty line".into()));
+/// The header: exactly [`COLUMNS`], in order.
+fn check_header(names: &csv::StringRecord) -> Result<(), String> {
+    if names.iter().eq(COLUMNS) {
+        return Ok(());
     }
-    let values = split_values(line).map_err(|(i, m)| (column(i), m))?;
+    let missing: Vec<&str> = (COLUMNS.iter().copied())
+        .filter(|c| !names.iter().any(|n| n == *c))
+        .collect();
+    let unknown: Vec<String> = (names.iter())
+        .filter(|n| !COLUMNS.contains(n))
+        .map(|n| printable(n).into_owned())
+        .collect();
+    Err(format!(
+        "expected columns {} in that order; missing: [{}], unknown: [{}]",
+        COLUMNS.join(","),
+        missing.join(", "),
+        unknown.join(", ")
+    ))
+}
+
+/// Each value of a row: exactly eight, none empty, with spaces at either end, or with a character
+/// a terminal would obey (escape, NUL, other controls, bidirectional overrides). `Err((index,
+/// message))` names the value at fault (past the last column: the row as a whole).
+fn plain_values(values: &csv::StringRecord) -> Result<(), (usize, String)> {
     if values.len() != COLUMNS.len() {
-        return Err((
-            "(row)",
-            format!("expected {} values, found {}", COLUMNS.len(), values.len()),
-        ));
+        let message = format!("expected {} values, found {}", COLUMNS.len(), values.len());
+        return Err((COLUMNS.len(), message));
     }
     for (i, value) in values.iter().enumerate() {
         let problem = if value.is_empty() {
-            Some("empty value".to_string())
+            "empty value".to_string()
         } else if let Some(c) = first_unsafe(value) {
-            Some(format!(
+            format!(
                 "`{}` contains the control character {}: catalog values are plain text",
                 printable(value),
                 printable(&c.to_string())
-            ))
+            )
         } else if value.trim() != value {
-            Some(format!("`{value}` has spaces at its start or end"))
+            format!("`{value}` has spaces at its start or end")
         } else {
-            None
+            continue;
         };
-        if let Some(message) = problem {
-            return Err((column(i), message));
-        }
-    }
-    Ok(values)
-}
-
-/// Splits one line into values with the csv crate, after checking the rules it is lenient about:
-/// a value is plain (no quote inside) or enclosed in double quotes, with `""` standing for one
-/// quote, nothing after its closing quote, and closed on its own line. `Err((index, message))`
-/// names the value that is malformed.
-fn split_values(line: &str) -> Result<Vec<String>, (usize, String)> {
-    strict_quotes(line)?;
-    let mut reader = csv::ReaderBuilder::new()
-        .has_headers(false)
-        .flexible(true)
-        .from_reader(line.as_bytes());
-    let record = match reader.records().next() {
-        Some(Ok(record)) => record,
-        Some(Err(e)) => return Err((0, e.to_string())),
-        None => csv::StringRecord::from(vec![""]),
-    };
-    Ok(record.iter().map(str::to_string).collect())
-}
-
-/// The quoting rules of a catalog line (see [`split_values`]), value by value.
-fn strict_quotes(line: &str) -> Result<(), (usize, String)> {
-    for (index, mut rest) in (0..).zip(QuotedSplit(Some(line))) {
-        if let Some(quoted) = rest.strip_prefix('"') {
-            // A closing quote, not doubled, ends the value.
-            let mut chars = quoted.char_indices().peekable();
-            let after = loop {
-                match chars.next() {
-                    None => {
-                        return Err((
-                            index,
-                            "a quote opens on this line and is not closed on it (a value \
-                             cannot span lines)"
-                                .into(),
-                        ))
-                    }
-                    Some((_, '"')) if chars.peek().is_some_and(|(_, c)| *c == '"') => {
-                        chars.next();
-                    }
-                    Some((i, '"')) => break &quoted[i + 1..],
-                    Some(_) => {}
-                }
-            };
-            if !after.is_empty() {
-                return Err((
-                    index,
-                    format!(
-                        "`{}` follows a closing quote; a quoted value ends at the quote",
-                        printable(after)
-                    ),
-                ));
-            }
-            rest = "";
-        }
-        if rest.contains('"') {
-            return Err((
-                index,
-                format!(
-                    "`{}` has a quote inside; quote a whole value: \"...\"",
-                    printable(rest)
-                ),
-            ));
-        }
+        return Err((i, problem));
     }
     Ok(())
 }
 
-/// The raw values of a line, split at the commas outside quotes.
-struct QuotedSplit<'a>(Option<&'a str>);
-
-impl<'a> Iterator for QuotedSplit<'a> {
-    type Item = &'a str;
-    fn next(&mut self) -> Option<&'a str> {
-        let rest = self.0?;
-        let mut quoted = false;
-        for (i, c) in rest.char_indices() {
-            match c {
-                '"' => quoted = !quoted,
-                ',' if !quoted => {
-                    self.0 = Some(&rest[i + 1..]);
-                    return Some(&rest[..i]);
-                }
-                _ => {}
-            }
+/// The quoting `csv` accepts leniently, refused: `raw` (a record's line) must be each of
+/// `values` written plain (no quote inside) or enclosed in double quotes (`""` for a quote),
+/// separated by commas, nothing after a closing quote, no value spanning lines.
+fn strict_quoting(raw: &str, values: &csv::StringRecord) -> Result<(), (usize, String)> {
+    let mut rest = raw;
+    for (i, value) in values.iter().enumerate() {
+        if i > 0 {
+            rest = rest.strip_prefix(',').unwrap_or(rest);
         }
-        self.0 = None;
-        Some(rest)
+        let field = match rest.strip_prefix('"') {
+            Some(quoted) => {
+                // The closing quote: the first quote not doubled.
+                let mut chars = quoted.char_indices().peekable();
+                let close = loop {
+                    match chars.next() {
+                        Some((_, '"')) if chars.next_if(|&(_, c)| c == '"').is_some() => {}
+                        Some((j, '"')) => break Some(j),
+                        Some((_, '\n')) | None => break None,
+                        Some(_) => {}
+                    }
+                };
+                let Some(close) = close else {
+                    let message = "a quote opens on this line and is not closed on it (a value \
+                                   cannot span lines)";
+                    return Err((i, message.into()));
+                };
+                let after = &quoted[close + 1..];
+                let next = after.find(',').unwrap_or(after.len());
+                if next > 0 {
+                    let message = format!(
+                        "`{}` follows a closing quote; a quoted value ends at the quote",
+                        printable(&after[..next])
+                    );
+                    return Err((i, message));
+                }
+                1 + close + 1
+            }
+            None if value.contains('"') => {
+                let message = format!(
+                    "`{}` has a quote inside; quote a whole value: \"...\"",
+                    printable(value)
+                );
+                return Err((i, message));
+            }
+            None => value.len(),
+        };
+        rest = &rest[field.min(rest.len())..];
     }
+    Ok(())
+}
+
+/// A row's values checked and typed; `Err((index, message))` names the column at fault.
+fn checked_row(raw: RawRow) -> Result<CatalogRow, (usize, String)> {
+    let model = raw.model;
+    if !model
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        let message = format!("`{model}` must use lowercase letters, digits and '-' only");
+        return Err((0, message));
+    }
+    let gpus_per_lot = positive_integer(&raw.gpus_per_lot, u32::MAX.into()).map_err(|m| (2, m))?;
+    let memory_per_gpu_gib = positive_gib(&raw.memory_per_gpu_gib).map_err(|m| (3, m))?;
+    let days = raw.duration_days;
+    let duration_days = (DURATIONS_DAYS.into_iter())
+        .find(|d| d.to_string() == days)
+        .ok_or_else(|| (4, format!("`{days}` is not one of 3, 7, 30")))?;
+    let lot_price_usd_cents = positive_integer(&raw.lot_price_usd_cents, MAX_LOT_PRICE_CENTS)
+        .map_err(|m| {
+            (
+                5,
+                format!("{m}: a plan multiplies it by up to {MAX_LOTS} lots"),
+            )
+        })?;
+    let snapshot_date = raw.snapshot_date;
+    if !is_iso_date(&snapshot_date) {
+        return Err((6, format!("`{snapshot_date}` is not a date YYYY-MM-DD")));
+    }
+    let price_status = match raw.price_status.as_str() {
+        "illustrative" => PriceStatus::Illustrative,
+        "published" => PriceStatus::Published,
+        other => {
+            let message = format!("`{other}` must be `illustrative` or `published`");
+            return Err((7, message));
+        }
+    };
+    Ok(CatalogRow {
+        model,
+        display_name: raw.display_name,
+        gpus_per_lot: u32::try_from(gpus_per_lot).expect("at most u32::MAX"),
+        memory_per_gpu_gib,
+        duration_days,
+        lot_price_usd_cents: Cents(lot_price_usd_cents),
+        snapshot_date,
+        price_status,
+    })
 }
 
 /// A positive whole number up to `max`, written with digits only: no sign, space, leading zero,
@@ -544,27 +557,8 @@ fn check_complete(rows: &[(u64, CatalogRow)], file: &str) -> Result<(), CatalogE
 
 /// A calendar date written YYYY-MM-DD (Gregorian, leap years included).
 pub fn is_iso_date(s: &str) -> bool {
-    let b = s.as_bytes();
-    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
-        return false;
-    }
-    let num = |r: std::ops::Range<usize>| {
-        s.get(r)
-            .filter(|p| p.bytes().all(|c| c.is_ascii_digit()))
-            .and_then(|p| p.parse::<u32>().ok())
-    };
-    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
-        return false;
-    };
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let days = match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return false,
-    };
-    (1..=days).contains(&d)
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    s.len() == 10 && time::Date::parse(s, format).is_ok()
 }
 
 #[cfg(test)]
@@ -640,7 +634,7 @@ mod tests {
             (
                 5,
                 "18446744073709551616",
-                "too large (at most 18446744073709551615)",
+                "too large (at most 4503599627370495)",
             ),
             (2, "+1", "digits only"),
             (2, "01", "no leading zero"),
@@ -715,6 +709,17 @@ mod tests {
         let e = error_of(&with_value(3, 1, "RTX \"4090\""));
         assert!(
             e.contains("line 3, column `display_name`: `RTX \"4090\"` has a quote inside"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_price_a_plan_cannot_multiply_is_refused_at_its_line() {
+        let most = MAX_LOT_PRICE_CENTS.to_string();
+        assert!(Catalog::parse(with_value(3, 5, &most).as_bytes(), "c.csv").is_ok());
+        let e = error_of(&with_value(3, 5, &(MAX_LOT_PRICE_CENTS + 1).to_string()));
+        assert!(
+            e.starts_with("c.csv, line 3, column `lot_price_usd_cents`") && e.contains("4096 lots"),
             "{e}"
         );
     }

@@ -1,7 +1,9 @@
 //! Plain decimal numbers, read exactly as written: digits with at most one decimal point, no sign,
 //! exponent, space or leading zero. At most [`MAX_DIGITS`] digits are accepted, so no number is
 //! ever rounded on the way in (a longer one is refused, never silently shortened), and any number
-//! of decimal places is kept, so a tiny positive amount stays positive.
+//! of decimal places is kept, so a tiny positive amount stays positive. Not `rust_decimal`'s own
+//! parser: it takes signs and exponents and caps the places at 28, so 1e-29 GiB would not stay the
+//! positive byte it is; a value converts to a `Decimal` where it fits ([`PlainDecimal::to_decimal`]).
 
 use rust_decimal::Decimal;
 use std::fmt;

@@ -4,8 +4,6 @@
 //! while the next one does not, as the budgets of those two batches say. Heavy: it runs in
 //! release builds (`scripts/test` runs it so), and says it is skipped in debug ones.
 
-mod common;
-
 use iteragpu_lab::budget::fit::{memory_bytes, OneGpu, Size, SizeSearch};
 use iteragpu_lab::budget::{budget, AllocatorSetting, BudgetSettings, Mode, Optimizer, Presets};
 use iteragpu_lab::budget::{workload::MAX_TOKENS, Workload};
@@ -66,7 +64,8 @@ fn every_preset_finds_its_largest_sizes_and_each_batch_is_the_edge_on_the_h200()
             .unwrap_or_else(|e| panic!("{name} {mode:?}: {e}"));
             for size in [Size::Batch, Size::Context] {
                 // Through the command line: a table, no panic.
-                let mut cmd = common::mesure_memoire();
+                let mut cmd =
+                    assert_cmd::Command::cargo_bin("mesure_memoire").expect("the program is built");
                 cmd.args(["budget", "--model", name, "--context", "512", "--fit"]);
                 cmd.arg(match size {
                     Size::Batch => "--max-batch",
@@ -91,7 +90,7 @@ fn every_preset_finds_its_largest_sizes_and_each_batch_is_the_edge_on_the_h200()
             }
             // On the H200, under both settings: the largest batch holds and the next does not.
             let mut search =
-                SizeSearch::new(&w, &settings, Size::Batch, MAX_TOKENS, &[h200], &both);
+                SizeSearch::new(&w, &settings, Size::Batch, MAX_TOKENS, &[h200], &both).unwrap();
             let found = search.largest_of_each(&both.map(|s| (h200, s)));
             for (setting, n) in both.into_iter().zip(found) {
                 let holds = |batch: u64| {

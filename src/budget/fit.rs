@@ -11,7 +11,7 @@
 use super::compute::{allocator_config, Budget, CardReplay};
 use super::settings::BudgetSettings;
 use super::terms::{Place, Split};
-use super::workload::{AllocatorSetting, Workload};
+use super::workload::{AllocatorSetting, Workload, WorkloadError};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
 use crate::replay::{Device, OutsideBytes, Plan, Program};
@@ -117,8 +117,9 @@ pub enum FitError {
     Overflow { model: String, lots: u64 },
 }
 
-/// The most GPUs the planner tries per offer.
-pub const MAX_GPUS: u64 = 4096;
+/// The most GPUs the planner tries per offer (so at most as many lots as a catalog's prices are
+/// bounded for).
+pub const MAX_GPUS: u64 = crate::catalog::MAX_LOTS;
 
 impl crate::status::Classify for FitError {
     fn status(&self) -> crate::status::Status {
@@ -474,7 +475,8 @@ pub struct SizeSearch<'a> {
     workload: &'a Workload,
     settings: &'a BudgetSettings,
     size: Size,
-    /// The largest size the workload allows, at most the limit asked.
+    /// The sizes the workload allows, up to the limit asked: from `first` to `limit`.
+    first: u64,
     limit: u64,
     allocators: Vec<AllocatorSetting>,
     /// The room of each card searched.
@@ -516,8 +518,10 @@ struct Tried {
 }
 
 impl<'a> SizeSearch<'a> {
-    /// A search over `size` from 1 to `limit` (or the largest the workload allows, if smaller:
-    /// [`SizeSearch::limit`]), on cards of `memories` bytes under each of `allocators`.
+    /// A search over `size` from the smallest the workload allows (QLoRA's kernels want enough
+    /// tokens a step) to `limit` or the largest it allows ([`SizeSearch::limit`]), on cards of
+    /// `memories` bytes under each of `allocators`; when no size up to `limit` is allowed, why
+    /// the smallest is not.
     pub fn new(
         workload: &'a Workload,
         settings: &'a BudgetSettings,
@@ -525,7 +529,7 @@ impl<'a> SizeSearch<'a> {
         limit: u64,
         memories: &[u64],
         allocators: &[AllocatorSetting],
-    ) -> SizeSearch<'a> {
+    ) -> Result<SizeSearch<'a>, WorkloadError> {
         let mut rooms: Vec<u64> = memories.iter().map(|&m| settings.room(m)).collect();
         rooms.sort_unstable();
         rooms.dedup();
@@ -533,22 +537,50 @@ impl<'a> SizeSearch<'a> {
             workload,
             settings,
             size,
+            first: 1,
             limit: 1,
             allocators: allocators.to_vec(),
             rooms,
             tried: HashMap::new(),
         };
-        // The bounds on a workload only cap its sizes: the valid ones run from 1 up.
-        let (mut valid, mut invalid) = (1, limit.saturating_add(1));
-        while invalid - valid > 1 {
-            let mid = valid + (invalid - valid) / 2;
+        // A workload's bounds refuse sizes below some (too few tokens a step) and above some:
+        // the allowed ones run from the first, found by doubling then halving, to the last.
+        let mut valid = 1;
+        while search.at(valid).is_none() {
+            if valid >= limit {
+                return Err(search.refusal(1));
+            }
+            valid = valid.saturating_mul(2).min(limit);
+        }
+        let mut invalid = valid / 2;
+        let mut first = valid;
+        while first - invalid > 1 {
+            let mid = invalid + (first - invalid) / 2;
             match search.at(mid) {
-                Some(_) => valid = mid,
+                Some(_) => first = mid,
                 None => invalid = mid,
             }
         }
-        search.limit = valid;
-        search
+        let (mut last, mut beyond) = (first, limit.saturating_add(1));
+        while beyond - last > 1 {
+            let mid = last + (beyond - last) / 2;
+            match search.at(mid) {
+                Some(_) => last = mid,
+                None => beyond = mid,
+            }
+        }
+        (search.first, search.limit) = (first, last);
+        Ok(search)
+    }
+
+    /// Why the workload at size `n` is refused.
+    fn refusal(&self, n: u64) -> WorkloadError {
+        self.with_size(n).validated().expect_err("a size refused")
+    }
+
+    /// The smallest size searched: 1, or the smallest the workload allows.
+    pub fn first(&self) -> u64 {
+        self.first
     }
 
     /// The largest size searched: the limit asked, or the largest the workload allows.
@@ -556,14 +588,19 @@ impl<'a> SizeSearch<'a> {
         self.limit
     }
 
-    /// The workload at size `n`, if valid.
-    fn at(&self, n: u64) -> Option<Workload> {
+    /// The workload at size `n`, not validated.
+    fn with_size(&self, n: u64) -> Workload {
         let mut w = self.workload.clone();
         match self.size {
             Size::Batch => w.batch = n,
             Size::Context => w.context = n,
         }
-        w.validated().ok()
+        w
+    }
+
+    /// The workload at size `n`, if valid.
+    fn at(&self, n: u64) -> Option<Workload> {
+        self.with_size(n).validated().ok()
     }
 
     /// The verdicts of size `n` (the workload `w`) that the search needs: the same as
@@ -647,15 +684,15 @@ impl<'a> SizeSearch<'a> {
     }
 
     /// The largest size that holds on one GPU of `memory` bytes under `setting`, with the next
-    /// size not holding (or the limit); `None` when even 1 does not
+    /// size not holding (or the limit); `None` when even the first does not
     /// ([`SizeSearch::largest_of_each`] for one card).
     pub fn largest(&mut self, memory: u64, setting: AllocatorSetting) -> Option<u64> {
         self.largest_of_each(&[(memory, setting)])[0]
     }
 
     /// For each card (its memory and the allocator setting), the largest size that holds on
-    /// one GPU of it, with the next size not holding (or the limit); `None` when even 1 does
-    /// not. The cards are searched together, in rounds: in each, every search not done names
+    /// one GPU of it, with the next size not holding (or the limit); `None` when even the first
+    /// ([`SizeSearch::first`]) does not. The cards are searched together, in rounds: in each, every search not done names
     /// the size it tries next, and those sizes are replayed side by side. Every size tried
     /// bounds every card it has a verdict on. A card whose bounds are open above tries where its
     /// peaks, drawn as a line through the sizes tried, meet its room, or further by a step that
@@ -689,8 +726,8 @@ impl<'a> SizeSearch<'a> {
 
     /// The size `card`'s search tries next, or what it found.
     fn next_size(&self, card: Card, search: &mut Search) -> Result<u64, Option<u64>> {
-        match self.verdict(1, card) {
-            None => return Ok(1),
+        match self.verdict(self.first, card) {
+            None => return Ok(self.first),
             Some(false) => return Err(None),
             Some(true) => {}
         }
@@ -712,8 +749,8 @@ impl<'a> SizeSearch<'a> {
     }
 
     /// The bounds the sizes tried give a card: the smallest that does not hold on it (if any),
-    /// and the largest below that which holds (0 if none); sizes without a verdict on the card
-    /// bound nothing.
+    /// and the largest below that which holds (the size before the first, if none); sizes without
+    /// a verdict on the card bound nothing.
     fn bounds(&self, card: Card) -> (u64, Option<u64>) {
         let sizes = |fits: bool| {
             self.tried
@@ -725,7 +762,7 @@ impl<'a> SizeSearch<'a> {
         let good = sizes(true)
             .filter(|&n| bad.is_none_or(|b| n < b))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(self.first - 1);
         (good, bad)
     }
 

@@ -367,7 +367,8 @@ fn the_largest_batch_fits_and_one_more_does_not() {
     let memory = 24 << 30;
     let cards = [memory, 12 << 30];
     let allocators = [AllocatorSetting::Default];
-    let mut search = fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12, &cards, &allocators);
+    let mut search =
+        fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12, &cards, &allocators).unwrap();
     // One search serves several cards: its replays kept between them decide as a budget does.
     for memory in [memory, 12 << 30, memory] {
         let n = search.largest(memory, AllocatorSetting::Default).unwrap();
@@ -388,7 +389,7 @@ fn cards_searched_together_each_find_their_edge() {
         AllocatorSetting::ExpandableSegments,
     ];
     let mut search =
-        fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12, &memories, &allocators);
+        fit::SizeSearch::new(&w, &settings, Size::Batch, 1 << 12, &memories, &allocators).unwrap();
     let cards: Vec<(u64, AllocatorSetting)> = memories
         .iter()
         .flat_map(|&m| allocators.map(|a| (m, a)))

@@ -11,7 +11,10 @@
 //! or after, a local entry the central directory does not list, a name used twice, a compressed,
 //! encrypted or streamed member are refused with the member or byte they concern. What this walk
 //! does not look at (version fields, times, attributes, a member's checksum) is compared later by
-//! writing the canonical archive again and comparing bytes (see `verify`).
+//! writing the canonical archive again and comparing bytes (see `verify`). Not the `zip` crate's
+//! reader: it finds an archive from its end record and trusts the central directory, so it takes
+//! bytes before the archive and local entries the directory leaves out without a word, where this
+//! walk names the member or byte at fault; `zip` writes the archive.
 
 use std::io::Write;
 

@@ -399,6 +399,8 @@ impl BudgetArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct Largest {
     pub size: Size,
+    /// The smallest size searched: 1, or the smallest the workload allows.
+    pub first: u64,
     /// The largest size searched: the most the workload allows (`batch × (context + generated)`
     /// tokens a step and the sizes' own bounds). A row at it may hold more.
     pub limit: u64,
@@ -441,6 +443,7 @@ impl std::fmt::Display for Largest {
                     },
                     r.memory_per_gpu.gib_text(),
                     match r.largest {
+                        None if self.first > 1 => format!("none fits, {} included", self.first),
                         None => "none fits".into(),
                         Some(n) if n == self.limit => format!("{n} (the most searched)"),
                         Some(n) => n.to_string(),
@@ -455,6 +458,14 @@ impl std::fmt::Display for Largest {
             "{}",
             crate::markup::Table::new(&["GPU", "memory", what, ""], rows).with_gap(2)
         )?;
+        if self.first > 1 {
+            write!(
+                f,
+                "\nThe search starts at {}, the smallest the workload allows (`mesure_memoire \
+                 budget` with a smaller one says why).",
+                self.first
+            )?;
+        }
         if self.rows.iter().any(|r| r.largest == Some(self.limit)) {
             write!(
                 f,
@@ -469,7 +480,12 @@ impl std::fmt::Display for Largest {
 
 /// The largest `size` on one GPU of each GPU model of `catalog` (a model rented in lots of
 /// several GPUs too: what one of them holds).
-fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Size) -> Largest {
+fn largest(
+    w: &Workload,
+    settings: &BudgetSettings,
+    catalog: &Catalog,
+    size: Size,
+) -> Result<Largest, Failure> {
     let mut cards: Vec<&crate::catalog::CatalogRow> = Vec::new();
     for row in &catalog.rows {
         if !cards.iter().any(|c| c.model == row.model) {
@@ -489,7 +505,14 @@ fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Siz
         crate::budget::workload::MAX_TOKENS,
         &memories,
         &allocators,
-    );
+    )
+    .map_err(|e| {
+        let what = match size {
+            Size::Batch => "--max-batch",
+            Size::Context => "--max-context",
+        };
+        Failure::from(e).context(format!("{what}: no size of this workload is allowed"))
+    })?;
     let asked: Vec<(u64, AllocatorSetting)> = memories
         .iter()
         .flat_map(|&memory| allocators.iter().map(move |&a| (memory, a)))
@@ -516,7 +539,12 @@ fn largest(w: &Workload, settings: &BudgetSettings, catalog: &Catalog, size: Siz
             }
         })
         .collect();
-    Largest { size, limit, rows }
+    Ok(Largest {
+        size,
+        first: search.first(),
+        limit,
+        rows,
+    })
 }
 
 /// One JSON document for a budget with what was asked of it.
@@ -583,7 +611,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         None
     };
     let largest = match (&catalog, size) {
-        (Some(c), Some(size)) => Some(largest(&workload, &settings, c, size)),
+        (Some(c), Some(size)) => Some(largest(&workload, &settings, c, size)?),
         _ => None,
     };
     let chart = match (&catalog, &a.plot) {

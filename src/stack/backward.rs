@@ -110,6 +110,11 @@ impl Backward for Process {
             Rule::Expand => {
                 out[0] = Some(self.sum_to(grad.clone(), &inputs[0]));
             }
+            Rule::SumLast => {
+                let mut strides = grad.strides.clone();
+                *strides.last_mut().expect("a dimension") = 0;
+                out[0] = Some(grad.restrided(inputs[0].shape.clone(), strides));
+            }
             Rule::Mul => {
                 // The last input's gradient first: `grad * other`, of the broadcast shape.
                 let shape = broadcast(&inputs[0].shape, &inputs[1].shape);
@@ -139,7 +144,7 @@ impl Backward for Process {
                     self.laid_out_like(&grad.shape, &grad.strides, *from)
                 });
             }
-            Rule::Pow => {
+            Rule::Square => {
                 // grad * (2 * self.pow(1))
                 let a = self.empty(&inputs[0].shape, inputs[0].elem);
                 let b = self.empty(&inputs[0].shape, inputs[0].elem);

@@ -102,6 +102,21 @@ impl Rope {
     }
 }
 
+/// The arguments of a forward pass, as the caller gives them to `XForCausalLM.forward`.
+pub struct Inputs<'a> {
+    /// `input_ids [b, t]`.
+    pub ids: &'a Tensor,
+    /// The 2-D attention mask `generate` keeps (`None`: none given).
+    pub mask: Option<&'a Tensor>,
+    /// `position_ids [b, t]` (`None`: `arange(t)` made in the model).
+    pub positions: Option<&'a Tensor>,
+    pub cache: Option<&'a mut Cache>,
+    /// Only the last position's logits kept (`logits_to_keep=1`), else all.
+    pub keep_last: bool,
+    /// With labels, the loss.
+    pub labels: Option<&'a Tensor>,
+}
+
 /// What a forward returns.
 pub struct Output {
     pub logits: Tensor,
@@ -132,7 +147,7 @@ impl Decoder<'_> {
     fn gemma_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
         let p = &mut *self.process;
         let xf = p.to(x, Dtype::Float32);
-        let sq = p.pow(&xf);
+        let sq = p.square(&xf);
         let variance = p.mean_last(&sq);
         drop(sq);
         let shifted = p.add_scalar(&variance);
@@ -158,7 +173,7 @@ impl Decoder<'_> {
         let input = x.elem;
         let p = &mut *self.process;
         let xf = p.to(x, Dtype::Float32);
-        let sq = p.pow(&xf);
+        let sq = p.square(&xf);
         let variance = p.mean_last(&sq);
         drop(sq);
         let shifted = p.add_scalar(&variance);
@@ -654,18 +669,16 @@ impl Decoder<'_> {
         hidden
     }
 
-    /// `XForCausalLM.forward`: `ids [b, t]`, `positions [b, t]` (or `None`: `arange(t)` made in
-    /// the model), the cache, the positions whose logits are kept (`None`: all), and with
-    /// `labels` the loss.
-    pub fn forward(
-        &mut self,
-        ids: &Tensor,
-        mask: Option<&Tensor>,
-        positions: Option<&Tensor>,
-        mut cache: Option<&mut Cache>,
-        keep_last: bool,
-        labels: Option<&Tensor>,
-    ) -> Output {
+    /// `XForCausalLM.forward` of `inputs`.
+    pub fn forward(&mut self, inputs: Inputs) -> Output {
+        let Inputs {
+            ids,
+            mask,
+            positions,
+            mut cache,
+            keep_last,
+            labels,
+        } = inputs;
         let m = self.model;
         let embed = self
             .weights

@@ -4,7 +4,7 @@
 //! its logits, the greedy choice and the ids, mask and positions grown by one.
 
 use super::cache::Cache;
-use super::decoder::Decoder;
+use super::decoder::{Decoder, Inputs};
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
 
@@ -56,14 +56,14 @@ pub fn generate(
         let out = if step == 0 {
             // _prefill: its own inputs (the ids cloned), gone when it returns.
             let input = d.process.clone_contiguous(&ids);
-            let out = d.forward(
-                &input,
-                Some(&mask),
-                Some(&positions),
-                Some(&mut cache),
-                true,
-                None,
-            );
+            let out = d.forward(Inputs {
+                ids: &input,
+                mask: Some(&mask),
+                positions: Some(&positions),
+                cache: Some(&mut cache),
+                keep_last: true,
+                labels: None,
+            });
             drop(input);
             out
         } else {
@@ -71,7 +71,14 @@ pub fn generate(
             let i = d.process.empty(&[b, 1], Dtype::Int64);
             let q = d.process.empty(&[b, 1], Dtype::Int64);
             drop(inputs.take());
-            let out = d.forward(&i, Some(&mask), Some(&q), Some(&mut cache), true, None);
+            let out = d.forward(Inputs {
+                ids: &i,
+                mask: Some(&mask),
+                positions: Some(&q),
+                cache: Some(&mut cache),
+                keep_last: true,
+                labels: None,
+            });
             inputs = Some((i, q, mask.clone()));
             out
         };

@@ -181,10 +181,10 @@ impl Process {
         out
     }
 
-    /// `a.pow(2)`.
-    pub fn pow(&mut self, a: &Tensor) -> Tensor {
+    /// `a.pow(2)`: the square.
+    pub fn square(&mut self, a: &Tensor) -> Tensor {
         let a = self.autocast_f32(a);
-        self.unary_saving_input(&a, Rule::Pow)
+        self.unary_saving_input(&a, Rule::Square)
     }
 
     /// `a.mean(-1, keepdim=True)`.
@@ -477,7 +477,7 @@ impl Process {
         let mut shape = x.shape.clone();
         *shape.last_mut().expect("a dimension") = 1;
         let mut out = self.empty(&shape, x.elem);
-        self.record(Rule::Expand, &[x], vec![], &mut out);
+        self.record(Rule::SumLast, &[x], vec![], &mut out);
         out
     }
 

@@ -5,7 +5,7 @@
 //! stage begins and ends, made on a thread of its own and replayed as it is written
 //! ([`replays`]).
 
-use super::decoder::Decoder;
+use super::decoder::{Decoder, Inputs};
 use super::generate::{self, Stages};
 use super::loading::{self, Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerState};
@@ -267,7 +267,14 @@ fn emulate(
                         )
                     });
                     d.process.autocast = run.autocast;
-                    let out = d.forward(&ids, None, None, cache.as_mut(), false, Some(&ids));
+                    let out = d.forward(Inputs {
+                        ids: &ids,
+                        mask: None,
+                        positions: None,
+                        cache: cache.as_mut(),
+                        keep_last: false,
+                        labels: Some(&ids),
+                    });
                     d.process.end_autocast();
                     let loss = out.loss.expect("labels give a loss");
                     drop(out.logits);

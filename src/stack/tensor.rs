@@ -179,6 +179,8 @@ pub enum Rule {
     Slice,
     /// `expand`: the gradient is summed back to the input's shape.
     Expand,
+    /// `sum(-1, keepdim=True)`: the gradient expanded back to the input's shape (a view).
+    SumLast,
     /// Elementwise `a * b`.
     Mul,
     /// `a * scalar` or `a / scalar`.
@@ -191,8 +193,8 @@ pub enum Rule {
     Neg,
     /// `a.to(dtype)` from `from`.
     ToCopy { from: Dtype },
-    /// `a.pow(2)` (saves a).
-    Pow,
+    /// `a.pow(2)`: `a * a` (saves a).
+    Square,
     /// `a.mean(-1, keepdim)`.
     Mean,
     /// `rsqrt(a)` (saves the result).

@@ -2,7 +2,7 @@
 //! shapes, the JSON read back, refusals with their exit codes, and budget files never
 //! overwritten.
 
-mod common;
+use crate::common;
 
 use common::{
     calcul_forfaits as cf, json_of, mesure_memoire as mm, DATA_ERROR, OUTPUT_EXISTS, USAGE,

@@ -2,7 +2,7 @@
 //! measurement, grid), numbers at the edges of their range, catalogs with lax numbers, unclosed
 //! quotes and terminal escapes, OS errors said once, and a missing folder for `append`.
 
-mod common;
+use crate::common;
 
 use common::grid::{append_args, blank_grid};
 use common::{

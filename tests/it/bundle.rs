@@ -4,7 +4,7 @@
 //! folders that detects every tampering with the content (altered byte, extra, missing,
 //! traversal, absolute path, link, execute bit). The zip's form itself: `tests/bundle_form.rs`.
 
-mod common;
+use crate::common;
 
 use common::bundle::{self as b, Member, TOP};
 use common::{mkfifo, paquet_lab as pl, DATA_ERROR, OUTPUT_EXISTS, PATIENCE, ROOT, USAGE};

@@ -2,7 +2,7 @@
 //! sweep's flags with its exit code, a folder with results never overwritten, exit 2 without the
 //! GPU companion, and `predict`'s figures and refusals.
 
-mod common;
+use crate::common;
 
 use assert_cmd::Command;
 use common::{

@@ -6,7 +6,7 @@
 //! there is too slow for this suite: `scripts/test-bundle` runs the README's main command in an
 //! extracted bundle.
 
-mod common;
+use crate::common;
 
 use common::bundle as b;
 use common::{paquet_lab as pl, ROOT};

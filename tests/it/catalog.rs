@@ -3,7 +3,7 @@
 //! must be refused with exit 65 naming the file, the line and the column. The duplicate row, the
 //! missing duration, the zero or fractional price and an unknown layout are in tests/cli.rs.
 
-mod common;
+use crate::common;
 
 use common::{calcul_forfaits as cf, json_of, DATA_ERROR, ROOT};
 use predicates::str::contains;

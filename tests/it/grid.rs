@@ -3,7 +3,7 @@
 //! links, permissions, temporary files, the lock, concurrent and killed writers, and checks of
 //! hand-edited grids.
 
-mod common;
+use crate::common;
 
 use common::grid::{append_args, blank_grid};
 use common::{resultats_bruts as rb, with_flag, DATA_ERROR, FAILURE, RECORDED, ROOT, USAGE};

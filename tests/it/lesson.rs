@@ -4,7 +4,7 @@
 //! PYTORCH_CUDA_ALLOC_CONF: 64). Records here are made by the allocator model: TEST FIXTURES
 //! (`common::lesson`), never measurements.
 
-mod common;
+use crate::common;
 
 use assert_cmd::Command;
 use common::lesson::{default_settings, model_record, standard, FIXTURE_GPU};

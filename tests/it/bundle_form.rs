@@ -5,7 +5,7 @@
 //! a file too large or a named pipe given as the zip are all refused, naming the member or file,
 //! with exit 65.
 
-mod common;
+use crate::common;
 
 use common::bundle::{self as b, Member, TOP};
 use common::{mkfifo, paquet_lab as pl, DATA_ERROR, PATIENCE};

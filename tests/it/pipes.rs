@@ -2,7 +2,7 @@
 //! quietly, nothing panics, a file the command writes is still written whole, and the exit code is
 //! still the verdict's (0 for a success, 65 for a broken grid or a tampered bundle).
 
-mod common;
+use crate::common;
 
 use common::grid::blank_grid;
 use common::{DATA_ERROR, RECORDED, ROOT, SEED_ESTIMATE, SEED_QUOTE, SEED_SMALL};

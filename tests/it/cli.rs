@@ -2,7 +2,7 @@
 //! read back, refusals with their documented exit codes (catalog rules: tests/catalog.rs), and
 //! files never overwritten.
 
-mod common;
+use crate::common;
 
 use assert_cmd::Command;
 use common::{

@@ -13,13 +13,15 @@ use std::path::Path;
 /// What a release ships, relative to the project root: a file, or with a final `/` a folder and
 /// everything below it except hidden names (starting with `.`: checkpoints, locks, temporary
 /// files) and `__pycache__`. A test keeps this list equal to the files git tracks.
-pub const SHIPPED: [&str; 15] = [
+pub const SHIPPED: [&str; 17] = [
     ".ci/run",
     ".gitignore",
+    "ARCHITECTURE.md",
     "Cargo.lock",
     "Cargo.toml",
     "LICENSE.txt",
     "README.md",
+    "SECURITY.md",
     "build.rs",
     "data/",
     "docs/",

@@ -676,10 +676,17 @@ fn a_presets_file_is_refused_naming_its_line() {
 /// (a `| grep` or `| head` after the command only selects lines; `2>&1; echo "exit $?"` adds the
 /// exit status).
 #[test]
-fn the_guide_page_shows_what_the_programs_print() {
+fn the_guide_page_and_the_readme_show_what_the_programs_print() {
+    assert!(shown_commands("docs/budget-vs-guide.md") >= 10);
+    assert_eq!(shown_commands("README.md"), 1);
+}
+
+/// Runs every `$ mesure_memoire …` or `$ calcul_forfaits …` that the page `doc` shows in a code
+/// block and checks that each line shown after it was printed, in that order (`…` stands for
+/// lines left out); returns how many commands were run.
+fn shown_commands(doc: &str) -> usize {
     const STATUS: &str = "; echo \"exit $?\"";
-    let page = std::fs::read_to_string(format!("{}/docs/budget-vs-guide.md", common::ROOT))
-        .expect("the page");
+    let page = std::fs::read_to_string(format!("{}/{doc}", common::ROOT)).expect("the page");
     let mut blocks = 0;
     let mut lines = page.lines().enumerate();
     while let Some((_, line)) = lines.next() {
@@ -714,7 +721,7 @@ fn the_guide_page_shows_what_the_programs_print() {
             };
             assert!(
                 !command.contains(['"', '\'', '\\', '>', ';']),
-                "docs/budget-vs-guide.md:{}: the check runs plain words only",
+                "{doc}:{}: the check runs plain words only",
                 at + 1
             );
             let out = cmd.args(words).output().expect("the program runs");
@@ -724,10 +731,13 @@ fn the_guide_page_shows_what_the_programs_print() {
                 printed += &format!("exit {}\n", out.status.code().unwrap_or(-1));
             }
             let mut printed_lines = printed.lines();
-            for (n, l) in shown.iter().filter(|(_, l)| !l.trim().is_empty()) {
+            for (n, l) in shown
+                .iter()
+                .filter(|(_, l)| !l.trim().is_empty() && l.trim() != "…")
+            {
                 assert!(
                     printed_lines.any(|p| p.trim_end() == l.trim_end()),
-                    "docs/budget-vs-guide.md:{}: not printed (in this order) by `{command}`:\n{l}\n\
+                    "{doc}:{}: not printed (in this order) by `{command}`:\n{l}\n\
                      --- the program printed:\n{printed}",
                     n + 1
                 );
@@ -735,5 +745,5 @@ fn the_guide_page_shows_what_the_programs_print() {
             blocks += 1;
         }
     }
-    assert!(blocks >= 10, "the page shows {blocks} commands");
+    blocks
 }

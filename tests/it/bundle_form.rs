@@ -316,9 +316,9 @@ fn a_zip_too_large_or_not_a_file_is_refused_without_reading_it() {
 }
 
 #[test]
-fn the_readme_states_the_limits_verify_applies() {
+fn the_command_reference_states_the_limits_verify_applies() {
     use iteragpu_lab::bundle::{MAX_ARCHIVE_BYTES, MAX_CONTENT_BYTES, MAX_FILES, MAX_FILE_BYTES};
-    let readme = std::fs::read_to_string(Path::new(common::ROOT).join("README.md"))
+    let readme = std::fs::read_to_string(Path::new(common::ROOT).join("docs/cli.md"))
         .unwrap()
         .replace('\n', " ");
     for stated in [
@@ -327,6 +327,6 @@ fn the_readme_states_the_limits_verify_applies() {
         format!("more than {} MiB in all", MAX_CONTENT_BYTES >> 20),
         format!("more than {MAX_FILES} files"),
     ] {
-        assert!(readme.contains(&stated), "the README lacks `{stated}`");
+        assert!(readme.contains(&stated), "docs/cli.md lacks `{stated}`");
     }
 }

@@ -1,8 +1,8 @@
 //! The documents say what the code does, and stay so: every repository path that README.md,
-//! scripts/README.md and docs/*.md name exists; scripts/README.md lists every script; the README's
-//! exit-code table is `Status::ALL`; docs/measurement-schema.md lists exactly the keys a
+//! ARCHITECTURE.md, SECURITY.md, scripts/README.md and docs/*.md name exists; ARCHITECTURE.md maps
+//! every source file; scripts/README.md lists every script; docs/cli.md's exit-code table is `Status::ALL`; docs/measurement-schema.md lists exactly the keys a
 //! measurement's JSON has; the figures docs/benchmarks.md quotes from recorded runs are those
-//! runs'; the notebooks and the README give the same warm start time.
+//! runs'; the notebooks and docs/notebooks.md give the same warm start time.
 
 use iteragpu_lab::measure::Measurement;
 use iteragpu_lab::status::Status;
@@ -18,7 +18,14 @@ fn read(rel: &str) -> String {
 
 /// The documents checked, relative to the repository root.
 fn documents() -> Vec<String> {
-    let mut docs = vec!["README.md".to_string(), "scripts/README.md".to_string()];
+    let mut docs: Vec<String> = [
+        "README.md",
+        "ARCHITECTURE.md",
+        "SECURITY.md",
+        "scripts/README.md",
+    ]
+    .map(String::from)
+    .to_vec();
     let mut more: Vec<String> = std::fs::read_dir(Path::new(ROOT).join("docs"))
         .unwrap()
         .flatten()
@@ -148,13 +155,18 @@ const fn allowed(
 }
 
 const README: &str = "README.md";
+const SECURITY: &str = "SECURITY.md";
+const CONFIG: &str = "the file of a model's repository that transformers reads its sizes from";
+const CLI: &str = "docs/cli.md";
+const NOTEBOOKS: &str = "docs/notebooks.md";
+const ARCHITECTURE: &str = "ARCHITECTURE.md";
 const MODEL: &str = "docs/allocator-model.md";
 const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
 
 const SCRIPTS: &str = "scripts/README.md";
 const BENCHMARKS: &str = "docs/benchmarks.md";
 
-const ALLOWED: [Allowed; 20] = [
+const ALLOWED: [Allowed; 30] = [
     allowed(
         "proof.json",
         SCRIPTS,
@@ -169,37 +181,37 @@ const ALLOWED: [Allowed; 20] = [
     ),
     allowed(
         "FOLDER/sweep.csv",
-        README,
+        CLI,
         None,
         "the rows a sweep writes in the folder its user names",
     ),
     allowed(
         "sweep.json",
-        README,
+        CLI,
         None,
         "the summary a sweep writes beside its rows",
     ),
     allowed(
         "NAME.zip",
-        README,
+        CLI,
         None,
         "the zip `paquet_lab build` writes, named after `--name`",
     ),
     allowed(
         "INTO/NAME",
-        README,
+        CLI,
         None,
         "the folder `paquet_lab extract` writes",
     ),
     allowed(
         "MANIFEST.json",
-        README,
+        CLI,
         None,
         "a member of the bundle, written by `paquet_lab build`",
     ),
     allowed(
         ".resultats-bruts.csv.lock",
-        README,
+        CLI,
         None,
         "the lock file `append` creates beside a grid",
     ),
@@ -220,45 +232,75 @@ const ALLOWED: [Allowed; 20] = [
     allowed("aten/src/ATen/native/cuda/Blas.cpp", MODEL, None, PYTORCH),
     allowed(
         "mesure-memoire.ipynb",
-        README,
+        NOTEBOOKS,
         Some("notebooks/mesure-memoire.ipynb"),
         "in the notebooks' list",
     ),
     allowed(
         "allocated-vs-reserved.ipynb",
-        README,
+        NOTEBOOKS,
         Some("notebooks/allocated-vs-reserved.ipynb"),
         "in the notebooks' list",
     ),
     allowed(
         "budget-vram.ipynb",
-        README,
+        NOTEBOOKS,
         Some("notebooks/budget-vram.ipynb"),
         "in the notebooks' list",
     ),
     allowed(
         "config.json",
-        README,
+        CLI,
         None,
         "the file of each model's public repository that a row of data/modeles.csv names",
     ),
     allowed(
         "exemple-mesure-h200-petit-essai.json",
-        README,
+        ARCHITECTURE,
         Some("data/exemple-mesure-h200-petit-essai.json"),
         "in the layout's `data/` row",
     ),
     allowed(
         "csrc/",
-        README,
+        ARCHITECTURE,
         Some("torch/csrc/"),
         "in the layout's `torch/` row",
     ),
     allowed(
         "ffi.rs",
-        README,
+        ARCHITECTURE,
         Some("torch/src/ffi.rs"),
         "in the layout's `torch/` row",
+    ),
+    allowed("config.json", README, None, CONFIG),
+    allowed("config.json", ARCHITECTURE, None, CONFIG),
+    allowed("config.json", SECURITY, None, CONFIG),
+    allowed("config.json", NOTEBOOKS, None, CONFIG),
+    allowed(
+        "c10/cuda/CUDACachingAllocator.cpp",
+        ARCHITECTURE,
+        None,
+        PYTORCH,
+    ),
+    allowed("c10/core/AllocatorConfig.h", ARCHITECTURE, None, PYTORCH),
+    allowed(
+        "aten/src/ATen/cuda/CublasHandlePool.cpp",
+        ARCHITECTURE,
+        None,
+        PYTORCH,
+    ),
+    allowed("ATen/native/cuda/Reduce.cuh", ARCHITECTURE, None, PYTORCH),
+    allowed(
+        "MANIFEST.json",
+        ARCHITECTURE,
+        None,
+        "a member of the bundle, written by `paquet_lab build`",
+    ),
+    allowed(
+        "allocated-vs-reserved.ipynb",
+        CLI,
+        Some("notebooks/allocated-vs-reserved.ipynb"),
+        "the notebook the lesson belongs to",
     ),
 ];
 
@@ -450,8 +492,8 @@ fn table_after(text: &str, heading: &str) -> Vec<Vec<String>> {
 }
 
 #[test]
-fn the_readme_exit_code_table_is_the_programs_own() {
-    let rows = table_after(&read("README.md"), "## Exit codes");
+fn the_exit_code_table_is_the_programs_own() {
+    let rows = table_after(&read(CLI), "## Exit codes");
     let documented: Vec<u8> = rows
         .iter()
         .map(|r| r[0].parse().unwrap_or_else(|_| panic!("not a code: {r:?}")))
@@ -636,8 +678,8 @@ fn the_schema_check_finds_a_missing_or_an_extra_key() {
 
 /// The README names the top-level keys of a measurement: exactly those.
 #[test]
-fn the_readme_names_the_top_level_keys_of_a_measurement() {
-    let text = read("README.md");
+fn the_command_reference_names_the_top_level_keys_of_a_measurement() {
+    let text = read(CLI);
     let start = text
         .find("The JSON (")
         .expect("the README's sentence on the JSON");
@@ -698,8 +740,8 @@ fn warm_start(text: &str) -> Option<String> {
 }
 
 #[test]
-fn notebooks_and_readme_give_the_same_warm_start_time() {
-    let readme = warm_start(&read("README.md")).expect("the README's warm start time");
+fn notebooks_and_their_page_give_the_same_warm_start_time() {
+    let readme = warm_start(&read(NOTEBOOKS)).expect("docs/notebooks.md's warm start time");
     assert_eq!(readme, "about fifteen");
     for nb in [
         "notebooks/mesure-memoire.ipynb",
@@ -709,4 +751,30 @@ fn notebooks_and_readme_give_the_same_warm_start_time() {
         let text = serde_json::to_string(&v["cells"]).unwrap();
         assert_eq!(warm_start(&text).as_deref(), Some(readme.as_str()), "{nb}");
     }
+}
+
+/// ARCHITECTURE.md's module map names every source file of both crates (test modules aside).
+#[test]
+fn the_module_map_names_every_source_file() {
+    let map = read(ARCHITECTURE);
+    let mut absent = Vec::new();
+    for dir in ["src", "torch/src"] {
+        let mut stack = vec![Path::new(ROOT).join(dir)];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                let rel = path.strip_prefix(ROOT).unwrap().display().to_string();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if rel.ends_with(".rs")
+                    && !rel.ends_with("/tests.rs")
+                    && !rel.ends_with("_tests.rs")
+                    && !map.contains(&format!("`{rel}`"))
+                {
+                    absent.push(rel);
+                }
+            }
+        }
+    }
+    assert!(absent.is_empty(), "ARCHITECTURE.md lacks {absent:?}");
 }

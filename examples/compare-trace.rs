@@ -139,7 +139,7 @@ fn main() {
         let e = from_emulation
             .stages
             .get(i)
-            .map_or(0, |(_, f)| f.peak_reserved_bytes);
+            .map_or(0, |(_, f, _)| f.peak_reserved_bytes);
         println!(
             "  {}: {} / {t} / {ts} ({td}) / {e}",
             m["stage"], m["peak_reserved"]

@@ -563,10 +563,10 @@ pub fn timeline_chart(title: &str, steps: &[String], lines: &[(&'static str, Vec
     })
 }
 
-/// Each replayed stage of a budget: its peaks of `allocated` and `reserved` side by side, in
-/// GiB on a linear axis (the gap between them is the allocator's cache), against what the
-/// allocator may use on each of `cards` (name, bytes: the card less what lives outside the
-/// allocator and the reserve).
+/// Each replayed stage of a budget: its peaks of `allocated` and `reserved` side by side, each
+/// standing on what lives outside the allocator during the stage (it grows as the process loads
+/// its kernels), in GiB on a linear axis (the gap between the two is the allocator's cache),
+/// against the room of each of `cards` (name, bytes: the card less the reserve).
 pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
     let gib = |x: u64| x as f64 / GIB;
     let n = b.stages.len().max(1);
@@ -574,7 +574,7 @@ pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
     let top = b
         .stages
         .iter()
-        .map(|s| gib(s.peak_reserved.0))
+        .map(|s| gib(s.peak_reserved.0 + s.outside.0))
         .chain(cards.iter().map(|c| gib(c.1)))
         .fold(0.0, f64::max)
         .max(1e-3)
@@ -610,33 +610,43 @@ pub fn stage_chart(b: &crate::budget::Budget, cards: &[(String, u64)]) -> Svg {
             ("peak allocated", ALLOCATED[2], |s| s.peak_allocated.0),
             ("peak reserved", RESERVED[1], |s| s.peak_reserved.0),
         ];
+        let outside = RGBColor(170, 170, 170);
         for (k, (name, color, peak)) in series.into_iter().enumerate() {
             chart
-                .draw_series(b.stages.iter().enumerate().map(|(i, s)| {
+                .draw_series(b.stages.iter().enumerate().flat_map(|(i, s)| {
                     let x0 = i as f64 - 0.4 + k as f64 * 0.4;
-                    Rectangle::new([(x0, 0.0), (x0 + 0.37, gib(peak(s)))], color.filled())
+                    let base = gib(s.outside.0);
+                    [
+                        Rectangle::new([(x0, 0.0), (x0 + 0.37, base)], outside.filled()),
+                        Rectangle::new(
+                            [(x0, base), (x0 + 0.37, base + gib(peak(s)))],
+                            color.filled(),
+                        ),
+                    ]
                 }))
                 .expect("drawing to memory");
             entries.push((name.to_string(), color, Swatch::Bar));
         }
-        for (k, (name, usable)) in cards.iter().enumerate() {
+        entries.push(("outside the allocator".to_string(), outside, Swatch::Bar));
+        for (k, (name, room)) in cards.iter().enumerate() {
             let color = card_colors[k % card_colors.len()];
-            let y = gib(*usable);
+            let y = gib(*room);
             chart
                 .draw_series(LineSeries::new(
                     [(-0.5, y), (n as f64 - 0.5, y)],
                     color.stroke_width(2),
                 ))
                 .expect("drawing to memory");
-            let label = format!("{name}: {} usable", Bytes(*usable).gib_text());
+            let label = format!("{name}: {}", Bytes(*room).gib_text());
             entries.push((label, color, Swatch::Line));
         }
         legend_column(
             &legend_area,
             &entries,
             &[
-                "usable: the card less what lives outside",
-                "the allocator and the reserve",
+                "each peak stands on what lives outside",
+                "the allocator (CUDA, its libraries);",
+                "a line: the card less the reserve",
             ],
         );
     })
@@ -901,9 +911,10 @@ mod tests {
         for stage in ["weights", "inputs", "prefill", "decode"] {
             assert!(svg.contains(stage), "{stage}");
         }
-        assert!(svg.contains("peak reserved") && svg.contains("small card: 1.00 GiB usable"));
-        // Two bars per stage, and the legend's two swatches.
-        assert!(svg.matches("<rect").count() >= 2 * b.stages.len() + 2);
+        assert!(svg.contains("peak reserved") && svg.contains("small card: 1.00 GiB"));
+        assert!(svg.contains("outside the allocator"));
+        // Two bars per stage, each on what lives outside the allocator, and three swatches.
+        assert!(svg.matches("<rect").count() >= 4 * b.stages.len() + 3);
     }
 
     #[test]
@@ -933,7 +944,7 @@ mod tests {
         ] {
             assert!(svg.contains(name), "{name}");
         }
-        let tallest = fit::need_per_gpu(&b, 1) + b.outside_allocator.0;
+        let tallest = fit::need_per_gpu(&b, 1);
         assert!(tallest < 22 << 30, "the chart's premise: {tallest} B");
     }
 

@@ -20,6 +20,8 @@ pub struct StagePeak {
     pub stage: String,
     pub peak_allocated: Bytes,
     pub peak_reserved: Bytes,
+    /// What lives outside the allocator during the stage.
+    pub outside: Bytes,
 }
 
 /// The tag of a budget file.
@@ -185,10 +187,11 @@ pub fn of_replay(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Budge
         stages: r
             .stages
             .iter()
-            .map(|(stage, f)| StagePeak {
+            .map(|(stage, f, outside)| StagePeak {
                 stage: stage.clone(),
                 peak_allocated: Bytes(f.peak_allocated_bytes),
                 peak_reserved: Bytes(f.peak_reserved_bytes),
+                outside: Bytes(*outside),
             })
             .collect(),
         peak_stage: r.peak_stage.clone(),

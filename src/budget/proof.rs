@@ -295,7 +295,7 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::spec::SpecError> {
         .stages
         .iter()
         .zip(figures)
-        .map(|(m, (_, p))| StageCheck {
+        .map(|(m, (_, p, _))| StageCheck {
             stage: m.stage.clone(),
             measured_allocated: m.peak_allocated,
             predicted_allocated: p.peak_allocated_bytes,

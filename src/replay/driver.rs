@@ -56,8 +56,9 @@ impl Device {
 /// What a replay gives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Replayed {
-    /// Each stage's figures, as the GPU script reads them (peaks reset at the stage's start).
-    pub stages: Vec<(String, Figures)>,
+    /// Each stage: its name, its figures as the GPU script reads them (peaks reset at the
+    /// stage's start) and what the process held outside the allocator by its end.
+    pub stages: Vec<(String, Figures, u64)>,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
     /// The most the device held for the process at once: `reserved` and what lived outside the
@@ -253,7 +254,8 @@ impl<T: Tag> Driver<T> {
         if self.open.is_some() {
             let figures = self.stage_figures();
             let (name, _) = self.open.take().expect("a stage open");
-            self.out.stages.push((name, figures));
+            let outside = self.outside_now();
+            self.out.stages.push((name, figures, outside));
         }
     }
 

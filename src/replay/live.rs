@@ -5,12 +5,15 @@
 /// An allocation's block, its tag and the block's size.
 pub(crate) type LiveBlock<T> = (crate::allocator::BlockId, T, u64);
 
+/// One page: its allocations (`None` once freed) and how many still live.
+type Page<T> = (Vec<Option<LiveBlock<T>>>, usize);
+
 /// Allocations by number (in the order they were made) while they live, in pages of
 /// [`LiveBlocks::PAGE`] numbers: a page whose allocations are all freed is given back, so that a
 /// replay holds memory for what is live rather than for every allocation of the run.
 pub(crate) struct LiveBlocks<T> {
-    /// Per page: its allocations (`None` once freed) and how many still live.
-    pages: Vec<Option<(Vec<Option<LiveBlock<T>>>, usize)>>,
+    /// The pages (`None` once given back).
+    pages: Vec<Option<Page<T>>>,
 }
 
 impl<T> Default for LiveBlocks<T> {

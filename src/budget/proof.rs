@@ -4,7 +4,8 @@
 //! of one card where the verdicts alternate (`data/hf-proof-edge-h200.json`), and on configurations
 //! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), and two blind
 //! rounds planned and recorded with the same code (`data/hf-proof-blind-h200.json`,
-//! `data/hf-proof-second-blind-h200.json`), each replayed here as the
+//! `data/hf-proof-second-blind-h200.json`), and runs through `transformers.Trainer`
+//! (`data/hf-proof-trainer-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
@@ -32,6 +33,9 @@ pub const RECORDED_BLIND: &str = include_str!("../../data/hf-proof-blind-h200.js
 /// A second blind round, planned and recorded with the code that places new segments as the
 /// driver places them (`scripts/hf-proof-plan --second-blind`).
 pub const RECORDED_SECOND_BLIND: &str = include_str!("../../data/hf-proof-second-blind-h200.json");
+/// Runs through `transformers.Trainer`: the two its replay was derived from, then workloads and
+/// cards none of its rules came from (`scripts/hf-proof-plan --trainer`).
+pub const RECORDED_TRAINER: &str = include_str!("../../data/hf-proof-trainer-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,8 +243,13 @@ impl Report {
         )
     }
 
+    /// The shipped runs through `transformers.Trainer`.
+    pub fn recorded_trainer() -> Report {
+        Report::shipped(RECORDED_TRAINER, "data/hf-proof-trainer-h200.json")
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 7] {
+    pub fn all_recorded() -> [Report; 8] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -249,6 +258,7 @@ impl Report {
             Report::recorded_bitsandbytes(),
             Report::recorded_edge(),
             Report::recorded_retry(),
+            Report::recorded_trainer(),
         ]
     }
 

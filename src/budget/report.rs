@@ -59,6 +59,9 @@ impl Budget {
             ),
         };
         let mut extras = Vec::new();
+        if w.trainer {
+            extras.push("transformers Trainer");
+        }
         if w.checkpointing {
             extras.push("gradient checkpointing");
         }
@@ -110,6 +113,14 @@ impl Budget {
              outside the allocator) in the {} stage.",
             self.peak_stage
         )];
+        if self.workload.trainer {
+            notes.push(
+                "Through transformers' Trainer with batches of equal lengths (every sequence \
+                 --context tokens, or packed): a padded batch adds its padding mask and another \
+                 attention kernel, which are not replayed (data/hf-proof-trainer-h200.json)."
+                    .into(),
+            );
+        }
         if self.workload.mask_orders().len() > 1 {
             notes.push(
                 "Its masks come in the order the process's string hashing gives \

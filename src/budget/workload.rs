@@ -119,6 +119,10 @@ pub struct Workload {
     /// float32 weights).
     pub autocast: Option<Dtype>,
     pub allocator: AllocatorSetting,
+    /// Training steps as `transformers.Trainer` runs them (its batches, mixed precision, loss
+    /// scaling, gradient clipping and two parameter groups); otherwise a loop written by hand.
+    #[serde(default)]
+    pub trainer: bool,
 }
 
 /// The largest batch, context or count of generated tokens a workload may have: 2^24, far above
@@ -187,6 +191,7 @@ impl Workload {
             optimizer_impl: OptimizerImpl::Foreach,
             autocast: None,
             allocator: AllocatorSetting::Default,
+            trainer: false,
         })
     }
 
@@ -277,6 +282,9 @@ impl Workload {
                 "--autocast trains float32 weights (the Trainer's mixed precision): --dtype float32".into(),
             ));
         }
+        if self.trainer {
+            self.check_trainer()?;
+        }
         if let Some(q) = self.model.quantization {
             let kind = match q {
                 crate::model::Quantization::Bnb4 { .. } => "bitsandbytes 4-bit".to_string(),
@@ -317,6 +325,46 @@ impl Workload {
             }
         }
         Ok(self)
+    }
+
+    /// What the Trainer's replay covers (proven on the H200: `data/hf-proof-trainer-h200.json`):
+    /// LoRA or full training, bfloat16 weights or float32 ones under bfloat16 autocast, AdamW
+    /// fused or foreach, batches of equal lengths.
+    fn check_trainer(&self) -> Result<(), WorkloadError> {
+        let unsupported = |m: &str| Err(WorkloadError::Unsupported(m.into()));
+        match self.mode {
+            Mode::Inference { .. } => {
+                return unsupported("--trainer runs training: --mode lora or full")
+            }
+            Mode::Full {
+                optimizer: Optimizer::Adamw8bit,
+            } => return unsupported("--trainer with --optimizer adamw-8bit is not replayed yet"),
+            _ => {}
+        }
+        if self.weights == WeightFormat::Nf4 {
+            return unsupported("--trainer with --mode qlora is not replayed yet");
+        }
+        if self.dtype == Dtype::Float16 || self.autocast == Some(Dtype::Float16) {
+            return unsupported(
+                "--trainer in float16 (fp16=True: the gradient scaler's tensors) is not replayed \
+                 yet: bfloat16 weights, or --autocast bfloat16",
+            );
+        }
+        if self.optimizer_impl == OptimizerImpl::ForLoop {
+            return unsupported(
+                "--trainer's AdamW is fused (adamw_torch_fused) or foreach (adamw_torch), not for-loop",
+            );
+        }
+        Ok(())
+    }
+
+    /// The Trainer's arguments of this workload: bf16 mixed precision with bfloat16 weights or
+    /// under `--autocast bfloat16`, gradients clipped (its default `max_grad_norm` of 1).
+    fn trainer_args(&self) -> Option<crate::stack::trainer::TrainerArgs> {
+        self.trainer.then(|| crate::stack::trainer::TrainerArgs {
+            clip: true,
+            mixed: (self.autocast).or((self.dtype == Dtype::Bfloat16).then_some(Dtype::Bfloat16)),
+        })
     }
 
     /// What QLoRA's replay covers: dense layers (experts' weights and latent attention are not
@@ -415,6 +463,7 @@ impl Workload {
                 optimizer: crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl),
                 checkpointing: self.checkpointing,
                 steps: 2,
+                trainer: self.trainer_args(),
             },
             Mode::Full { optimizer } => Work::Train {
                 lora: None,
@@ -426,6 +475,7 @@ impl Workload {
                 },
                 checkpointing: self.checkpointing,
                 steps: 2,
+                trainer: self.trainer_args(),
             },
         };
         Run {

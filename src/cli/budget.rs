@@ -117,7 +117,7 @@ pub struct BudgetArgs {
     #[arg(long)]
     pub optimizer: Option<Optimizer>,
     /// AdamW's implementation (training): foreach (PyTorch's default on CUDA), fused or
-    /// for-loop [default: foreach].
+    /// for-loop [default: foreach; fused with --trainer].
     #[arg(long)]
     pub optimizer_impl: Option<OptimizerImpl>,
     /// Gradient checkpointing (training).
@@ -127,6 +127,10 @@ pub struct BudgetArgs {
     /// precision) (training).
     #[arg(long, value_enum)]
     pub autocast: Option<AutocastArg>,
+    /// The steps as transformers' Trainer runs them (lora or full): bf16 mixed precision with
+    /// bfloat16 weights or --autocast bfloat16, gradients clipped, AdamW fused by default.
+    #[arg(long)]
+    pub trainer: bool,
     /// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     #[arg(long)]
     pub expandable_segments: bool,
@@ -278,6 +282,7 @@ impl BudgetArgs {
                 "--autocast",
                 "lora or full",
             ),
+            (self.trainer && !trains, "--trainer", "lora or full"),
         ];
         if let Some((_, flag, modes)) = misplaced.iter().find(|(wrong, _, _)| *wrong) {
             return Err(Failure::usage_owned(format!(
@@ -348,13 +353,18 @@ impl BudgetArgs {
             batch: self.batch,
             context: self.context.expect("clap requires --context"),
             checkpointing: self.checkpointing,
-            optimizer_impl: self.optimizer_impl.unwrap_or(OptimizerImpl::Foreach),
+            // The Trainer's default optimizer is `adamw_torch_fused`.
+            optimizer_impl: (self.optimizer_impl).unwrap_or(match self.trainer {
+                true => OptimizerImpl::Fused,
+                false => OptimizerImpl::Foreach,
+            }),
             autocast,
             allocator: if self.expandable_segments {
                 AllocatorSetting::ExpandableSegments
             } else {
                 AllocatorSetting::Default
             },
+            trainer: self.trainer,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

@@ -5,6 +5,7 @@
 //! adds gradients that meet at one input in place when the first is not shared.
 
 use super::tensor::{Grad, Leaf, Meta, Node, NodeRef, Rule, Tensor};
+use crate::dtype::Dtype;
 use crate::replay::program::Role;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -36,6 +37,8 @@ pub struct Frame {
     pub needed: usize,
     /// Nodes with saved tensors still to run.
     pub remaining: usize,
+    /// The autocast type of the forward, which the recomputation runs under again.
+    pub autocast: Option<Dtype>,
 }
 
 /// The graph's state in the emulated process.

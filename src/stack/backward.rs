@@ -296,9 +296,14 @@ impl Backward for Process {
     }
 
     fn recompute(&mut self, f: usize) {
-        let (layer, inputs, needed) = {
+        let (layer, inputs, needed, autocast) = {
             let frame = &self.autograd.frames[f];
-            (frame.layer, frame.inputs.clone(), frame.needed)
+            (
+                frame.layer,
+                frame.inputs.clone(),
+                frame.needed,
+                frame.autocast,
+            )
         };
         let saving = std::mem::replace(
             &mut self.autograd.saving,
@@ -313,7 +318,13 @@ impl Backward for Process {
             .recompute_layer
             .take()
             .expect("a recomputation for checkpointed layers");
+        // Under the forward's autocast, whose cache goes as the outermost region ends.
+        let outer = std::mem::replace(&mut self.autocast, autocast);
         hook(self, layer, &inputs);
+        if outer.is_none() {
+            self.end_autocast();
+        }
+        self.autocast = outer;
         self.recompute_layer = Some(hook);
         drop(inputs);
         self.autograd.enabled = enabled;

@@ -115,6 +115,8 @@ pub struct Inputs<'a> {
     pub keep_last: bool,
     /// With labels, the loss.
     pub labels: Option<&'a Tensor>,
+    /// `num_items_in_batch` (the Trainer's): the loss summed, then divided by it; else averaged.
+    pub items: Option<&'a Tensor>,
 }
 
 /// What a forward returns.
@@ -678,6 +680,7 @@ impl Decoder<'_> {
             mut cache,
             keep_last,
             labels,
+            items,
         } = inputs;
         let m = self.model;
         let embed = self
@@ -774,14 +777,15 @@ impl Decoder<'_> {
             let scaled = p.scale(&logits);
             logits = scaled;
         }
-        let loss = labels.map(|labels| self.loss(&logits, labels));
+        let loss = labels.map(|labels| self.loss(&logits, labels, items));
         drop(normed);
         Output { logits, loss }
     }
 
     /// transformers' `ForCausalLMLoss`: the logits upcast to float32, the labels padded and
-    /// shifted, `cross_entropy` (log-softmax, then the negative log-likelihood).
-    fn loss(&mut self, logits: &Tensor, labels: &Tensor) -> Tensor {
+    /// shifted, `cross_entropy` (log-softmax, then the negative log-likelihood, averaged; or with
+    /// the count of `items`, summed then divided by it).
+    fn loss(&mut self, logits: &Tensor, labels: &Tensor, items: Option<&Tensor>) -> Tensor {
         let p = &mut *self.process;
         let (b, t, v) = (logits.shape[0], logits.shape[1], logits.shape[2]);
         let upcast = p.to(logits, Dtype::Float32);
@@ -794,7 +798,11 @@ impl Decoder<'_> {
         let flat = p.reshape(&upcast, &[b * t, v]);
         let log_probs = p.log_softmax(&flat);
         drop(flat);
-        let loss = p.nll_loss(&log_probs, &shifted);
+        let mut loss = p.nll_loss(&log_probs, &shifted);
+        if items.is_some() {
+            let summed = loss;
+            loss = p.scale(&summed);
+        }
         drop(log_probs);
         drop(shifted);
         drop(upcast);

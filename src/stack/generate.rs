@@ -63,6 +63,7 @@ pub fn generate(
                 cache: Some(&mut cache),
                 keep_last: true,
                 labels: None,
+                items: None,
             });
             drop(input);
             out
@@ -78,6 +79,7 @@ pub fn generate(
                 cache: Some(&mut cache),
                 keep_last: true,
                 labels: None,
+                items: None,
             });
             inputs = Some((i, q, mask.clone()));
             out

@@ -10,7 +10,8 @@
 //! - the programs: transformers 5.17's models ([`decoder`], with latent attention [`latent`],
 //!   mixtures of experts [`experts`], masks [`masks`], the KV cache [`cache`]), `generate`
 //!   ([`generate`]), the weights' loading and PEFT's adapters ([`loading`]), bitsandbytes' 4-bit
-//!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), alike layers written again
+//!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), `transformers.Trainer` around a
+//!   training step ([`trainer`]), alike layers written again
 //!   rather than run ([`repeat`]), a whole run ([`run`]) and the proof scripts' specification
 //!   of one ([`spec`]).
 
@@ -33,5 +34,6 @@ pub mod run;
 pub mod spec;
 pub mod tape;
 pub mod tensor;
+pub mod trainer;
 #[cfg(test)]
 mod windows_tests;

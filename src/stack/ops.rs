@@ -175,6 +175,13 @@ impl Process {
         out
     }
 
+    /// `a *= scalar` (in place): the same storage, a node whose backward scales the gradient.
+    pub fn scale_(&mut self, a: &Tensor) -> Tensor {
+        let mut out = a.clone();
+        self.record(Rule::Scale, &[a], vec![], &mut out);
+        out
+    }
+
     pub fn neg(&mut self, a: &Tensor) -> Tensor {
         let mut out = self.elementwise(&a.shape, a.elem, &[a]);
         self.record(Rule::Neg, &[a], vec![], &mut out);

@@ -120,55 +120,47 @@ impl OptimizerState {
         }
     }
 
-    /// `step()` over `params` (in the parameter group's order), whose gradients exist.
-    pub fn step(&mut self, p: &mut Process, params: &[Tensor]) {
-        let implementation = match self.optimizer {
-            Optimizer::AdamW(implementation) => implementation,
-            Optimizer::AdamW8bit => return self.step_8bit(p, params),
-        };
-        if self.states.is_empty() {
-            let fused = implementation == OptimizerImpl::Fused;
-            self.states = p.in_role(Role::OptimizerStates, |p| {
-                params
-                    .iter()
-                    .map(|w| {
-                        let mut s = Vec::new();
-                        if fused {
-                            s.push(p.empty(&[], Dtype::Float32));
-                        }
-                        s.push(p.empty_like(&super::tensor::Meta::of(w)));
-                        s.push(p.empty_like(&super::tensor::Meta::of(w)));
-                        s
-                    })
-                    .collect()
-            });
-        }
-        p.in_role(Role::OptimizerStep, |p| match implementation {
-            OptimizerImpl::Fused => {}
-            OptimizerImpl::Foreach => {
-                let sqrt: Vec<Tensor> = params.iter().map(|w| p.empty(&w.shape, w.elem)).collect();
-                // A list goes from its last item to its first.
-                for t in sqrt.into_iter().rev() {
-                    drop(t);
+    /// `step()` over its parameter groups (each in its order), whose gradients exist: per
+    /// group, the group's states made at the first step, then its update.
+    pub fn step(&mut self, p: &mut Process, groups: &[Vec<Tensor>]) {
+        let first = self.states.is_empty();
+        for params in groups.iter().filter(|g| !g.is_empty()) {
+            match self.optimizer {
+                Optimizer::AdamW(implementation) => {
+                    if first {
+                        self.init_adamw(p, params, implementation);
+                    }
+                    adamw_update(p, params, implementation);
+                }
+                Optimizer::AdamW8bit => {
+                    if first {
+                        self.init_8bit(p, params);
+                    }
                 }
             }
-            OptimizerImpl::ForLoop => {
-                for w in params {
-                    let sqrt = p.empty(&w.shape, w.elem);
-                    let denom = p.empty(&w.shape, w.elem);
-                    drop(sqrt);
-                    drop(denom);
+        }
+    }
+
+    /// AdamW's `_init_group`: per parameter the step counter on the device when fused, then
+    /// the two moments.
+    fn init_adamw(&mut self, p: &mut Process, params: &[Tensor], implementation: OptimizerImpl) {
+        let fused = implementation == OptimizerImpl::Fused;
+        p.in_role(Role::OptimizerStates, |p| {
+            for w in params {
+                let mut s = Vec::new();
+                if fused {
+                    s.push(p.empty(&[], Dtype::Float32));
                 }
+                s.push(p.empty_like(&super::tensor::Meta::of(w)));
+                s.push(p.empty_like(&super::tensor::Meta::of(w)));
+                self.states.push(s);
             }
         });
     }
 
-    /// `AdamW8bit.step()`: the states of each parameter made as its turn comes at the first
-    /// step, the maps at the first 8-bit parameter's; the update kernels allocate nothing.
-    fn step_8bit(&mut self, p: &mut Process, params: &[Tensor]) {
-        if !self.states.is_empty() {
-            return;
-        }
+    /// `AdamW8bit`'s states of each parameter made as its turn comes at the first step, the
+    /// maps at the first 8-bit parameter's; its update kernels allocate nothing.
+    fn init_8bit(&mut self, p: &mut Process, params: &[Tensor]) {
         p.in_role(Role::OptimizerStates, |p| {
             for w in params {
                 if w.numel() >= MIN_8BIT_ELEMENTS && self.maps.is_empty() {
@@ -185,6 +177,29 @@ impl OptimizerState {
             }
         });
     }
+}
+
+/// One group's AdamW update: its temporaries (foreach: every square root of the group at once,
+/// freed from the last; for-loop: one parameter's at a time; fused: none).
+fn adamw_update(p: &mut Process, params: &[Tensor], implementation: OptimizerImpl) {
+    p.in_role(Role::OptimizerStep, |p| match implementation {
+        OptimizerImpl::Fused => {}
+        OptimizerImpl::Foreach => {
+            let sqrt: Vec<Tensor> = params.iter().map(|w| p.empty(&w.shape, w.elem)).collect();
+            // A list goes from its last item to its first.
+            for t in sqrt.into_iter().rev() {
+                drop(t);
+            }
+        }
+        OptimizerImpl::ForLoop => {
+            for w in params {
+                let sqrt = p.empty(&w.shape, w.elem);
+                let denom = p.empty(&w.shape, w.elem);
+                drop(sqrt);
+                drop(denom);
+            }
+        }
+    });
 }
 
 #[cfg(test)]

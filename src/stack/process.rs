@@ -274,6 +274,7 @@ impl Process {
             nodes: Vec::new(),
             needed: 0,
             remaining: 0,
+            autocast: self.autocast,
         });
         self.autograd.saving = autograd::Saving::Checkpoint { frame };
     }

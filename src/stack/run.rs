@@ -11,6 +11,7 @@ use super::loading::{self, Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerState};
 use super::process::{Kernels, Process};
 use super::tensor::Tensor;
+use super::trainer::{self, Batch, TrainerArgs};
 use crate::dtype::Dtype;
 use crate::model::{Model, TensorRole};
 use crate::replay::program::{Chunk, Loaded, Program, Role, StageMark};
@@ -28,6 +29,9 @@ pub enum Work {
         optimizer: Optimizer,
         checkpointing: bool,
         steps: u64,
+        /// Through `transformers.Trainer` (else the step written by hand: forward, backward,
+        /// optimizer).
+        trainer: Option<TrainerArgs>,
     },
 }
 
@@ -178,6 +182,7 @@ fn emulate(
             optimizer,
             checkpointing,
             steps,
+            trainer,
         } => {
             let mut adapters = FxHashMap::default();
             if let Some(lora) = lora {
@@ -187,6 +192,7 @@ fn emulate(
             }
             // The trained parameters, in `model.parameters()` order.
             let mut trained: Vec<Tensor> = Vec::new();
+            let mut names: Vec<String> = Vec::new();
             let mut leaves = Vec::new();
             if lora.is_none() {
                 for t in run.model.parameters() {
@@ -198,18 +204,19 @@ fn emulate(
                             .insert("lm_head.weight".into(), param.clone());
                     }
                     trained.push(param);
+                    names.push(t.name.clone());
                     leaves.push(leaf);
                 }
             } else {
-                let mut names: Vec<String> = adapters.keys().cloned().collect();
+                let mut modules: Vec<String> = adapters.keys().cloned().collect();
                 let order: Vec<String> = run
                     .model
                     .parameters()
                     .into_iter()
                     .map(|t| t.name.trim_end_matches(".weight").to_string())
                     .collect();
-                names.sort_by_key(|n| order.iter().position(|o| o == n));
-                for name in names {
+                modules.sort_by_key(|n| order.iter().position(|o| o == n));
+                for name in modules {
                     let ad = adapters.get_mut(&name).expect("an adapter");
                     let (a, la) = Process::parameter(&ad.a);
                     let (bb, lb) = Process::parameter(&ad.b);
@@ -217,6 +224,8 @@ fn emulate(
                     ad.b = bb.clone();
                     trained.push(a);
                     trained.push(bb);
+                    names.push(format!("{name}.lora_A.default.weight"));
+                    names.push(format!("{name}.lora_B.default.weight"));
                     leaves.push(la);
                     leaves.push(lb);
                 }
@@ -241,67 +250,146 @@ fn emulate(
                 ));
             }
             let mut optimizer = OptimizerState::new(*optimizer);
-            marks.begin(&p, "inputs", Loaded::Context);
-            let ids = p.in_role(Role::Inputs, |p| p.empty(&[b, t], Dtype::Int64));
-            marks.end(&p);
-            for step in 1..=*steps {
-                marks.begin(&p, &format!("step{step}.forward"), Loaded::Forward);
-                let loss = {
-                    let mut d = Decoder {
-                        model: &run.model,
-                        weights: &weights,
-                        process: &mut p,
-                        checkpointing: *checkpointing,
-                        experts_path: super::decoder::ExpertsPath::Grouped,
-                        layer_kinds: None,
-                    };
-                    // The model builds a DynamicCache in training too, unless checkpointing
-                    // turns `use_cache` off.
-                    let mut cache = (!*checkpointing).then(|| {
-                        super::cache::Cache::new(
-                            &run.model
-                                .layers
-                                .iter()
-                                .map(|l| l.window)
-                                .collect::<Vec<_>>(),
-                        )
-                    });
-                    d.process.autocast = run.autocast;
-                    let out = d.forward(Inputs {
-                        ids: &ids,
-                        mask: None,
-                        positions: None,
-                        cache: cache.as_mut(),
-                        keep_last: false,
-                        labels: Some(&ids),
-                    });
-                    d.process.end_autocast();
-                    let loss = out.loss.expect("labels give a loss");
-                    drop(out.logits);
-                    drop(cache);
-                    loss
+            let steps = *steps;
+            // The model's forward of `batch` and its loss (the Trainer's: summed over its count,
+            // under its mixed precision, the outputs converted to float32).
+            let forward = |p: &mut Process, batch: &Batch, trainer: Option<&TrainerArgs>| {
+                let mut d = Decoder {
+                    model: &run.model,
+                    weights: &weights,
+                    process: p,
+                    checkpointing: *checkpointing,
+                    experts_path: super::decoder::ExpertsPath::Grouped,
+                    layer_kinds: None,
                 };
-                marks.end(&p);
-                marks.begin(&p, &format!("step{step}.backward"), Loaded::Backward);
-                p.backward(&loss);
-                drop(loss);
-                marks.end(&p);
-                marks.begin(&p, &format!("step{step}.optimizer"), Loaded::Backward);
-                // The group's parameters whose gradient exists (a vision tower's gets none).
-                let stepped: Vec<Tensor> = trained
-                    .iter()
-                    .zip(&leaves)
-                    .filter(|(_, leaf)| leaf.grad.borrow().is_some())
-                    .map(|(t, _)| t.clone())
+                // The model builds a DynamicCache in training too, unless checkpointing turns
+                // `use_cache` off (the Trainer turns it off).
+                let mut cache = (!*checkpointing && trainer.is_none()).then(|| {
+                    let windows: Vec<_> = run.model.layers.iter().map(|l| l.window).collect();
+                    super::cache::Cache::new(&windows)
+                });
+                // The Trainer's mixed precision: autocast around the forward (it casts float32
+                // weights, and adapters, which peft keeps in float32 under a half-precision model).
+                let mixed = trainer.and_then(|t| t.mixed);
+                d.process.autocast = run.autocast.or(mixed);
+                let out = d.forward(Inputs {
+                    ids: &batch.ids,
+                    mask: trainer.map(|_| &batch.mask),
+                    positions: None,
+                    cache: cache.as_mut(),
+                    keep_last: false,
+                    labels: Some(&batch.labels),
+                    items: trainer.map(|_| &batch.items),
+                });
+                d.process.end_autocast();
+                let loss = out.loss.expect("labels give a loss");
+                // accelerate's `convert_outputs_to_fp32` around the model's forward.
+                let converted = trainer
+                    .is_some_and(|t| t.mixed.is_some())
+                    .then(|| d.process.to(&out.logits, Dtype::Float32));
+                drop(out.logits);
+                drop(converted);
+                drop(cache);
+                loss
+            };
+            // The optimizer's parameter groups: one, or the Trainer's two (the parameters with
+            // weight decay, then the others).
+            let groups: Vec<Vec<usize>> = match trainer {
+                None => vec![(0..trained.len()).collect()],
+                Some(_) => {
+                    let (decay, rest) =
+                        (0..trained.len()).partition(|&i| trainer::decays(&names[i]));
+                    vec![decay, rest]
+                }
+            };
+            // `zero_grad(set_to_none=True)` after the optimizer's step on the parameters whose
+            // gradient exists (a vision tower's gets none).
+            let mut step_optimizer = |p: &mut Process| {
+                let stepped: Vec<Vec<Tensor>> = (groups.iter())
+                    .map(|group| {
+                        (group.iter())
+                            .filter(|&&i| leaves[i].grad.borrow().is_some())
+                            .map(|&i| trained[i].clone())
+                            .collect()
+                    })
                     .collect();
-                optimizer.step(&mut p, &stepped);
-                // zero_grad(set_to_none=True), in the group's order.
+                optimizer.step(p, &stepped);
                 for leaf in &leaves {
                     leaf.grad.borrow_mut().take();
                 }
-                marks.end(&p);
+            };
+            let gradients = |leaves: &[std::rc::Rc<super::tensor::Leaf>]| -> Vec<Tensor> {
+                (leaves.iter())
+                    .filter_map(|leaf| leaf.grad.borrow().clone())
+                    .collect()
+            };
+            match trainer {
+                None => {
+                    marks.begin(&p, "inputs", Loaded::Context);
+                    let ids = p.in_role(Role::Inputs, |p| p.empty(&[b, t], Dtype::Int64));
+                    let batch = Batch {
+                        mask: ids.clone(),
+                        labels: ids.clone(),
+                        items: ids.clone(),
+                        ids,
+                    };
+                    marks.end(&p);
+                    for step in 1..=steps {
+                        marks.begin(&p, &format!("step{step}.forward"), Loaded::Forward);
+                        let loss = forward(&mut p, &batch, None);
+                        marks.end(&p);
+                        marks.begin(&p, &format!("step{step}.backward"), Loaded::Backward);
+                        p.backward(&loss);
+                        drop(loss);
+                        marks.end(&p);
+                        marks.begin(&p, &format!("step{step}.optimizer"), Loaded::Backward);
+                        step_optimizer(&mut p);
+                        marks.end(&p);
+                    }
+                    drop(batch);
+                }
+                Some(args) => {
+                    marks.begin(&p, "setup", Loaded::Context);
+                    let running = trainer::running_loss(&mut p);
+                    let mut batch = Batch::load(&mut p, b, t);
+                    marks.end(&p);
+                    let (mut last_loss, mut last_norm) = (None, None);
+                    for step in 1..=steps {
+                        marks.begin(&p, &format!("step{step}.forward"), Loaded::Forward);
+                        let loss = forward(&mut p, &batch, Some(args));
+                        // `loss *= num_processes` (average_tokens_across_devices).
+                        let loss = p.scale_(&loss);
+                        marks.end(&p);
+                        marks.begin(&p, &format!("step{step}.backward"), Loaded::Backward);
+                        // accelerate's `loss / gradient_accumulation_steps`.
+                        let scaled = p.scale(&loss);
+                        p.backward(&scaled);
+                        drop(scaled);
+                        trainer::check_loss(&mut p, &loss);
+                        // `tr_loss_step`, held until the next step's.
+                        drop(last_loss.replace(loss));
+                        marks.end(&p);
+                        if args.clip {
+                            marks.begin(&p, &format!("step{step}.clip"), Loaded::Backward);
+                            let norm = trainer::clip_grad_norm(&mut p, &gradients(&leaves));
+                            drop(std::mem::replace(&mut last_norm, norm));
+                            marks.end(&p);
+                        }
+                        marks.begin(&p, &format!("step{step}.optimizer"), Loaded::Backward);
+                        step_optimizer(&mut p);
+                        marks.end(&p);
+                        if step < steps {
+                            // The next batch, then the last one let go.
+                            let next = Batch::load(&mut p, b, t);
+                            drop(std::mem::replace(&mut batch, next));
+                        }
+                    }
+                    drop(batch);
+                    drop(last_loss);
+                    drop(last_norm);
+                    drop(running);
+                }
             }
-            drop(ids);
             drop(optimizer);
         }
     }

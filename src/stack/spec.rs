@@ -1,12 +1,14 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
-//! checkpointing, steps, loading, mask_order; the script's other fields are its own), read as a
+//! checkpointing, steps, loading, mask_order, and for a Trainer run loop, trainer_args and
+//! lengths; the script's other fields are its own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
 use super::loading::{Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerImpl};
 use super::process::{Kernels, MaskOrder};
 use super::run::{Run, Work};
+use super::trainer::TrainerArgs;
 use crate::dtype::Dtype;
 use serde::Deserialize;
 
@@ -50,6 +52,27 @@ pub struct Spec {
     /// The order the recorded process iterated `set(layer_types)` in.
     #[serde(default)]
     pub mask_order: Option<Vec<String>>,
+    /// `trainer`: the steps through `transformers.Trainer`; absent, written by hand.
+    #[serde(default, rename = "loop")]
+    pub training_loop: Option<String>,
+    /// The Trainer's arguments the run gave (the others its defaults).
+    #[serde(default)]
+    pub trainer_args: SpecTrainerArgs,
+    /// Each sequence's length before the collator pads them (absent: `context` each).
+    #[serde(default)]
+    pub lengths: Option<Vec<u64>>,
+}
+
+/// The `TrainingArguments` a Trainer run gave, of those the emulation follows.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecTrainerArgs {
+    #[serde(default)]
+    pub bf16: bool,
+    #[serde(default)]
+    pub optim: Option<String>,
+    #[serde(default)]
+    pub max_grad_norm: Option<f64>,
 }
 
 fn bfloat16() -> Dtype {
@@ -131,9 +154,36 @@ impl TryFrom<Spec> for Run {
             Some(_) => Dtype::Float32,
             None => s.dtype,
         };
-        let optimizer = match s.optimizer {
-            SpecOptimizer::AdamW => Optimizer::AdamW(s.optimizer_impl),
-            SpecOptimizer::AdamW8bit => Optimizer::AdamW8bit,
+        let trainer = match s.training_loop.as_deref() {
+            None => None,
+            Some("trainer") => Some(TrainerArgs {
+                clip: s.trainer_args.max_grad_norm.is_none_or(|n| n > 0.0),
+                mixed: s.trainer_args.bf16.then_some(Dtype::Bfloat16),
+            }),
+            Some(_) => return Err(field("loop", "absent (by hand) or trainer")),
+        };
+        if s.lengths
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|&n| n != s.context))
+        {
+            return Err(field(
+                "lengths",
+                "padded batches are not emulated: every length is the context",
+            ));
+        }
+        let optimizer = match (s.optimizer, s.trainer_args.optim.as_deref(), trainer) {
+            (SpecOptimizer::AdamW, _, None) => Optimizer::AdamW(s.optimizer_impl),
+            (SpecOptimizer::AdamW8bit, _, None) => Optimizer::AdamW8bit,
+            (_, None | Some("adamw_torch_fused"), Some(_)) => {
+                Optimizer::AdamW(OptimizerImpl::Fused)
+            }
+            (_, Some("adamw_torch"), Some(_)) => Optimizer::AdamW(OptimizerImpl::Foreach),
+            (_, Some(_), Some(_)) => {
+                return Err(field(
+                    "trainer_args",
+                    "optim: adamw_torch_fused or adamw_torch",
+                ))
+            }
         };
         let lora = || -> Result<Lora, SpecError> {
             let l = s.lora.clone().ok_or_else(|| field("lora", "missing"))?;
@@ -150,6 +200,7 @@ impl TryFrom<Spec> for Run {
             optimizer,
             checkpointing: s.checkpointing,
             steps: s.steps,
+            trainer,
         };
         let work = match s.mode {
             SpecMode::Inference => Work::Generate {

@@ -268,6 +268,11 @@ fn refusals_name_what_is_wrong() {
         ("--model llama-2-7b --mode lora --targets q,x", "LoRA targets [\"x\"]: the model has no linear layer named so"),
         ("--model llama-2-7b --mode full --generated 3", "--generated applies to --mode inference only"),
         ("--model llama-2-7b --mode inference --rank 4", "--rank applies to --mode lora only"),
+        ("--model llama-2-7b --mode inference --trainer", "--trainer applies to --mode lora or full only"),
+        ("--model llama-2-7b --mode full --trainer --autocast float16", "--trainer in float16"),
+        ("--model llama-2-7b --mode full --trainer --optimizer adamw-8bit", "--trainer with --optimizer adamw-8bit is not replayed yet"),
+        ("--model llama-2-7b --mode full --trainer --optimizer-impl for-loop", "not for-loop"),
+        ("--model llama-3.2-1b --mode qlora --trainer --batch 2 --context 2048", "--trainer with --mode qlora is not replayed yet"),
         (
             "--model llama-2-7b --mode full --optimizer adamw-8bit --optimizer-impl fused",
             "--optimizer-impl chooses torch.optim.AdamW's step: it does not apply to --optimizer adamw-8bit",

@@ -1,7 +1,7 @@
 //! The budget against the GPU: every run of `data/hf-proof-h200.json`,
 //! `data/hf-proof-bitsandbytes-h200.json`, `data/hf-proof-edge-h200.json`,
-//! `data/hf-proof-held-out-h200.json`, `data/hf-proof-blind-h200.json` and
-//! `data/hf-proof-second-blind-h200.json` (real transformers
+//! `data/hf-proof-held-out-h200.json`, `data/hf-proof-blind-h200.json`,
+//! `data/hf-proof-second-blind-h200.json` and `data/hf-proof-trainer-h200.json` (real transformers
 //! workloads measured on the H200 by `scripts/gpu/hf-proof.py`, some alone on a card emulated by
 //! taking the memory beyond it with one `cudaMalloc` outside PyTorch's allocator) replayed as the
 //! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
@@ -42,7 +42,7 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
             }
         }
     }
-    assert_eq!(runs, 50);
+    assert_eq!(runs, 54);
     assert_eq!(most, Outside::h200().bytes);
     println!("outside the allocator, the most held: {most:?}");
 }
@@ -133,6 +133,30 @@ fn every_run_of_the_second_blind_round_is_predicted_within_the_margin() {
     assert_eq!(report.records.len(), 18);
     assert_eq!(card_runs(&report), 6);
     assert!(report.records.iter().all(|r| r.outcome != "error"));
+    check_report(&report);
+}
+
+/// `transformers.Trainer` as users launch it: the two runs its replay came from, six workloads
+/// and two cards none of its rules came from; on each card the planner's largest batch ran and
+/// the next ran out of memory.
+#[test]
+fn every_run_through_the_trainer_is_predicted_within_the_margin() {
+    let report = Report::recorded_trainer();
+    assert_eq!(report.records.len(), 12);
+    assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"));
+    assert_eq!(card_runs(&report), 4);
+    let verdicts: Vec<(&str, &str)> = (report.records.iter())
+        .filter_map(|r| Some((r.expect.as_deref()?, r.outcome.as_str())))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("fits", "ok"),
+            ("oom", "oom"),
+            ("fits", "ok"),
+            ("oom", "oom")
+        ]
+    );
     check_report(&report);
 }
 

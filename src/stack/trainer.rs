@@ -1,0 +1,141 @@
+//! `transformers.Trainer` 5.17 (with accelerate 1.15) around the model's training step, for
+//! memory: what it allocates besides the forward, the backward and the optimizer's step, in the
+//! order it does (read from transformers' `trainer.py`, accelerate's `accelerator.py` and PyTorch
+//! 2.11's `clip_grad.py`, and checked against the H200's traces of `scripts/gpu/hf_loops.py`'s
+//! Trainer runs). Its running loss on the device; each batch the language-modelling collator
+//! makes (input ids, attention mask, labels) copied to the device with the count of the labels the
+//! loss is averaged over (`num_items_in_batch`), the next batch made before the last one is let
+//! go; the loss summed, divided by that count and multiplied in place by the number of processes;
+//! accelerate's division by the accumulation steps; with bf16 or fp16 mixed precision, the model's
+//! outputs converted to float32; the check of the loss for NaN and infinity; and
+//! `clip_grad_norm_` (foreach) when `max_grad_norm` > 0; the optimizer's two parameter groups (with
+//! weight decay, then without).
+
+use super::process::Process;
+use super::tensor::Tensor;
+use crate::dtype::Dtype;
+use crate::replay::program::Role;
+
+/// The Trainer's arguments that change what a step allocates (the others as transformers 5.17
+/// defaults them: `optim="adamw_torch_fused"`, `use_cache=False`, one process, no accumulation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrainerArgs {
+    /// `max_grad_norm` > 0 (1.0 by default): the gradients clipped every step.
+    pub clip: bool,
+    /// `bf16=True` (or `fp16=True`): accelerate's mixed precision, the forward under autocast
+    /// and its outputs converted to float32.
+    pub mixed: Option<Dtype>,
+}
+
+/// One batch on the device, as `DataCollatorForLanguageModeling(mlm=False)` makes it and the
+/// Trainer counts it.
+pub struct Batch {
+    pub ids: Tensor,
+    pub mask: Tensor,
+    pub labels: Tensor,
+    /// `num_items_in_batch`: the labels that count (not `-100`) past the first position.
+    pub items: Tensor,
+}
+
+impl Batch {
+    /// The batch of `b` sequences of `t` tokens copied to the device (`send_to_device`, in the
+    /// collator's order), then counted: `sum(labels[..., 1:].ne(-100).sum() for ...)` (the
+    /// comparison's booleans summed through an int64 copy; Python's `sum` adds the count to 0).
+    pub fn load(p: &mut Process, b: u64, t: u64) -> Batch {
+        let [ids, mask, labels] = p.in_role(Role::Inputs, |p| {
+            [(); 3].map(|_| p.empty(&[b, t], Dtype::Int64))
+        });
+        let counted = p.empty(&[b, t - 1], Dtype::Bool);
+        let sum = p.empty(&[], Dtype::Int64);
+        let widened = p.empty(&[b, t - 1], Dtype::Int64);
+        drop(widened);
+        drop(counted);
+        let items = p.empty(&[], Dtype::Int64);
+        drop(sum);
+        Batch {
+            ids,
+            mask,
+            labels,
+            items,
+        }
+    }
+}
+
+/// The Trainer's running loss (`self._tr_loss = torch.tensor(0.0)` on the device).
+pub fn running_loss(p: &mut Process) -> Tensor {
+    p.empty(&[], Dtype::Float32)
+}
+
+/// `logging_nan_inf_filter`: `torch.isnan(loss) or torch.isinf(loss)`, each read back (`isinf`
+/// through the absolute value compared with infinity); the sum into the running loss is in place.
+pub fn check_loss(p: &mut Process, loss: &Tensor) {
+    let nan = p.empty(&[], Dtype::Bool);
+    drop(nan);
+    let absolute = p.empty(&[], loss.elem);
+    let inf = p.empty(&[], Dtype::Bool);
+    drop(absolute);
+    drop(inf);
+}
+
+/// The elements one block of `_foreach_norm`'s multi-tensor kernel reduces (PyTorch's
+/// `kChunkSize`).
+const FOREACH_CHUNK: u64 = 65_536;
+
+/// `clip_grad_norm_(parameters, max_norm)` with the foreach implementation, on the gradients of
+/// the trained parameters in their order; returns the total norm (kept by the Trainer until the
+/// next step's). Per group of one dtype, `_foreach_norm`: its float32 partial sums (every
+/// tensor's as many chunks as the largest tensor has), each tensor's norm in the gradients' dtype;
+/// then the norms stacked and their norm; the list freed last to first. Then the coefficient:
+/// `max_norm / (total + 1e-6)` (a tensor's `__rtruediv__`: its reciprocal times the number),
+/// clamped at 1, and every gradient multiplied in place.
+pub fn clip_grad_norm(p: &mut Process, grads: &[Tensor]) -> Option<Tensor> {
+    if grads.is_empty() {
+        return None;
+    }
+    let mut groups: Vec<(Dtype, Vec<&Tensor>)> = Vec::new();
+    for g in grads {
+        match groups.iter_mut().find(|(d, _)| *d == g.elem) {
+            Some((_, members)) => members.push(g),
+            None => groups.push((g.elem, vec![g])),
+        }
+    }
+    let mut norms = Vec::new();
+    for (elem, members) in &groups {
+        let chunks = (members.iter())
+            .map(|g| g.shape.iter().product::<u64>().div_ceil(FOREACH_CHUNK))
+            .max()
+            .unwrap_or(1);
+        let partial = p.empty(&[members.len() as u64 * chunks], Dtype::Float32);
+        norms.extend(members.iter().map(|_| p.empty(&[], *elem)));
+        drop(partial);
+    }
+    let elem = (groups.iter().map(|(e, _)| *e))
+        .reduce(Dtype::promote)
+        .expect("a group");
+    let stacked = p.empty(&[norms.len() as u64], elem);
+    let total = p.empty(&[], elem);
+    drop(stacked);
+    while let Some(norm) = norms.pop() {
+        drop(norm);
+    }
+    let shifted = p.empty(&[], elem);
+    let reciprocal = p.empty(&[], elem);
+    let coefficient = p.empty(&[], elem);
+    drop(reciprocal);
+    drop(shifted);
+    let clamped = p.empty(&[], elem);
+    drop(coefficient);
+    drop(clamped);
+    Some(total)
+}
+
+/// Whether the Trainer's optimizer applies weight decay to the parameter named `name`
+/// (`get_decay_parameter_names`: not a bias, not a norm's weight, the names lower-cased).
+pub fn decays(name: &str) -> bool {
+    let name = name.to_lowercase();
+    let norm = |part: &str| part == "norm" || part.ends_with("_norm");
+    !(name.contains("bias")
+        || name.contains("layernorm")
+        || name.contains("rmsnorm")
+        || name.split('.').any(norm))
+}

@@ -19,11 +19,14 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// A model: a preset of the shipped list, a `config.json` (or its folder), or a Llama-style
-/// shape given flag by flag.
+/// A model: a Hub id, a preset of the shipped list, a `config.json` (or its folder), or a
+/// Llama-style shape given flag by flag.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
-    /// A model preset (see `budget --list-models`), e.g. llama-3.1-8b.
+    /// A Hugging Face Hub id ORG/NAME[@REVISION], e.g. Qwen/Qwen3-8B (read from the local
+    /// Hugging Face cache, else from the Hub: config.json and the safetensors headers, never the
+    /// weights; HF_TOKEN for gated models, HF_HUB_OFFLINE for the cache only), or a model preset
+    /// (see `budget --list-models`), e.g. llama-3.1-8b.
     #[arg(long, conflicts_with_all = ["config", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tied_embeddings", "attention_bias", "experts", "experts_per_token"])]
     pub model: Option<String>,
     /// A model's config.json, or the folder that holds it.
@@ -192,6 +195,13 @@ impl ModelArgs {
 
     /// The model, where it comes from, and its checkpoint's headers when read from a folder.
     pub fn model(&self) -> Result<(String, Model, Option<Checkpoint>), Failure> {
+        if let Some(name) = self.model.as_ref().filter(|n| n.contains('/')) {
+            let id = crate::model::hub::HubId::parse(name).map_err(Failure::usage_owned)?;
+            let read = crate::model::hub::read(&id, &crate::model::hub::HubSettings::from_env())
+                .context(format!("--model {}", crate::text::printable(name)))?;
+            let source = format!("{}, read from {}", read.name, read.read_from);
+            return Ok((source, read.model, read.checkpoint));
+        }
         if let Some(name) = &self.model {
             let presets = self.presets()?;
             let p = presets.get(name).context("invalid --model")?;

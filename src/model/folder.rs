@@ -76,12 +76,7 @@ pub fn read_with_checkpoint(path: &Path) -> Result<(Model, Option<Checkpoint>), 
         (path.to_path_buf(), None)
     };
     let bytes = read_capped(&config_path, Input::ModelConfig)?;
-    let model = config::parse(&bytes)
-        .and_then(|m| m.check_runnable().map(|()| m))
-        .map_err(|source| FolderError::Config {
-            file: config_path.display().to_string(),
-            source,
-        })?;
+    let model = parse_config(&bytes, &config_path.display().to_string())?;
     let checkpoint = match folder {
         Some(f) => checkpoint(&f)?,
         None => None,
@@ -101,37 +96,7 @@ pub fn checkpoint(folder: &Path) -> Result<Option<Checkpoint>, FolderError> {
             file: file.clone(),
             message,
         };
-        let value: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let map = value
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| bad("`weight_map` is missing or not an object".into()))?;
-        let mut shards: Vec<String> = Vec::new();
-        for (tensor, shard) in map {
-            let shard = shard.as_str().ok_or_else(|| {
-                bad(format!(
-                    "weight_map[{}]: not a file name",
-                    crate::text::printable(tensor)
-                ))
-            })?;
-            if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
-                return Err(bad(format!(
-                    "shard `{}` is not a file of the folder",
-                    crate::text::printable(shard)
-                )));
-            }
-            if !shards.iter().any(|s| s == shard) {
-                shards.push(shard.to_string());
-            }
-        }
-        if shards.len() > MAX_SHARDS {
-            return Err(bad(format!(
-                "{} shards, more than {MAX_SHARDS}",
-                shards.len()
-            )));
-        }
-        shards.sort();
+        let shards = shard_names(&bytes).map_err(bad)?;
         let mut paths = Vec::new();
         for s in shards {
             let p = folder.join(&s);
@@ -158,6 +123,50 @@ pub fn checkpoint(folder: &Path) -> Result<Option<Checkpoint>, FolderError> {
         );
     }
     Ok(Some(c))
+}
+
+/// The shards a `model.safetensors.index.json` names (untrusted): file names of the same folder,
+/// sorted, each once, at most [`MAX_SHARDS`].
+pub fn shard_names(index: &[u8]) -> Result<Vec<String>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(index).map_err(|e| format!("not JSON: {e}"))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| "`weight_map` is missing or not an object".to_string())?;
+    let mut shards: Vec<String> = Vec::new();
+    for (tensor, shard) in map {
+        let shard = shard.as_str().ok_or_else(|| {
+            format!(
+                "weight_map[{}]: not a file name",
+                crate::text::printable(tensor)
+            )
+        })?;
+        if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
+            return Err(format!(
+                "shard `{}` is not a file of the folder",
+                crate::text::printable(shard)
+            ));
+        }
+        if !shards.iter().any(|s| s == shard) {
+            shards.push(shard.to_string());
+        }
+    }
+    if shards.len() > MAX_SHARDS {
+        return Err(format!("{} shards, more than {MAX_SHARDS}", shards.len()));
+    }
+    shards.sort();
+    Ok(shards)
+}
+
+/// A `config.json`'s bytes read as a model transformers can build, `file` naming it in errors.
+pub fn parse_config(bytes: &[u8], file: &str) -> Result<Model, FolderError> {
+    config::parse(bytes)
+        .and_then(|m| m.check_runnable().map(|()| m))
+        .map_err(|source| FolderError::Config {
+            file: file.to_string(),
+            source,
+        })
 }
 
 impl Checkpoint {

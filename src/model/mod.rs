@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod folder;
+pub mod hub;
 pub mod tensors;
 
 pub use config::{ConfigError, MAX_LAYERS};

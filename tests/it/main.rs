@@ -14,6 +14,7 @@ mod fuzz;
 mod grid;
 mod hf_proof;
 mod hf_traces;
+mod hub;
 mod inputs;
 mod lesson;
 mod model_counts;

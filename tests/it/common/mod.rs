@@ -156,3 +156,41 @@ pub fn mkfifo(path: &Path) {
         .unwrap();
     assert!(status.success());
 }
+
+/// A model folder as the Hub gives it: `config.json` and `model.safetensors` (a small Llama,
+/// every tensor in bfloat16).
+pub fn model_folder(dir: &std::path::Path, drop_one: bool) {
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "tie_word_embeddings": false
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let model = iteragpu_lab::model::config::from_value(&config).unwrap();
+    let mut params = model.parameters();
+    if drop_one {
+        params.pop();
+    }
+    let data: Vec<(String, Vec<u8>, Vec<usize>)> = params
+        .iter()
+        .map(|p| {
+            (
+                p.name.clone(),
+                vec![0u8; p.elements() as usize * 2],
+                p.shape.iter().map(|&d| d as usize).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = data
+        .iter()
+        .map(|(n, d, s)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), d)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let bytes = safetensors::tensor::serialize(views, &None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}

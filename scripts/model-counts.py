@@ -186,6 +186,26 @@ CONFIGS = [
       vocab_size=1657, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
       num_experts=3, num_local_experts=5, num_experts_per_tok=1, moe_intermediate_size=84,
       head_dim=28),
+    # ---- olmo2: q_norm and k_norm over whole projections, norms after attention and MLP only
+    c("olmo2-gqa", "olmo2", hidden_size=256, intermediate_size=688, vocab_size=1531,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    c("olmo2-kv-default-bias-tied", "olmo2", hidden_size=320, intermediate_size=840, vocab_size=1297,
+      num_hidden_layers=2, num_attention_heads=5, attention_bias=True, tie_word_embeddings=True),
+    # ---- granite: Llama's tensors, kv default = heads, mlp_bias honoured, multipliers (no tensors)
+    c("granite-multipliers", "granite", hidden_size=256, intermediate_size=704, vocab_size=1723,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, embedding_multiplier=12.0,
+      residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=8.0),
+    c("granite-kv-default-biases-tied", "granite", hidden_size=320, intermediate_size=856,
+      vocab_size=1433, num_hidden_layers=2, num_attention_heads=5, attention_bias=True, mlp_bias=True,
+      tie_word_embeddings=True),
+    # ---- gemma: head_dim default 256, kv default 16, tied by default, two norms per layer
+    c("gemma-head-dim", "gemma", hidden_size=256, intermediate_size=712, vocab_size=1609,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=56),
+    c("gemma-defaults-untied", "gemma", hidden_size=320, intermediate_size=888, vocab_size=2111,
+      num_hidden_layers=4, num_attention_heads=16, tie_word_embeddings=False),
+    c("gemma-attention-bias", "gemma", hidden_size=384, intermediate_size=1000, vocab_size=1877,
+      num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=40,
+      attention_bias=True),
     # ---- gemma2: head_dim default 256, kv default 4, tied by default, four norms per layer
     c("gemma2-head-dim", "gemma2", hidden_size=256, intermediate_size=696, vocab_size=1583,
       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=48),

@@ -307,6 +307,8 @@ def archs_set():
         for mode in ("inference", "full", "lora"):
             out.append(spec(f"arch-small-{mt}-{mode}", mt, small(mt), mode, lora=qv, trace="stacks", steps=2,
                             **extra))
+        out.append(spec(f"arch-small-{mt}-lora-checkpointing", mt, small(mt), "lora", lora=qv, checkpointing=True,
+                        trace="stacks", steps=2, **extra))
     return out
 
 

@@ -148,6 +148,24 @@ PUBLIC = {
                                             num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
                                             num_experts=60, num_experts_per_tok=4,
                                             max_position_embeddings=8192, tie_word_embeddings=False)),
+    # Architectures read since: Gemma (1), Granite 3, OLMo 2 (their public config.json fields).
+    "gemma-7b": ("gemma", dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+                               num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+                               max_position_embeddings=8192)),
+    "gemma-2b": ("gemma", dict(vocab_size=256000, hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+                               num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                               max_position_embeddings=8192)),
+    "granite-3.1-8b": ("granite", dict(vocab_size=49155, hidden_size=4096, intermediate_size=12800,
+                                       num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+                                       embedding_multiplier=12.0, residual_multiplier=0.22,
+                                       attention_multiplier=0.0078125, logits_scaling=16.0,
+                                       max_position_embeddings=131072, tie_word_embeddings=True)),
+    "olmo-2-7b": ("olmo2", dict(vocab_size=100352, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                                rope_theta=500000, tie_word_embeddings=False)),
+    "olmo-2-1b": ("olmo2", dict(vocab_size=100352, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=4096,
+                                rope_theta=500000, tie_word_embeddings=True)),
 }
 
 

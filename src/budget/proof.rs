@@ -5,7 +5,8 @@
 //! and models the replay was not derived from (`data/hf-proof-held-out-h200.json`), and two blind
 //! rounds planned and recorded with the same code (`data/hf-proof-blind-h200.json`,
 //! `data/hf-proof-second-blind-h200.json`), and runs through `transformers.Trainer`
-//! (`data/hf-proof-trainer-h200.json`), each replayed here as the
+//! (`data/hf-proof-trainer-h200.json`), and Gemma (1), Granite 3 and OLMo 2
+//! (`data/hf-proof-architectures-h200.json`), each replayed here as the
 //! budget replays it and compared stage by stage (peaks of `allocated` and `reserved`), and the
 //! emulated cards' outcomes against the replay on an allocator limited to the card.
 
@@ -36,6 +37,9 @@ pub const RECORDED_SECOND_BLIND: &str = include_str!("../../data/hf-proof-second
 /// Runs through `transformers.Trainer`: the two its replay was derived from, then workloads and
 /// cards none of its rules came from (`scripts/hf-proof-plan --trainer`).
 pub const RECORDED_TRAINER: &str = include_str!("../../data/hf-proof-trainer-h200.json");
+/// Gemma (1), Granite 3 and OLMo 2 at public widths (`scripts/hf-proof-plan --architectures`).
+pub const RECORDED_ARCHITECTURES: &str =
+    include_str!("../../data/hf-proof-architectures-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -248,8 +252,16 @@ impl Report {
         Report::shipped(RECORDED_TRAINER, "data/hf-proof-trainer-h200.json")
     }
 
+    /// The shipped runs of Gemma (1), Granite 3 and OLMo 2.
+    pub fn recorded_architectures() -> Report {
+        Report::shipped(
+            RECORDED_ARCHITECTURES,
+            "data/hf-proof-architectures-h200.json",
+        )
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 8] {
+    pub fn all_recorded() -> [Report; 9] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -259,6 +271,7 @@ impl Report {
             Report::recorded_edge(),
             Report::recorded_retry(),
             Report::recorded_trainer(),
+            Report::recorded_architectures(),
         ]
     }
 

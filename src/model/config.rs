@@ -23,7 +23,7 @@ pub const MAX_SIZE: u64 = 1 << 24;
 pub enum ConfigError {
     #[error(
         "model_type `{0}` is not supported; supported: llama, mistral, mixtral, qwen2, qwen2_moe, \
-         qwen3, qwen3_moe, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, deepseek_v2, \
+         qwen3, qwen3_moe, olmo2, granite, gemma, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, deepseek_v2, \
          deepseek_v3"
     )]
     UnknownType(String),
@@ -363,8 +363,9 @@ fn default_kv_heads(model_type: ModelType) -> Option<u64> {
         T::Qwen2 | T::Qwen3 => Some(32),
         T::Qwen2Moe => Some(16),
         T::Qwen3Moe | T::Gemma2 | T::Gemma3Text => Some(4),
+        T::Gemma => Some(16),
         T::DeepseekV3 => Some(128),
-        T::Llama | T::Phi3 | T::DeepseekV2 => None,
+        T::Llama | T::Phi3 | T::DeepseekV2 | T::Granite | T::Olmo2 => None,
     }
 }
 
@@ -423,19 +424,23 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         .object
         .get("num_key_value_heads")
         .is_some_and(Value::is_null);
-    let kv_heads =
-        if kv_null && (latent || matches!(model_type, T::Llama | T::Qwen2 | T::Qwen3 | T::Phi3)) {
-            heads
-        } else {
-            f.size_or(
-                "num_key_value_heads",
-                default_kv_heads(model_type).unwrap_or(heads),
-            )?
-        };
+    let kv_heads = if kv_null
+        && (latent
+            || matches!(
+                model_type,
+                T::Llama | T::Qwen2 | T::Qwen3 | T::Phi3 | T::Granite | T::Olmo2
+            )) {
+        heads
+    } else {
+        f.size_or(
+            "num_key_value_heads",
+            default_kv_heads(model_type).unwrap_or(heads),
+        )?
+    };
     // Llama, Gemma and DeepSeek-V2 check that the heads divide the hidden size.
     if matches!(
         model_type,
-        T::Llama | T::Gemma2 | T::Gemma3Text | T::DeepseekV2
+        T::Llama | T::Gemma | T::Gemma2 | T::Gemma3Text | T::DeepseekV2
     ) && !hidden.is_multiple_of(heads)
     {
         return Err(ConfigError::Invalid(format!(
@@ -446,7 +451,7 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
     }
     let default_head_dim = match model_type {
         T::Qwen3 => 128,
-        T::Gemma2 | T::Gemma3Text => 256,
+        T::Gemma | T::Gemma2 | T::Gemma3Text => 256,
         _ => hidden / heads,
     };
     let mut head_dim = if matches!(model_type, T::Llama | T::Mistral | T::Mixtral) {
@@ -456,7 +461,8 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
     };
     let tied_embeddings = f.flag("tie_word_embeddings", model_type.is_gemma())?;
     let attention_bias = f.flag("attention_bias", false)?;
-    let mlp_bias = matches!(model_type, T::Llama | T::DeepseekV2) && f.flag("mlp_bias", false)?;
+    let mlp_bias =
+        matches!(model_type, T::Llama | T::DeepseekV2 | T::Granite) && f.flag("mlp_bias", false)?;
     let mut rotary_dim = head_dim;
     let attention = if latent {
         let m = Latent {
@@ -513,6 +519,7 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
             qk_norm: match model_type {
                 T::Qwen3 | T::Qwen3Moe => QkNorm::BeforeTranspose,
                 T::Gemma3Text => QkNorm::AfterTranspose,
+                T::Olmo2 => QkNorm::Projection,
                 _ => QkNorm::None,
             },
         }
@@ -680,7 +687,9 @@ fn windows_of(
         }
     };
     Ok(match model_type {
-        T::Llama | T::DeepseekV2 | T::DeepseekV3 => vec![None; n],
+        T::Llama | T::Olmo2 | T::Granite | T::Gemma | T::DeepseekV2 | T::DeepseekV3 => {
+            vec![None; n]
+        }
         T::Mistral | T::Mixtral | T::Phi3 => {
             let default = (model_type == T::Mistral).then_some(4096);
             let window = window_field(default)?;

@@ -38,6 +38,9 @@ pub enum ModelType {
     Qwen2Moe,
     Qwen3,
     Qwen3Moe,
+    Olmo2,
+    Granite,
+    Gemma,
     Gemma2,
     #[strum(serialize = "gemma3_text")]
     #[serde(rename = "gemma3_text")]
@@ -58,8 +61,28 @@ impl ModelType {
         self.into()
     }
 
-    /// Gemma's norms (`(1 + weight) · x` in float32), scaled embeddings and sandwich norms.
+    /// Gemma's norms (`(1 + weight) · x` in float32), scaled embeddings and tanh GELU.
     pub fn is_gemma(self) -> bool {
+        matches!(
+            self,
+            ModelType::Gemma | ModelType::Gemma2 | ModelType::Gemma3Text
+        )
+    }
+
+    /// Granite's multipliers: the embeddings, each block's output before the residual and the
+    /// logits scaled by a number (each product a new tensor, whatever the number).
+    pub fn has_multipliers(self) -> bool {
+        self == ModelType::Granite
+    }
+
+    /// OLMo 2's layer: no norm before the attention and the MLP, one after each (before the
+    /// residual), its norms' weights multiplied in float32.
+    pub fn norms_after_blocks(self) -> bool {
+        self == ModelType::Olmo2
+    }
+
+    /// Gemma 2's and 3's norms around the attention's and the MLP's outputs.
+    pub fn has_sandwich_norms(self) -> bool {
         matches!(self, ModelType::Gemma2 | ModelType::Gemma3Text)
     }
 }
@@ -72,6 +95,8 @@ pub enum QkNorm {
     None,
     BeforeTranspose,
     AfterTranspose,
+    /// OLMo 2: over each whole projection (`q_norm(q_proj(x))`), before the heads are viewed.
+    Projection,
 }
 
 /// Multi-head latent attention (DeepSeek-V2/V3): K and V through a compressed latent, which is

@@ -148,9 +148,14 @@ impl Model {
             Mlp::Dense { intermediate } => self.push_dense(p, &format!("{l}.mlp"), intermediate),
             Mlp::Experts => self.push_experts(p, &format!("{l}.mlp")),
         }
-        p.norm(&format!("{l}.input_layernorm"), h);
+        if !self.model_type.norms_after_blocks() {
+            p.norm(&format!("{l}.input_layernorm"), h);
+        }
         p.norm(&format!("{l}.post_attention_layernorm"), h);
-        if self.model_type.is_gemma() {
+        if self.model_type.norms_after_blocks() {
+            p.norm(&format!("{l}.post_feedforward_layernorm"), h);
+        }
+        if self.model_type.has_sandwich_norms() {
             p.norm(&format!("{l}.pre_feedforward_layernorm"), h);
             p.norm(&format!("{l}.post_feedforward_layernorm"), h);
         }
@@ -326,9 +331,16 @@ impl Model {
                 p.linear(&format!("{a}.k_proj"), kv, h, kv_bias);
                 p.linear(&format!("{a}.v_proj"), kv, h, kv_bias);
                 p.linear(&format!("{a}.o_proj"), h, q, o_bias);
-                if qk_norm != QkNorm::None {
-                    p.norm(&format!("{a}.q_norm"), d);
-                    p.norm(&format!("{a}.k_norm"), d);
+                match qk_norm {
+                    QkNorm::None => {}
+                    QkNorm::Projection => {
+                        p.norm(&format!("{a}.q_norm"), q);
+                        p.norm(&format!("{a}.k_norm"), kv);
+                    }
+                    QkNorm::BeforeTranspose | QkNorm::AfterTranspose => {
+                        p.norm(&format!("{a}.q_norm"), d);
+                        p.norm(&format!("{a}.k_norm"), d);
+                    }
                 }
             }
             Attention::Latent(m) => {

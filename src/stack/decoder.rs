@@ -139,9 +139,34 @@ impl Decoder<'_> {
     pub(super) fn norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
         if self.model.model_type.is_gemma() {
             self.gemma_norm(x, weight)
+        } else if self.model.model_type.norms_after_blocks() {
+            self.olmo2_norm(x, weight)
         } else {
             self.rms_norm(x, weight)
         }
+    }
+
+    /// `Olmo2RMSNorm.forward`: in float32, `(weight * (x * rsqrt(mean(x²) + eps)))` cast back
+    /// (the weight's product in float32, then the cast).
+    fn olmo2_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
+        let input = x.elem;
+        let p = &mut *self.process;
+        let xf = p.to(x, Dtype::Float32);
+        let sq = p.square(&xf);
+        let variance = p.mean_last(&sq);
+        drop(sq);
+        let shifted = p.add_scalar(&variance);
+        let r = p.rsqrt(&shifted);
+        drop(shifted);
+        let normed = p.mul(&xf, &r);
+        drop(r);
+        drop(xf);
+        let product = p.mul(weight, &normed);
+        let out = p.to(&product, input);
+        drop(product);
+        drop(normed);
+        drop(variance);
+        out
     }
 
     /// `Gemma2RMSNorm.forward`: in float32, `x * rsqrt(mean(x²) + eps) * (1 + weight)`, cast
@@ -244,16 +269,33 @@ impl Decoder<'_> {
         (xa, scaled)
     }
 
-    /// The token embedding (Gemma's scaled by `sqrt(hidden)` cast to the weights' type).
+    /// Whether PEFT made the embeddings' output require grad: LoRA of a model not quantized,
+    /// with gradient checkpointing (`_prepare_model_for_gradient_checkpointing`).
+    fn inputs_require_grads(&self) -> bool {
+        self.checkpointing && !self.weights.adapters.is_empty() && self.weights.quantized.is_empty()
+    }
+
+    /// The token embedding (Gemma's scaled by `sqrt(hidden)` cast to the weights' type, Granite's
+    /// by its multiplier).
     fn embed(&mut self, weight: &Tensor, ids: &Tensor) -> Tensor {
+        let leaf_output = self.inputs_require_grads();
         let p = &mut *self.process;
         let e = p.embedding(weight, ids);
-        if !self.model.model_type.is_gemma() {
+        if !self.model.model_type.is_gemma() && !self.model.model_type.has_multipliers() {
             return e;
         }
-        // Gemma's `* normalizer` (Gemma 2: a host scalar) or `* embed_scale` (Gemma 3: a
-        // buffer already in the weights' type, its `.to(dtype)` a no-op): only the product.
-        let out = p.scale(&e);
+        // Gemma's `* normalizer` (Gemma 2: a host scalar) or `* embed_scale` (Gemma and Gemma
+        // 3: a buffer already in the weights' type, its `.to(dtype)` a no-op), Granite's
+        // `* embedding_multiplier`: only the product.
+        let out = if self.model.model_type.has_multipliers() && leaf_output {
+            // PEFT's `enable_input_require_grads`: the embedding module's output is a leaf that
+            // requires grad, which Granite multiplies outside the module: its accumulation node
+            // holds it until the backward reaches it.
+            let (leaf, _) = super::process::Process::parameter(&e);
+            p.scale_holding(&leaf)
+        } else {
+            p.scale(&e)
+        };
         drop(e);
         out
     }
@@ -397,9 +439,21 @@ impl Decoder<'_> {
     ) -> Tensor {
         let (b, t) = (x.shape[0], x.shape[1]);
         let projected = self.linear(&joined(&[attn, ".", proj]), x);
+        // OLMo 2 norms the whole projection before its heads are viewed.
+        let whole = matches!(
+            self.model.attention,
+            Attention::Standard {
+                qk_norm: QkNorm::Projection,
+                ..
+            }
+        );
+        let projected = match norm.filter(|_| whole) {
+            Some(norm) => self.head_norm(attn, norm, projected),
+            None => projected,
+        };
         let viewed = self.p().reshape(&projected, &[b, t, heads, d]);
         drop(projected);
-        let viewed = match norm {
+        let viewed = match norm.filter(|_| !whole) {
             Some(norm) => self.head_norm(attn, norm, viewed),
             None => viewed,
         };
@@ -472,7 +526,9 @@ impl Decoder<'_> {
         } else {
             // Qwen3 norms each projection's heads before the transpose, Gemma 3 once all three
             // are projected and transposed.
-            let before = |norm| (qk_norm == QkNorm::BeforeTranspose).then_some(norm);
+            let before = |norm| {
+                matches!(qk_norm, QkNorm::BeforeTranspose | QkNorm::Projection).then_some(norm)
+            };
             let q = self.projected_heads((&a, "q_proj"), x, m.heads, d, before("q_norm"));
             let k = self.projected_heads((&a, "k_proj"), x, m.kv_heads, d, before("k_norm"));
             let v = self.projected_heads((&a, "v_proj"), x, m.kv_heads, d, None);
@@ -486,8 +542,13 @@ impl Decoder<'_> {
         };
         let cos4 = self.p().unsqueeze(cos, 1);
         let sin4 = self.p().unsqueeze(sin, 1);
-        let q_embed = self.rotary_part(&q, &cos4, &sin4);
-        let k_embed = self.rotary_part(&k, &cos4, &sin4);
+        let mut q_embed = self.rotary_part(&q, &cos4, &sin4);
+        let mut k_embed = self.rotary_part(&k, &cos4, &sin4);
+        if m.model_type.norms_after_blocks() {
+            // OLMo 2 casts back what it rotated in float32: `q_embed.to(q_type), k_embed.to(k_type)`.
+            let (qc, kc) = (self.p().to(&q_embed, q.elem), self.p().to(&k_embed, k.elem));
+            (q_embed, k_embed) = (qc, kc);
+        }
         drop(cos4);
         drop(sin4);
         drop(q);
@@ -616,14 +677,16 @@ impl Decoder<'_> {
             Attention::Standard { qk_norm, .. } => qk_norm,
             Attention::Latent(_) => QkNorm::None,
         };
-        let gemma = m.model_type.is_gemma();
+        let gemma = m.model_type.has_sandwich_norms();
         let weight = |name: &str| {
             self.weights
                 .get(&joined(&[&l, ".", name, ".weight"]))
                 .clone()
         };
-        let input_norm = weight("input_layernorm");
+        let after = m.model_type.norms_after_blocks();
+        let input_norm = (!after).then(|| weight("input_layernorm"));
         let post_attention = weight("post_attention_layernorm");
+        let post_feedforward = after.then(|| weight("post_feedforward_layernorm"));
         let sandwich = gemma.then(|| {
             (
                 weight("pre_feedforward_layernorm"),
@@ -631,7 +694,10 @@ impl Decoder<'_> {
             )
         });
         let residual = hidden.clone();
-        let normed = self.norm(&residual, &input_norm);
+        let normed = match &input_norm {
+            Some(w) => self.norm(&residual, w),
+            None => residual.clone(),
+        };
         let mut attn = match (&m.attention, rope) {
             (Attention::Latent(l), _) => {
                 self.latent_attention(layer, &normed, rope, mask, cache, *l)
@@ -642,30 +708,48 @@ impl Decoder<'_> {
             (_, Rope::Complex(_)) => unreachable!("complex frequencies are DeepSeek-V2's"),
         };
         drop(normed);
-        if gemma {
-            // Gemma normalises the attention's output before the residual.
+        if gemma || after {
+            // Gemma 2 and 3 and OLMo 2 normalise the attention's output before the residual.
             let n = self.norm(&attn, &post_attention);
             attn = n;
         }
-        let hidden = self.process.add(&residual, &attn);
+        // Granite's `residual + hidden_states * residual_multiplier`: the product, the sum, then
+        // the product and the block's output freed.
+        let scaled = m
+            .model_type
+            .has_multipliers()
+            .then(|| self.process.scale(&attn));
+        let hidden = self
+            .process
+            .add(&residual, scaled.as_ref().unwrap_or(&attn));
+        drop(scaled);
         drop(attn);
         drop(residual);
         let residual = hidden;
-        let pre_mlp = match &sandwich {
-            Some((pre, _)) => pre.clone(),
-            None => post_attention.clone(),
+        let normed = match (&sandwich, after) {
+            (Some((pre, _)), _) => self.norm(&residual, &pre.clone()),
+            (None, true) => residual.clone(),
+            (None, false) => self.norm(&residual, &post_attention.clone()),
         };
-        let normed = self.norm(&residual, &pre_mlp);
         let mut out = match m.layers[layer].mlp {
             Mlp::Dense { .. } => self.mlp(&joined(&[&l, ".mlp"]), &normed),
             Mlp::Experts => self.moe_block(&joined(&[&l, ".mlp"]), &normed),
         };
         drop(normed);
-        if let Some((_, post)) = &sandwich {
+        if let Some(post) = sandwich
+            .as_ref()
+            .map(|(_, post)| post)
+            .or(post_feedforward.as_ref())
+        {
             let n = self.norm(&out, post);
             out = n;
         }
-        let hidden = self.process.add(&residual, &out);
+        let scaled = m
+            .model_type
+            .has_multipliers()
+            .then(|| self.process.scale(&out));
+        let hidden = self.process.add(&residual, scaled.as_ref().unwrap_or(&out));
+        drop(scaled);
         drop(out);
         drop(residual);
         hidden
@@ -706,7 +790,13 @@ impl Decoder<'_> {
         let global = if complex {
             Rope::Complex(self.complex_frequencies(positions))
         } else {
-            let (cos, sin) = self.rotary(positions, dtype);
+            // OLMo 2 keeps its cos and sin in float32 (the queries and keys rotated in float32,
+            // then cast back).
+            let rope_dtype = match m.model_type.norms_after_blocks() {
+                true => Dtype::Float32,
+                false => dtype,
+            };
+            let (cos, sin) = self.rotary(positions, rope_dtype);
             Rope::Real(cos, sin)
         };
         let local = (m.model_type == crate::model::ModelType::Gemma3Text
@@ -767,6 +857,10 @@ impl Decoder<'_> {
         };
         let mut logits = self.linear(&head, &last);
         drop(last);
+        if m.model_type.has_multipliers() {
+            // Granite's `logits / logits_scaling`.
+            logits = self.process.scale(&logits);
+        }
         if m.final_softcap {
             // logits / cap, tanh, * cap
             let p = &mut *self.process;

@@ -175,6 +175,15 @@ impl Process {
         out
     }
 
+    /// `a * scalar` whose node holds `a` until the backward reaches it: what autograd's
+    /// accumulation node does for a leaf `a` that requires grad.
+    pub fn scale_holding(&mut self, a: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        let held = self.saved_if(&[a], &[a]);
+        self.record(Rule::Scale, &[a], held, &mut out);
+        out
+    }
+
     /// `a *= scalar` (in place): the same storage, a node whose backward scales the gradient.
     pub fn scale_(&mut self, a: &Tensor) -> Tensor {
         let mut out = a.clone();

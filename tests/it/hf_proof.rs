@@ -42,7 +42,7 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
             }
         }
     }
-    assert_eq!(runs, 54);
+    assert_eq!(runs, 60);
     assert_eq!(most, Outside::h200().bytes);
     println!("outside the allocator, the most held: {most:?}");
 }
@@ -157,6 +157,19 @@ fn every_run_through_the_trainer_is_predicted_within_the_margin() {
             ("oom", "oom")
         ]
     );
+    check_report(&report);
+}
+
+/// Gemma (1), Granite 3 and OLMo 2 at their public widths, none a run their replay came from.
+#[test]
+fn every_run_of_the_architectures_read_since_is_predicted_within_the_margin() {
+    let report = Report::recorded_architectures();
+    assert_eq!(report.records.len(), 15);
+    let types: std::collections::BTreeSet<&str> = (report.records.iter())
+        .filter_map(|r| r.spec["model_type"].as_str())
+        .collect();
+    assert_eq!(types, ["gemma", "granite", "olmo2"].into());
+    assert_eq!(card_runs(&report), 6);
     check_report(&report);
 }
 

@@ -146,10 +146,22 @@ impl Decoder<'_> {
         }
     }
 
-    /// `Olmo2RMSNorm.forward`: in float32, `(weight * (x * rsqrt(mean(x²) + eps)))` cast back
-    /// (the weight's product in float32, then the cast).
+    /// `Olmo2RMSNorm.forward`: `(weight * normalized).to(input_dtype)`, the weight's product
+    /// in float32.
     fn olmo2_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
-        let input = x.elem;
+        let (normed, variance) = self.normalized(x);
+        let p = &mut *self.process;
+        let product = p.mul(weight, &normed);
+        let out = p.to(&product, x.elem);
+        drop(product);
+        drop(normed);
+        drop(variance);
+        out
+    }
+
+    /// The float32 `x * rsqrt(variance + eps)` of the RMS norms that keep `variance` in a local
+    /// (Llama's, OLMo 2's), and that variance: each is freed as the norm returns.
+    fn normalized(&mut self, x: &Tensor) -> (Tensor, Tensor) {
         let p = &mut *self.process;
         let xf = p.to(x, Dtype::Float32);
         let sq = p.square(&xf);
@@ -161,12 +173,7 @@ impl Decoder<'_> {
         let normed = p.mul(&xf, &r);
         drop(r);
         drop(xf);
-        let product = p.mul(weight, &normed);
-        let out = p.to(&product, input);
-        drop(product);
-        drop(normed);
-        drop(variance);
-        out
+        (normed, variance)
     }
 
     /// `Gemma2RMSNorm.forward`: in float32, `x * rsqrt(mean(x²) + eps) * (1 + weight)`, cast
@@ -195,21 +202,12 @@ impl Decoder<'_> {
         out
     }
 
-    /// `LlamaRMSNorm.forward` (and its copies in the other models).
+    /// `LlamaRMSNorm.forward` (and its copies in the other models): `weight * normalized` cast
+    /// back first.
     fn rms_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
-        let input = x.elem;
+        let (normed, variance) = self.normalized(x);
         let p = &mut *self.process;
-        let xf = p.to(x, Dtype::Float32);
-        let sq = p.square(&xf);
-        let variance = p.mean_last(&sq);
-        drop(sq);
-        let shifted = p.add_scalar(&variance);
-        let r = p.rsqrt(&shifted);
-        drop(shifted);
-        let normed = p.mul(&xf, &r);
-        drop(r);
-        drop(xf);
-        let back = p.to(&normed, input);
+        let back = p.to(&normed, x.elem);
         let out = p.mul(weight, &back);
         drop(back);
         drop(normed);

@@ -263,24 +263,35 @@ fn cache_with_model(cache: &Path) {
     }
 }
 
+/// `mesure_memoire budget --model MODEL` of a small inference, with the Hugging Face variables
+/// `env` sets (and no token, nor offline mode, from the caller's environment).
+fn budget_of(model: &str, env: &[(&str, &std::ffi::OsStr)]) -> assert_cmd::Command {
+    let mut c = mm();
+    c.env_remove("HF_HUB_OFFLINE").env_remove("HF_TOKEN");
+    for (name, value) in env {
+        c.env(name, value);
+    }
+    c.args([
+        "budget",
+        "--model",
+        model,
+        "--mode",
+        "inference",
+        "--context",
+        "64",
+    ]);
+    c
+}
+
 #[test]
 fn budget_reads_a_hub_id_from_the_local_cache_and_names_the_commit() {
     let cache = tempfile::tempdir().unwrap();
     cache_with_model(cache.path());
-    let out = mm()
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_HUB_OFFLINE", "1")
-        .args([
-            "budget",
-            "--model",
-            "org/name",
-            "--mode",
-            "inference",
-            "--context",
-            "64",
-        ])
-        .assert()
-        .success();
+    let env = [
+        ("HF_HUB_CACHE", cache.path().as_os_str()),
+        ("HF_HUB_OFFLINE", "1".as_ref()),
+    ];
+    let out = budget_of("org/name", &env).assert().success();
     let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
     assert!(
         text.starts_with(&format!(
@@ -290,17 +301,7 @@ fn budget_reads_a_hub_id_from_the_local_cache_and_names_the_commit() {
     );
     assert!(text.contains("holds 21 tensors"), "{text}");
     // Offline, a repository the cache lacks is refused, naming it and the cache.
-    mm().env("HF_HUB_CACHE", cache.path())
-        .env("HF_HUB_OFFLINE", "1")
-        .args([
-            "budget",
-            "--model",
-            "org/other",
-            "--mode",
-            "inference",
-            "--context",
-            "64",
-        ])
+    budget_of("org/other", &env)
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("org/other@main: not in the local cache"));
@@ -310,45 +311,29 @@ fn budget_reads_a_hub_id_from_the_local_cache_and_names_the_commit() {
 fn budget_reads_a_hub_id_from_the_hub_and_refuses_a_missing_repository() {
     let (endpoint, _) = hub(repo_files(true), Behaviour::default());
     let empty = tempfile::tempdir().unwrap();
-    let run = |model: &str| {
-        let mut c = mm();
-        c.env("HF_HUB_CACHE", empty.path())
-            .env_remove("HF_HUB_OFFLINE")
-            .env_remove("HF_TOKEN")
-            .env("HF_HOME", empty.path())
-            .env("HF_ENDPOINT", &endpoint)
-            .args([
-                "budget",
-                "--model",
-                model,
-                "--mode",
-                "inference",
-                "--context",
-                "64",
-            ]);
-        c
-    };
-    run("org/name").assert().success().stdout(contains(format!(
-        "Budget — org/name@{COMMIT}, read from {endpoint} (llama)"
-    )));
-    run("org/missing")
+    let env = [
+        ("HF_HUB_CACHE", empty.path().as_os_str()),
+        ("HF_HOME", empty.path().as_os_str()),
+        ("HF_ENDPOINT", endpoint.as_ref()),
+    ];
+    budget_of("org/name", &env)
+        .assert()
+        .success()
+        .stdout(contains(format!(
+            "Budget — org/name@{COMMIT}, read from {endpoint} (llama)"
+        )));
+    budget_of("org/missing", &env)
         .assert()
         .code(DATA_ERROR)
         .stderr(contains("--model org/missing"))
         .stderr(contains("no such repository or revision"));
     // A server that cannot be reached: an I/O failure naming the address.
-    mm().env("HF_HUB_CACHE", empty.path())
-        .env_remove("HF_HUB_OFFLINE")
-        .env("HF_ENDPOINT", "http://127.0.0.1:9")
-        .args([
-            "budget",
-            "--model",
-            "org/name",
-            "--mode",
-            "inference",
-            "--context",
-            "64",
-        ])
+    let unreachable = [
+        ("HF_HUB_CACHE", empty.path().as_os_str()),
+        ("HF_HOME", empty.path().as_os_str()),
+        ("HF_ENDPOINT", "http://127.0.0.1:9".as_ref()),
+    ];
+    budget_of("org/name", &unreachable)
         .assert()
         .code(FAILURE)
         .stderr(contains(

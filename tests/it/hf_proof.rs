@@ -42,7 +42,7 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
             }
         }
     }
-    assert_eq!(runs, 60);
+    assert_eq!(runs, 62);
     assert_eq!(most, Outside::h200().bytes);
     println!("outside the allocator, the most held: {most:?}");
 }
@@ -137,20 +137,23 @@ fn every_run_of_the_second_blind_round_is_predicted_within_the_margin() {
 }
 
 /// `transformers.Trainer` as users launch it: the two runs its replay came from, six workloads
-/// and two cards none of its rules came from; on each card the planner's largest batch ran and
-/// the next ran out of memory.
+/// and two cards none of its rules came from, and the Phi-3 mini LoRA on an L4 that a hand-written
+/// loop's budget put one batch too high; on each card the planner's largest batch ran and the
+/// next ran out of memory.
 #[test]
 fn every_run_through_the_trainer_is_predicted_within_the_margin() {
     let report = Report::recorded_trainer();
-    assert_eq!(report.records.len(), 12);
+    assert_eq!(report.records.len(), 14);
     assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"));
-    assert_eq!(card_runs(&report), 4);
+    assert_eq!(card_runs(&report), 6);
     let verdicts: Vec<(&str, &str)> = (report.records.iter())
         .filter_map(|r| Some((r.expect.as_deref()?, r.outcome.as_str())))
         .collect();
     assert_eq!(
         verdicts,
         [
+            ("fits", "ok"),
+            ("oom", "oom"),
             ("fits", "ok"),
             ("oom", "oom"),
             ("fits", "ok"),

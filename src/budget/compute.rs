@@ -100,6 +100,28 @@ pub fn budget(w: &Workload, settings: &BudgetSettings) -> Budget {
     budget_on_cards(w, settings, &[])
 }
 
+/// The plan of a budget's replay that keeps its program and watches `rooms` under both
+/// allocator settings (`configs`: the workload's first), at most `at_most` limited replays at once.
+pub(crate) fn watching_plan<'a>(
+    configs: &'a [AllocatorConfig; 2],
+    rooms: &'a [u64],
+    settings: &BudgetSettings,
+    at_most: usize,
+) -> Plan<'a> {
+    let outside = settings.outside.bytes;
+    Plan {
+        keep: true,
+        under: &configs[..1],
+        outside,
+        watch: Some(Watched {
+            rooms,
+            configs,
+            outside,
+            at_most,
+        }),
+    }
+}
+
 /// The budget of a validated workload, with the programs of its runs and, for cards of each of
 /// `rooms` bytes (their memory less the reserve), the replays limited to the card under both
 /// settings that its replay showed needed, run beside it ([`crate::replay::Watched`]).
@@ -109,18 +131,7 @@ pub fn budget_on_cards(w: &Workload, settings: &BudgetSettings, rooms: &[u64]) -
     rooms.dedup();
     let allocators = [w.allocator, w.allocator.other()];
     let configs = allocators.map(allocator_config);
-    let outside = settings.outside.bytes;
-    let plan = Plan {
-        keep: true,
-        under: &configs[..1],
-        outside,
-        watch: Some(Watched {
-            rooms: &rooms,
-            configs: &configs,
-            outside,
-            at_most: Watched::two_a_core(),
-        }),
-    };
+    let plan = watching_plan(&configs, &rooms, settings, Watched::two_a_core());
     let mut replayed_on_cards = Vec::new();
     let mut programs = Vec::new();
     let mut unlimited = Vec::new();

@@ -681,7 +681,7 @@ fn a_vision_tower_is_loaded_never_trained_and_both_mask_orders_replayed() {
 
 #[test]
 fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
-    use crate::replay::{Device, Plan, Watched};
+    use crate::replay::Device;
     let settings = BudgetSettings::h200();
     let lora = Mode::Lora {
         rank: 8,
@@ -724,18 +724,8 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
         rooms.dedup();
         let allocators = [w.allocator, w.allocator.other()];
         let configs = allocators.map(allocator_config);
+        let plan = super::compute::watching_plan(&configs, &rooms, &settings, usize::MAX);
         let outside = settings.outside.bytes;
-        let plan = Plan {
-            keep: true,
-            under: &configs[..1],
-            outside,
-            watch: Some(Watched {
-                rooms: &rooms,
-                configs: &configs,
-                outside,
-                at_most: usize::MAX,
-            }),
-        };
         for run in w.runs(settings.kernels) {
             let r = crate::stack::run::replays(&run, &plan);
             let own = &r.unlimited[0];

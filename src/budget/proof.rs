@@ -40,6 +40,9 @@ pub const RECORDED_TRAINER: &str = include_str!("../../data/hf-proof-trainer-h20
 /// Gemma (1), Granite 3 and OLMo 2 at public widths (`scripts/hf-proof-plan --architectures`).
 pub const RECORDED_ARCHITECTURES: &str =
     include_str!("../../data/hf-proof-architectures-h200.json");
+/// QLoRA of checkpoints saved in NF4, on emulated cards
+/// (`scripts/gpu/hf-proof-plan-prequantized.json`).
+pub const RECORDED_PREQUANTIZED: &str = include_str!("../../data/hf-proof-prequantized-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,6 +255,14 @@ impl Report {
         Report::shipped(RECORDED_TRAINER, "data/hf-proof-trainer-h200.json")
     }
 
+    /// The shipped runs of QLoRA of checkpoints saved in NF4.
+    pub fn recorded_prequantized() -> Report {
+        Report::shipped(
+            RECORDED_PREQUANTIZED,
+            "data/hf-proof-prequantized-h200.json",
+        )
+    }
+
     /// The shipped runs of Gemma (1), Granite 3 and OLMo 2.
     pub fn recorded_architectures() -> Report {
         Report::shipped(
@@ -261,7 +272,7 @@ impl Report {
     }
 
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 9] {
+    pub fn all_recorded() -> [Report; 10] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -272,6 +283,7 @@ impl Report {
             Report::recorded_retry(),
             Report::recorded_trainer(),
             Report::recorded_architectures(),
+            Report::recorded_prequantized(),
         ]
     }
 

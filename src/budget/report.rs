@@ -33,6 +33,12 @@ impl Budget {
     pub fn title(&self) -> String {
         let w = &self.workload;
         let weights = match (w.weights, w.autocast) {
+            (WeightFormat::Nf4, _) if w.model.quantization.is_some() => {
+                format!(
+                    "NF4 weights as the checkpoint saved them, {} compute",
+                    w.dtype
+                )
+            }
             (WeightFormat::Nf4, _) => format!("NF4 weights, {} compute", w.dtype),
             (_, Some(a)) => format!("{} weights under {a} autocast", w.dtype),
             _ => w.dtype.to_string(),

@@ -285,7 +285,7 @@ impl Workload {
         if self.trainer {
             self.check_trainer()?;
         }
-        if let Some(q) = self.model.quantization {
+        if let Some(q) = self.model.quantization.filter(|_| !self.loads_saved_nf4()) {
             let kind = match q {
                 crate::model::Quantization::Bnb4 { .. } => "bitsandbytes 4-bit".to_string(),
                 crate::model::Quantization::Bnb8 => "bitsandbytes 8-bit".to_string(),
@@ -294,9 +294,16 @@ impl Workload {
                 }
             };
             return Err(WorkloadError::Unsupported(format!(
-                "the model's quantization_config ({kind}) is not replayed yet: quantized weights \
-                 load and compute through kernels that are not emulated, and a budget of dense \
-                 weights would be wrong; remove quantization_config to budget the model unquantized"
+                "the model's quantization_config ({kind}) is {}: quantized weights load and \
+                 compute through kernels that are not emulated, and a budget of dense weights \
+                 would be wrong; remove quantization_config to budget the model unquantized",
+                match q {
+                    crate::model::Quantization::Bnb4 { double_quant: true } => {
+                        "replayed only for QLoRA (--mode qlora): serving it runs bitsandbytes' \
+                         own kernels"
+                    }
+                    _ => "not replayed yet",
+                }
             )));
         }
         if self.weights == WeightFormat::Nf4 && !matches!(self.mode, Mode::Lora { .. }) {
@@ -356,6 +363,14 @@ impl Workload {
             );
         }
         Ok(())
+    }
+
+    /// Whether QLoRA loads a checkpoint saved in NF4 with double quantization (its
+    /// `quantization_config`, as bitsandbytes saves it) instead of quantizing as it loads.
+    fn loads_saved_nf4(&self) -> bool {
+        self.weights == WeightFormat::Nf4
+            && self.model.quantization
+                == Some(crate::model::Quantization::Bnb4 { double_quant: true })
     }
 
     /// The Trainer's arguments of this workload: bf16 mixed precision with bfloat16 weights or
@@ -486,6 +501,7 @@ impl Workload {
             context: self.context,
             work,
             loading: match self.weights {
+                WeightFormat::Nf4 if self.loads_saved_nf4() => Loading::PrequantizedNf4,
                 WeightFormat::Nf4 => Loading::PretrainedNf4,
                 _ => Loading::Pretrained,
             },

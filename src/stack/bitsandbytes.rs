@@ -127,6 +127,58 @@ impl Quantizer {
     }
 }
 
+/// A weight saved quantized (`[out, in]` of `compute` elements), as transformers 5.17 loads it:
+/// the checkpoint's tensors in their (sorted) order, `weight`, then its state
+/// (`absmax`: the 8-bit scales, `nested_absmax`: their float32 scales, `nested_quant_map`: the
+/// dynamic map, `quant_map`: the code, and `quant_state.bitsandbytes__nf4`: the state's other
+/// fields as JSON bytes, read then let go), then `Params4bit.from_prequantized`'s offset
+/// (`QuantState.from_dict`: a float32 scalar made from the JSON's `nested_offset`). Nothing is
+/// staged in 16 bits and no dynamic map is made for the process.
+pub fn load_saved(
+    p: &mut Process,
+    weight: &crate::model::Parameter,
+    compute: Dtype,
+) -> Quantized4bit {
+    let (out_features, in_features) = (weight.shape[0], weight.shape[1]);
+    let n = out_features * in_features;
+    let [packed, code, offset, bytes, scales, map] = kept(n);
+    let make = |p: &mut Process, (entries, elem): (u64, Dtype)| p.empty(&[entries], elem);
+    let packed = make(p, packed);
+    let bytes = make(p, bytes);
+    let scales = make(p, scales);
+    let map = make(p, map);
+    let code = make(p, code);
+    let json = p.empty(
+        &[saved_state_json(out_features, in_features, compute)],
+        Dtype::Uint8,
+    );
+    let offset = make(p, offset);
+    drop(json);
+    Quantized4bit {
+        out_features,
+        in_features,
+        tensors: vec![packed, code, offset, bytes, scales, map],
+    }
+}
+
+/// The length of the JSON `QuantState.as_dict(packed=True)` saves beside a weight's tensors: its
+/// fields that are not tensors, `json.dumps`'d (the offset's digits vary from weight to weight:
+/// 17 decimals are counted, as for an offset between 0.01 and 0.1; any length up to 512 bytes takes the same block).
+fn saved_state_json(out_features: u64, in_features: u64, compute: Dtype) -> u64 {
+    let dtype = match compute {
+        Dtype::Float16 => "float16",
+        Dtype::Float32 => "float32",
+        _ => "bfloat16",
+    };
+    let json = format!(
+        "{{\"quant_type\": \"nf4\", \"blocksize\": {BLOCK}, \"dtype\": \"{dtype}\", \"shape\": \
+         [{out_features}, {in_features}], \"nested_blocksize\": {SCALE_BLOCK}, \"nested_dtype\": \
+         \"float32\", \"nested_offset\": 0.0{:016}}}",
+        0
+    );
+    json.len() as u64
+}
+
 impl Quantized4bit {
     pub fn elements(&self) -> u64 {
         self.out_features * self.in_features

@@ -1,6 +1,6 @@
 //! The weights reaching the GPU, as transformers loads them (`from_pretrained` with a device map:
 //! its allocator warm-up, then each tensor in the checkpoint's order, quantized as it comes for
-//! QLoRA; or `from_config` built on the device), and PEFT's LoRA adapters made on it.
+//! QLoRA or as bitsandbytes saved it; or `from_config` built on the device), and PEFT's LoRA adapters made on it.
 
 use super::decoder::{Adapter, Weights};
 use super::process::Process;
@@ -24,6 +24,10 @@ pub enum Loading {
     /// the warm-up counts each quantized weight at half a byte per element, then each tensor in
     /// the checkpoint's order, every linear layer's weight but the head's quantized as it comes.
     PretrainedNf4,
+    /// `from_pretrained` of a checkpoint saved in NF4 with double quantization (its
+    /// `quantization_config`): the same warm-up, then each tensor in the checkpoint's order, a
+    /// quantized weight as bitsandbytes saved it (its packed values and state, no 16-bit copy).
+    PrequantizedNf4,
 }
 
 /// PEFT LoRA on the modules named `targets` (`q_proj`, `v_proj`…).
@@ -80,9 +84,9 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                     drop(p.empty(&[model.vocab, model.hidden], e));
                 }
             }
-            Loading::Pretrained | Loading::PretrainedNf4 => {
+            Loading::Pretrained | Loading::PretrainedNf4 | Loading::PrequantizedNf4 => {
                 let quantizes = |t: &Parameter| {
-                    loading == Loading::PretrainedNf4 && super::bitsandbytes::quantizes(t)
+                    loading != Loading::Pretrained && super::bitsandbytes::quantizes(t)
                 };
                 // `get_total_byte_count`: each tensor's bytes, half a byte per element of a
                 // weight the quantizer packs (counted here in halves); then
@@ -98,9 +102,13 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                 let mut sorted: Vec<&Parameter> = params.iter().collect();
                 sorted.sort_by(|a, b| a.name.cmp(&b.name));
                 for t in sorted {
+                    let prefix = t.name.trim_end_matches(".weight").to_string();
+                    if loading == Loading::PrequantizedNf4 && quantizes(t) {
+                        quantized.insert(prefix, super::bitsandbytes::load_saved(p, t, e));
+                        continue;
+                    }
                     let staged = p.empty(&t.shape, e);
                     if quantizes(t) {
-                        let prefix = t.name.trim_end_matches(".weight").to_string();
                         quantized.insert(prefix, quantizer.quantize(p, staged));
                     } else {
                         by_name.insert(t.name.clone(), staged);

@@ -1,6 +1,6 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
-//! checkpointing, steps, loading, mask_order, and for a Trainer run loop, trainer_args and
+//! checkpointing, steps, loading, quantization, mask_order, and for a Trainer run loop, trainer_args and
 //! lengths; the script's other fields are its own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
@@ -49,6 +49,10 @@ pub struct Spec {
     pub steps: u64,
     #[serde(default)]
     pub loading: SpecLoading,
+    /// How a checkpoint loaded `prequantized` was saved: `{"method": "bnb4"}` (NF4 with double
+    /// quantization).
+    #[serde(default)]
+    pub quantization: Option<SpecQuantization>,
     /// The order the recorded process iterated `set(layer_types)` in.
     #[serde(default)]
     pub mask_order: Option<Vec<String>>,
@@ -113,6 +117,14 @@ pub enum SpecLoading {
     #[default]
     FromConfig,
     Pretrained,
+    /// A checkpoint saved quantized, loaded with `from_pretrained` (its own
+    /// `quantization_config`).
+    Prequantized,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SpecQuantization {
+    pub method: String,
 }
 
 impl Run {
@@ -213,7 +225,15 @@ impl TryFrom<Spec> for Run {
             SpecMode::Lora | SpecMode::Qlora => train(Some(lora()?)),
         };
         // QLoRA's script saves a checkpoint and loads it quantized.
+        let saved_nf4 = s.quantization.as_ref().is_some_and(|q| q.method == "bnb4");
         let loading = match (s.mode, s.loading) {
+            (SpecMode::Qlora, SpecLoading::Prequantized) if saved_nf4 => Loading::PrequantizedNf4,
+            (_, SpecLoading::Prequantized) => {
+                return Err(field(
+                    "loading",
+                    "`prequantized` is emulated for QLoRA of a checkpoint saved in NF4 (bnb4)",
+                ))
+            }
             (SpecMode::Qlora, _) => Loading::PretrainedNf4,
             (_, SpecLoading::FromConfig) => Loading::FromConfig,
             (_, SpecLoading::Pretrained) => Loading::Pretrained,

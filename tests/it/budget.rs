@@ -106,6 +106,75 @@ fn a_shape_from_flags_and_from_a_config_file_equal_the_preset() {
     assert_eq!(from_file["budget"]["terms"], preset["budget"]["terms"]);
 }
 
+/// A checkpoint saved in NF4 with double quantization: QLoRA of it is replayed loading the
+/// saved tensors (its weights stage never holds a 16-bit copy), serving it is refused.
+#[test]
+fn a_checkpoint_saved_in_nf4_is_loaded_as_saved_for_qlora() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = iteragpu_lab::budget::Presets::builtin()
+        .get("llama-3.1-8b")
+        .unwrap()
+        .config_json()
+        .unwrap();
+    config["quantization_config"] = serde_json::json!({
+        "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": true, "bnb_4bit_compute_dtype": "bfloat16"
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = mm()
+            .args(["budget", "--config"])
+            .arg(dir.path())
+            .args(args)
+            .args(["--batch", "1", "--context", "2048", "--json"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let saved = json(&["--mode", "qlora"]);
+    let stage = |b: &serde_json::Value, name: &str| {
+        b["budget"]["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == name)
+            .unwrap()
+            .clone()
+    };
+    let held = |b: &serde_json::Value| b["budget"]["terms"][0]["at_peak"]["bytes"].as_u64();
+    let weights = stage(&saved, "weights");
+    assert_eq!(saved["budget"]["terms"][0]["key"], "weights");
+    assert_eq!(weights["peak_allocated"]["bytes"].as_u64(), held(&saved));
+    // Quantized as it loads, the same model stages each weight in bfloat16 first.
+    std::fs::write(
+        dir.path().join("config.json"),
+        {
+            let mut c = config.clone();
+            c.as_object_mut().unwrap().remove("quantization_config");
+            c
+        }
+        .to_string(),
+    )
+    .unwrap();
+    let quantizing = json(&["--mode", "qlora"]);
+    let staged = stage(&quantizing, "weights");
+    assert!(staged["peak_allocated"]["bytes"].as_u64() > held(&quantizing));
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(["--mode", "inference", "--context", "512"])
+        .assert()
+        .code(USAGE)
+        .stdout("")
+        .stderr(contains("replayed only for QLoRA (--mode qlora)"));
+}
+
 #[test]
 fn a_quantized_config_is_refused_not_budgeted_dense() {
     let dir = tempfile::tempdir().unwrap();

@@ -42,7 +42,7 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
             }
         }
     }
-    assert_eq!(runs, 62);
+    assert_eq!(runs, 66);
     assert_eq!(most, Outside::h200().bytes);
     println!("outside the allocator, the most held: {most:?}");
 }
@@ -173,6 +173,23 @@ fn every_run_of_the_architectures_read_since_is_predicted_within_the_margin() {
         .collect();
     assert_eq!(types, ["gemma", "granite", "olmo2"].into());
     assert_eq!(card_runs(&report), 6);
+    check_report(&report);
+}
+
+/// QLoRA of a checkpoint saved in NF4 (loaded as saved, no 16-bit copy) on emulated cards at
+/// the planner's largest batch and one more.
+#[test]
+fn every_qlora_run_of_a_checkpoint_saved_in_nf4_is_predicted_within_the_margin() {
+    let report = Report::recorded_prequantized();
+    assert_eq!(report.records.len(), 4);
+    assert!(
+        report
+            .records
+            .iter()
+            .all(|r| r.spec["loading"] == "prequantized"
+                && r.spec["quantization"]["method"] == "bnb4")
+    );
+    assert_eq!(card_runs(&report), 4);
     check_report(&report);
 }
 

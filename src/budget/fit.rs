@@ -14,7 +14,7 @@ use super::terms::{Place, Split};
 use super::workload::{AllocatorSetting, Workload, WorkloadError};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
-use crate::replay::{Device, OutsideBytes, Plan, Program};
+use crate::replay::{Device, Nccl, OutsideBytes, Plan, Program};
 use crate::stack::run::{program, replays};
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
@@ -26,8 +26,8 @@ use std::sync::Arc;
 pub const SPLIT_RULE: &str = "over several GPUs (an estimate, not replayed): weights, adapters, \
 gradients and optimizer states sharded evenly (ZeRO-3 / FSDP); the KV cache split by KV heads \
 (each GPU holds ⌈kv_heads / GPUs⌉ heads); activations, workspaces, the allocator's free blocks, \
-what lives outside the allocator and the reserve whole on every GPU: on the high side where the \
-free blocks and temporaries come from sharded tensors (AdamW's, autocast's copies), which a \
+what lives outside the allocator and the reserve whole on every GPU, with NCCL's communicator \
+(as follows): on the high side where the free blocks and temporaries come from sharded tensors (AdamW's, autocast's copies), which a \
 sharded run holds in part. On one GPU the verdict is the replay's on the card.";
 
 /// How a verdict was reached.
@@ -102,6 +102,8 @@ pub struct FitPlan {
     pub need_on_one_gpu: Bytes,
     pub budget_needed: Bytes,
     pub split_rule: String,
+    /// NCCL's communicator counted on each GPU of a row over several.
+    pub nccl: Nccl,
     pub margin_rule: String,
     pub max_gpus: u64,
     pub catalog: CatalogSource,
@@ -146,15 +148,20 @@ pub fn shares(budget: &Budget, gpus: u64) -> Vec<u64> {
 }
 
 /// What the run uses of each of `gpus` GPUs at its fullest under the split rule: its share of
-/// the allocator's terms and what lives outside the allocator (the reserve is taken off the
-/// card's room).
+/// the allocator's terms and what lives outside the allocator, with NCCL's communicator where
+/// there are several (the reserve is taken off the card's room).
 pub fn need_per_gpu(budget: &Budget, gpus: u64) -> u64 {
+    let nccl = if gpus > 1 {
+        Nccl::h200_nvlink().bytes
+    } else {
+        0
+    };
     budget
         .terms
         .iter()
         .zip(shares(budget, gpus))
         .filter(|(t, _)| t.place != Place::Reserve)
-        .fold(0u64, |s, (_, b)| s.saturating_add(b))
+        .fold(nccl, |s, (_, b)| s.saturating_add(b))
 }
 
 /// The catalog memory of a GPU in bytes (GiB × 2^30, rounded down; beyond 2^64 − 1, that).
@@ -422,7 +429,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         workload: budget.title(),
         need_on_one_gpu: Bytes(budget.peak_use()),
         budget_needed: budget.needed,
-        split_rule: SPLIT_RULE.into(),
+        split_rule: format!("{SPLIT_RULE} {}.", Nccl::h200_nvlink().rule()),
+        nccl: Nccl::h200_nvlink(),
         margin_rule: format!(
             "room = card − the reserve; the run uses it for the allocator and what lives outside \
              it, which grows as the process loads its work ({} B with CUDA's context, {} B after \

@@ -291,6 +291,15 @@ fn the_planner_replays_one_gpu_and_splits_over_more() {
         fit::need_per_gpu(&with_reserve, 2),
         fit::need_per_gpu(&b, 2)
     );
+    // Over two GPUs each holds its share of the terms and NCCL's communicator beside them; one
+    // GPU holds no communicator.
+    let shares: u64 = (b.terms.iter().zip(fit::shares(&b, 2)))
+        .filter(|(t, _)| t.place != crate::budget::terms::Place::Reserve)
+        .map(|(_, s)| s)
+        .sum();
+    let nccl = crate::replay::Nccl::h200_nvlink();
+    assert_eq!(fit::need_per_gpu(&b, 2), shares + nccl.bytes);
+    assert_eq!((nccl.status(2), nccl.status(8)), ("measured", "hypothesis"));
     let plan = fit::plan(&b, &catalog(), 8).unwrap();
     for row in &plan.rows {
         let f = row.fit.as_ref().expect("fits within 8 GPUs");

@@ -21,7 +21,7 @@ mod windows;
 pub use cards::{Limited, Watched};
 pub use driver::{Device, Driver, Replayed, Tag};
 pub use named::{LiveBlock, NamedReplay, TensorId};
-pub use outside::{Outside, OutsideBytes};
+pub use outside::{Nccl, Outside, OutsideBytes};
 pub use program::{Chunk, Event, Loaded, Program, Role, Stage, StageMark};
 pub use stream::{replays, Plan, Replays};
 pub use windows::ProgramReplay;

@@ -6,7 +6,8 @@
 //! Measured (`torch.cuda.mem_get_info` − `memory_reserved`, one process alone on the GPU, at the
 //! end of each stage) in the kinds of process the budget describes, on a named GPU and software:
 //! not a formula. A replay on a card gives the allocator the card's room less the step the
-//! process has reached ([`super::driver::Driver`]).
+//! process has reached ([`super::driver::Driver`]). Over several GPUs, NCCL's communicator
+//! ([`Nccl`]) is held beside it on each.
 
 use super::program::Loaded;
 use serde::{Deserialize, Serialize};
@@ -78,5 +79,55 @@ impl Outside {
             software: "PyTorch 2.11.0+cu130, transformers 5.17.0, driver 580.159.04".into(),
             source: "docs/benchmarks.md, What lives outside the allocator".into(),
         }
+    }
+}
+
+/// NCCL's communicator and its buffers on each GPU of a run over several GPUs, outside the
+/// allocator: made with the process group (`init_process_group("nccl", device_id=...)`, or at
+/// the first collective without `device_id`), not growing with the collectives' sizes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Nccl {
+    pub bytes: u64,
+    /// The GPUs of the run it was measured with.
+    pub measured_gpus: u64,
+    pub measured_on: &'static str,
+    pub source: &'static str,
+}
+
+impl Nccl {
+    /// Measured by `scripts/gpu/nccl-memory.py` on 2 H200 of one host joined by NVLink (NV18),
+    /// NCCL 2.28.9 under PyTorch 2.11.0+cu130, NVLink multicast off: 880 803 840 B on each rank
+    /// once the process group was made, nothing more after an all-reduce, an all-gather, a
+    /// reduce-scatter of 64 MiB and an all-reduce of 256 MiB (`data/nccl-memory-h200x2.json`).
+    pub fn h200_nvlink() -> Nccl {
+        Nccl {
+            bytes: 880_803_840,
+            measured_gpus: 2,
+            measured_on: "2 NVIDIA H200 joined by NVLink, NCCL 2.28.9, NVLink multicast off",
+            source: "data/nccl-memory-h200x2.json (scripts/gpu/nccl-memory.py)",
+        }
+    }
+
+    /// Whether the figure was measured with `gpus` GPUs (`measured`), or is carried to another
+    /// number of them (`hypothesis`: more peers, other links or NVLink multicast may take more).
+    pub fn status(&self, gpus: u64) -> &'static str {
+        if gpus == self.measured_gpus {
+            "measured"
+        } else {
+            "hypothesis"
+        }
+    }
+
+    /// The sentence a plan over several GPUs states.
+    pub fn rule(&self) -> String {
+        format!(
+            "NCCL's communicator and buffers: {} B on each GPU of a run over several, outside \
+             the allocator; measured with {} GPUs on {} ({}); with more GPUs a hypothesis (more \
+             peers, other links or NVLink multicast may take more)",
+            crate::units::grouped(self.bytes),
+            self.measured_gpus,
+            self.measured_on,
+            self.source
+        )
     }
 }

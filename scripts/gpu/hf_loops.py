@@ -39,12 +39,18 @@ def loop_of(spec):
     return None
 
 
-def init_fake_group(world_size, rank):
-    """This process as rank `rank` of `world_size` through the fake process group."""
+def init_group(d):
+    """This process as rank `rank` of `world_size`: through the fake process group on one GPU, or
+    with `"backend": "nccl"` through NCCL, one process per GPU (the GPU given to it as device 0 by
+    `scripts/gpu/real-ranks.py`)."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    world_size, rank = d["world_size"], d["rank"]
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
-                      LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+                      LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(d.get("port", 29511)))
+    if d.get("backend") == "nccl":
+        dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=torch.device("cuda", 0))
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
@@ -87,7 +93,7 @@ def fsdp(spec, stages, record, h):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
     d = spec["distributed"]
-    init_fake_group(d["world_size"], d["rank"])
+    init_group(d)
     cfg = h.build_config()
     mesh = init_device_mesh(h.DEVICE, (d["world_size"],))
     torch.manual_seed(0)
@@ -120,7 +126,7 @@ def fsdp(spec, stages, record, h):
 def ddp(spec, stages, record, h):
     from torch.nn.parallel import DistributedDataParallel
     d = spec["distributed"]
-    init_fake_group(d["world_size"], d["rank"])
+    init_group(d)
     cfg = h.build_config()
     dtype = h.DTYPES["float32" if spec.get("autocast") else spec["dtype"]]
     torch.manual_seed(0)
@@ -146,7 +152,8 @@ def ddp(spec, stages, record, h):
         future.set_result(bucket.buffer())
         return future
 
-    wrapped.register_comm_hook(None, in_place_all_reduce)
+    if d.get("backend") != "nccl":
+        wrapped.register_comm_hook(None, in_place_all_reduce)
     stages.end()
     record["parameters"] = sum(p.numel() for p in model.parameters())
     params = [p for p in wrapped.parameters() if p.requires_grad]
@@ -161,7 +168,7 @@ def ddp(spec, stages, record, h):
 def tensor_parallel(spec, stages, record, h):
     from transformers import AutoModelForCausalLM
     d = spec["distributed"]
-    init_fake_group(d["world_size"], d["rank"])
+    init_group(d)
     cfg = h.build_config()
     dtype = h.DTYPES[spec["dtype"]]
     folder = tempfile.mkdtemp(prefix="igl-tp-")

@@ -106,16 +106,21 @@ fn a_shape_from_flags_and_from_a_config_file_equal_the_preset() {
     assert_eq!(from_file["budget"]["terms"], preset["budget"]["terms"]);
 }
 
+/// The config.json of a shipped preset.
+fn preset_config(name: &str) -> serde_json::Value {
+    iteragpu_lab::budget::Presets::builtin()
+        .get(name)
+        .unwrap()
+        .config_json()
+        .unwrap()
+}
+
 /// A checkpoint saved in NF4 with double quantization: QLoRA of it is replayed loading the
-/// saved tensors (its weights stage never holds a 16-bit copy), serving it is refused.
+/// saved tensors (its weights stage never holds a 16-bit copy); serving it is refused (below).
 #[test]
 fn a_checkpoint_saved_in_nf4_is_loaded_as_saved_for_qlora() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = iteragpu_lab::budget::Presets::builtin()
-        .get("llama-3.1-8b")
-        .unwrap()
-        .config_json()
-        .unwrap();
+    let mut config = preset_config("llama-3.1-8b");
     config["quantization_config"] = serde_json::json!({
         "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
         "bnb_4bit_use_double_quant": true, "bnb_4bit_compute_dtype": "bfloat16"
@@ -165,32 +170,26 @@ fn a_checkpoint_saved_in_nf4_is_loaded_as_saved_for_qlora() {
     let quantizing = json(&["--mode", "qlora"]);
     let staged = stage(&quantizing, "weights");
     assert!(staged["peak_allocated"]["bytes"].as_u64() > held(&quantizing));
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    mm().args(["budget", "--config"])
-        .arg(dir.path())
-        .args(["--mode", "inference", "--context", "512"])
-        .assert()
-        .code(USAGE)
-        .stdout("")
-        .stderr(contains("replayed only for QLoRA (--mode qlora)"));
 }
 
 #[test]
 fn a_quantized_config_is_refused_not_budgeted_dense() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config = iteragpu_lab::budget::Presets::builtin()
-        .get("llama-2-13b")
-        .unwrap()
-        .config_json()
-        .unwrap();
-    for (q, kind) in [
+    let mut config = preset_config("llama-2-13b");
+    for (q, refusal) in [
+        // Saved in NF4: its QLoRA is replayed, serving it is not.
+        (
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true,
+                               "bnb_4bit_use_double_quant": true}),
+            "(bitsandbytes 4-bit) is replayed only for QLoRA (--mode qlora)",
+        ),
         (
             serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
-            "bitsandbytes 8-bit",
+            "(bitsandbytes 8-bit) is not replayed yet",
         ),
         (
             serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 128}),
-            "4-bit GPTQ/AWQ in groups of 128",
+            "(4-bit GPTQ/AWQ in groups of 128) is not replayed yet",
         ),
     ] {
         config["quantization_config"] = q;
@@ -201,9 +200,7 @@ fn a_quantized_config_is_refused_not_budgeted_dense() {
             .assert()
             .code(USAGE)
             .stdout("")
-            .stderr(contains(format!(
-                "quantization_config ({kind}) is not replayed yet"
-            )));
+            .stderr(contains(format!("quantization_config {refusal}")));
     }
     // With its checkpoint beside it, the refusal says what the tensors store, as stored.
     let qweight = vec![0u8; 16 * 64 * 4];

@@ -27,8 +27,9 @@ pub const SPLIT_RULE: &str = "over several GPUs (an estimate, not replayed): wei
 gradients and optimizer states sharded evenly (ZeRO-3 / FSDP); the KV cache split by KV heads \
 (each GPU holds ⌈kv_heads / GPUs⌉ heads); activations, workspaces, the allocator's free blocks, \
 what lives outside the allocator and the reserve whole on every GPU, with NCCL's communicator \
-(as follows): on the high side where the free blocks and temporaries come from sharded tensors (AdamW's, autocast's copies), which a \
-sharded run holds in part. On one GPU the verdict is the replay's on the card.";
+(as follows): on the high side where the free blocks and temporaries come from sharded tensors \
+(AdamW's, autocast's copies), which a sharded run holds in part. On one GPU the verdict is the \
+replay's on the card.";
 
 /// How a verdict was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

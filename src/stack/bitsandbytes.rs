@@ -163,7 +163,8 @@ pub fn load_saved(
 
 /// The length of the JSON `QuantState.as_dict(packed=True)` saves beside a weight's tensors: its
 /// fields that are not tensors, `json.dumps`'d (the offset's digits vary from weight to weight:
-/// 17 decimals are counted, as for an offset between 0.01 and 0.1; any length up to 512 bytes takes the same block).
+/// 17 decimals are counted, as for an offset between 0.01 and 0.1; any length up to 512 bytes
+/// takes the same block).
 fn saved_state_json(out_features: u64, in_features: u64, compute: Dtype) -> u64 {
     let dtype = match compute {
         Dtype::Float16 => "float16",

@@ -1,6 +1,7 @@
 //! The weights reaching the GPU, as transformers loads them (`from_pretrained` with a device map:
 //! its allocator warm-up, then each tensor in the checkpoint's order, quantized as it comes for
-//! QLoRA or as bitsandbytes saved it; or `from_config` built on the device), and PEFT's LoRA adapters made on it.
+//! QLoRA or as bitsandbytes saved it; or `from_config` built on the device), and PEFT's LoRA
+//! adapters made on it.
 
 use super::decoder::{Adapter, Weights};
 use super::process::Process;

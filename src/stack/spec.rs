@@ -1,7 +1,7 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
-//! checkpointing, steps, loading, quantization, mask_order, and for a Trainer run loop, trainer_args and
-//! lengths; the script's other fields are its own), read as a
+//! checkpointing, steps, loading, quantization, mask_order, and for a Trainer run loop,
+//! trainer_args and lengths; the script's other fields are its own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
 use super::loading::{Loading, Lora};

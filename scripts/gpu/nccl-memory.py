@@ -17,10 +17,6 @@ import os
 import sys
 from pathlib import Path
 
-STAGES = ["cuda", "process_group", "all_reduce_1", "all_gather_64mib", "reduce_scatter_64mib",
-          "all_reduce_256mib"]
-
-
 def used_on(index):
     import pynvml
     pynvml.nvmlInit()
@@ -92,7 +88,6 @@ def main():
             p.join()
         runs.append(dict(world_size=world, ranks=ranks))
         for r in ranks:
-            last = r["stages"][-1]
             print(f"world {world} rank {r['rank']}: outside the allocator "
                   + ", ".join(f"{s['stage']} {s['outside_allocator']}" for s in r["stages"]), flush=True)
     import platform

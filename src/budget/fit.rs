@@ -426,12 +426,13 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         None => (1, r.shortfall.map_or(u64::MAX, |s| s.0), r.duration_days),
     });
     let o = &budget.outside;
+    let nccl = Nccl::h200_nvlink();
     Ok(FitPlan {
         workload: budget.title(),
         need_on_one_gpu: Bytes(budget.peak_use()),
         budget_needed: budget.needed,
-        split_rule: format!("{SPLIT_RULE} {}.", Nccl::h200_nvlink().rule()),
-        nccl: Nccl::h200_nvlink(),
+        split_rule: format!("{SPLIT_RULE} {}.", nccl.rule()),
+        nccl,
         margin_rule: format!(
             "room = card − the reserve; the run uses it for the allocator and what lives outside \
              it, which grows as the process loads its work ({} B with CUDA's context, {} B after \

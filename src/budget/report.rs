@@ -33,7 +33,7 @@ impl Budget {
     pub fn title(&self) -> String {
         let w = &self.workload;
         let weights = match (w.weights, w.autocast) {
-            (WeightFormat::Nf4, _) if w.model.quantization.is_some() => {
+            (WeightFormat::Nf4, _) if w.loads_saved_nf4() => {
                 format!(
                     "NF4 weights as the checkpoint saved them, {} compute",
                     w.dtype

@@ -367,7 +367,7 @@ impl Workload {
 
     /// Whether QLoRA loads a checkpoint saved in NF4 with double quantization (its
     /// `quantization_config`, as bitsandbytes saves it) instead of quantizing as it loads.
-    fn loads_saved_nf4(&self) -> bool {
+    pub(crate) fn loads_saved_nf4(&self) -> bool {
         self.weights == WeightFormat::Nf4
             && self.model.quantization
                 == Some(crate::model::Quantization::Bnb4 { double_quant: true })

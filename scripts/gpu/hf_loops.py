@@ -6,7 +6,8 @@ in the process that runs it (scripts/gpu/hf-run.py calls `loop_of(SPEC)`):
   allocator and move no data; no NCCL buffer exists):
   - `fsdp`: FSDP2 as torchtitan and accelerate apply it: the model built on `meta` in float32,
     `fully_shard` on every decoder layer then on the root with
-    `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`, `to_empty` on the GPU;
+    `MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)` (or with
+    `"mixed_precision": false`, built in `dtype` and no policy), `to_empty` on the GPU;
     full training or PEFT LoRA, recomputation optional, AdamW as shipped;
   - `ddp`: `DistributedDataParallel` of the model built on the GPU (its default buckets), its
     all-reduce a comm hook returning the bucket in place (what NCCL's in-place all-reduce
@@ -97,15 +98,19 @@ def fsdp(spec, stages, record, h):
     cfg = h.build_config()
     mesh = init_device_mesh(h.DEVICE, (d["world_size"],))
     torch.manual_seed(0)
+    # Under mixed precision (the default) the model is built in float32 and gathered in
+    # `param_dtype`; without, built, gathered and reduced in `dtype`.
+    mixed = d.get("mixed_precision", True)
     stages.begin("weights")
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=spec.get("attn_implementation", "sdpa"))
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32 if mixed else h.DTYPES[spec["dtype"]],
+                                                 attn_implementation=spec.get("attn_implementation", "sdpa"))
     if spec.get("checkpointing"):
         model.gradient_checkpointing_enable()
     if spec["mode"] == "lora":
         model = h.apply_lora(model)
     mp = MixedPrecisionPolicy(param_dtype=h.DTYPES[spec.get("param_dtype", "bfloat16")],
-                              reduce_dtype=h.DTYPES[spec.get("reduce_dtype", "float32")])
+                              reduce_dtype=h.DTYPES[spec.get("reduce_dtype", "float32")]) if mixed else MixedPrecisionPolicy()
     reshard = spec.get("reshard_after_forward", True)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

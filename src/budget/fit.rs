@@ -31,6 +31,18 @@ what lives outside the allocator and the reserve whole on every GPU, with NCCL's
 (AdamW's, autocast's copies), which a sharded run holds in part. On one GPU the verdict is the \
 replay's on the card.";
 
+/// How a full training's rows over several GPUs are reached, stated with the plan.
+pub const FSDP_RULE: &str = "over several GPUs, a full training: FSDP2 as torchtitan and \
+accelerate apply it (fully_shard on every decoder layer then the root, AdamW on the shards; the \
+model built, gathered and reduced in its weights' type, or for float32 weights under autocast, \
+built in float32, gathered in the autocast's type and reduced in float32), each rank processing \
+the batch; replayed rank by rank on the allocator model, the busier of rank 0 and the last rank, \
+proven against the H200 through PyTorch's fake process group (data/hf-proof-fsdp*-h200.json); \
+what lives outside the allocator as on one GPU with FSDP2's kernels, and NCCL's communicator \
+(as follows); a fit with less headroom than 0.9 % of a rank's need (the worst error of a rank's \
+peak reserved against the H200, on a full card) is marked within the margin. Other workloads: \
+the split rule's estimate.";
+
 /// How a verdict was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -49,6 +61,11 @@ pub enum Basis {
     ReplayOutOfMemory,
     /// Several GPUs: the split rule's estimate.
     SplitEstimate,
+    /// Several GPUs: FSDP2's busiest rank replayed (a full training sharded as
+    /// [`crate::stack::fsdp`] says), with NCCL's communicator beside it.
+    RankReplay,
+    /// The same, with less headroom than the proof's margin.
+    RankReplayWithinMargin,
 }
 
 /// One GPU model over one duration.
@@ -300,6 +317,125 @@ impl<'a> OneGpu<'a> {
     }
 }
 
+/// Full trainings sharded by FSDP2 over several GPUs, each count of GPUs replayed once: rank 0
+/// (whole chunks of every shard) and the last rank (the remainder, re-padded as it loads), with
+/// what lives outside the allocator and NCCL's communicator. A card holds the run when both ranks
+/// complete on it: at their fullest without limit, or replayed on the card (the cache freed and
+/// retried when full, as on one GPU). Only for the runs FSDP2 is emulated for.
+pub struct Sharded<'a> {
+    budget: &'a Budget,
+    ranks: std::cell::RefCell<HashMap<u64, Arc<Ranks>>>,
+    verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
+}
+
+/// The two ranks of one count of GPUs: their programs and the busier one's use at its fullest
+/// (with NCCL's communicator).
+struct Ranks {
+    programs: Vec<Program>,
+    need: u64,
+}
+
+impl<'a> Sharded<'a> {
+    /// For `budget`'s workload if FSDP2 is emulated for it: a full training with AdamW written by
+    /// hand, computed in half precision (its weights', or its autocast's), no vision tower,
+    /// embeddings not tied.
+    pub fn of(budget: &'a Budget) -> Option<Sharded<'a>> {
+        let w = &budget.workload;
+        let eligible = matches!(
+            w.mode,
+            super::workload::Mode::Full {
+                optimizer: super::workload::Optimizer::Adamw
+            }
+        ) && !w.trainer
+            && matches!(
+                w.autocast.unwrap_or(w.dtype),
+                crate::dtype::Dtype::Bfloat16 | crate::dtype::Dtype::Float16
+            )
+            && w.model.vision.is_none()
+            && !w.model.tied_embeddings;
+        eligible.then(|| Sharded {
+            budget,
+            ranks: Default::default(),
+            verdicts: Default::default(),
+        })
+    }
+
+    fn ranks(&self, gpus: u64) -> Arc<Ranks> {
+        if let Some(r) = self.ranks.borrow().get(&gpus) {
+            return r.clone();
+        }
+        let b = self.budget;
+        let config = [allocator_config(b.workload.allocator)];
+        let plan = Plan {
+            keep: true,
+            under: &config,
+            outside: b.outside.bytes.with_fsdp2_kernels(),
+            watch: None,
+        };
+        let mut runs = Vec::new();
+        for rank in [0, gpus - 1] {
+            for mut run in b.workload.runs(b.kernels) {
+                // Float32 weights under autocast: built in float32, gathered in the autocast's
+                // type, reduced in float32; else built, gathered and reduced in their type.
+                let mixed_precision = run.autocast.is_some();
+                if let Some(half) = run.autocast.take() {
+                    run.dtype = half;
+                }
+                run.sharding = Some(crate::stack::fsdp::Sharding {
+                    world: gpus,
+                    rank,
+                    mixed_precision,
+                });
+                runs.push(run);
+            }
+        }
+        // The ranks side by side, one a core.
+        let replayed: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (runs.iter())
+                .map(|run| s.spawn(|| replays(run, &plan)))
+                .collect();
+            (handles.into_iter())
+                .map(|h| h.join().expect("a rank's replay"))
+                .collect()
+        });
+        let busiest = (replayed.iter())
+            .map(|r| r.unlimited[0].peak_device)
+            .max()
+            .unwrap_or(0);
+        let programs = replayed.into_iter().map(|r| r.program).collect();
+        let need = busiest.saturating_add(Nccl::h200_nvlink().bytes);
+        let ranks = Arc::new(Ranks { programs, need });
+        self.ranks.borrow_mut().insert(gpus, ranks.clone());
+        ranks
+    }
+
+    /// The busiest rank's use of each of `gpus` GPUs (2 or more) at its fullest.
+    pub fn need(&self, gpus: u64) -> u64 {
+        self.ranks(gpus).need
+    }
+
+    /// Whether every rank completes on GPUs whose room is `room`.
+    pub fn fits(&self, gpus: u64, room: u64) -> bool {
+        if let Some(&v) = self.verdicts.borrow().get(&(gpus, room)) {
+            return v;
+        }
+        let ranks = self.ranks(gpus);
+        let b = self.budget;
+        let fits = ranks.need <= room || {
+            let card = Device::Card {
+                room: room.saturating_sub(Nccl::h200_nvlink().bytes),
+            };
+            let config = allocator_config(b.workload.allocator);
+            (ranks.programs.iter()).all(|p| {
+                let outside = b.outside.bytes.with_fsdp2_kernels();
+                p.replay(config, card, outside).out_of_memory.is_none()
+            })
+        };
+        self.verdicts.borrow_mut().insert((gpus, room), fits);
+        fits
+    }
+}
+
 /// The memory of one GPU of each offer sold by the GPU: the cards whose verdicts a replay on
 /// the card may decide.
 pub fn one_gpu_memories(catalog: &Catalog) -> Vec<u64> {
@@ -324,6 +460,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         return Err(FitError::NoGpus);
     }
     let mut one = OneGpu::new(budget);
+    let sharded = Sharded::of(budget);
     let setting = budget.workload.allocator;
     // The replays the peaks leave open, side by side: under the budget's setting on every offer
     // of one GPU, and under the other setting where the card at its fullest does not fit (the
@@ -336,6 +473,25 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         }
     }
     one.replay_open(&cards);
+    // Over several GPUs: what each GPU uses (at most the room where FSDP2's ranks complete on
+    // it), whether it fits, and on what basis.
+    let several = |gpus: u64, room: u64| match &sharded {
+        Some(s) if gpus > 1 => {
+            let fits = s.fits(gpus, room);
+            let need = s.need(gpus);
+            // As on one GPU, a fit closer than the proof's margin (a rank's) is flagged.
+            let margin = need / 1_000_000 * super::settings::FSDP_MARGIN_PPM;
+            let basis = match fits && need.saturating_add(margin) > room {
+                true => Basis::RankReplayWithinMargin,
+                false => Basis::RankReplay,
+            };
+            (if fits { need.min(room) } else { need }, fits, basis)
+        }
+        _ => {
+            let need = need_per_gpu(budget, gpus);
+            (need, need <= room, Basis::SplitEstimate)
+        }
+    };
     let mut rows = Vec::new();
     for row in &catalog.rows {
         let memory = memory_bytes(row);
@@ -345,7 +501,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         let (one_fits, basis) = if per_lot == 1 {
             one.verdict(memory, setting)
         } else {
-            (false, Basis::SplitEstimate)
+            (false, several(per_lot, room).2)
         };
         let other_setting = (per_lot == 1 && basis != Basis::PeakFits)
             .then(|| OtherSetting {
@@ -353,9 +509,10 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
                 fits: one.verdict(memory, setting.other()).0,
             })
             .filter(|o| o.fits != one_fits);
-        // The fewest lots: one GPU by replay; more by the split rule, whose need only falls as
-        // GPUs are added, so the smallest fitting count is found by halving.
-        let fits_with = |lots: u64| need_per_gpu(budget, lots * per_lot) <= room;
+        // The fewest lots: one GPU by replay; more by FSDP2's replayed ranks or by the split
+        // rule, whose need only falls as GPUs are added, so the smallest fitting count is found
+        // by halving.
+        let fits_with = |lots: u64| several(lots * per_lot, room).1;
         let lots = if one_fits {
             Some(1)
         } else if max_lots >= 2 && fits_with(max_lots) {
@@ -389,7 +546,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
                     let tight = budget.needed.0 > memory;
                     (need, if tight { Basis::WithinMargin } else { basis })
                 } else {
-                    (need_per_gpu(budget, gpus), Basis::SplitEstimate)
+                    let (need, _, basis) = several(gpus, room);
+                    (need, basis)
                 };
                 Some(Fit {
                     lots,
@@ -404,10 +562,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             None => None,
         };
         let lot_above_max_gpus = max_lots == 0;
-        let shortfall = (fit.is_none() && !lot_above_max_gpus).then(|| {
-            let gpus = max_lots * per_lot;
-            Bytes(need_per_gpu(budget, gpus).saturating_sub(room))
-        });
+        let shortfall = (fit.is_none() && !lot_above_max_gpus)
+            .then(|| Bytes(several(max_lots * per_lot, room).0.saturating_sub(room)));
         rows.push(FitRow {
             model: row.model.clone(),
             display_name: row.display_name.clone(),
@@ -431,7 +587,10 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         workload: budget.title(),
         need_on_one_gpu: Bytes(budget.peak_use()),
         budget_needed: budget.needed,
-        split_rule: format!("{SPLIT_RULE} {}.", nccl.rule()),
+        split_rule: match sharded {
+            Some(_) => format!("{FSDP_RULE} {}.", nccl.rule()),
+            None => format!("{SPLIT_RULE} {}.", nccl.rule()),
+        },
         nccl,
         margin_rule: format!(
             "room = card − the reserve; the run uses it for the allocator and what lives outside \

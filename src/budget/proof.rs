@@ -43,6 +43,15 @@ pub const RECORDED_ARCHITECTURES: &str =
 /// QLoRA of checkpoints saved in NF4, on emulated cards
 /// (`scripts/gpu/hf-proof-plan-prequantized.json`).
 pub const RECORDED_PREQUANTIZED: &str = include_str!("../../data/hf-proof-prequantized-h200.json");
+/// FSDP2 full training, rank by rank through PyTorch's fake process group (worlds of 2 to 64).
+pub const RECORDED_FSDP: &str = include_str!("../../data/hf-proof-fsdp-h200.json");
+/// FSDP2 full trainings held out from the derivation, and a rank alone on an emulated L4
+/// (`scripts/gpu/hf-proof-plan-fsdp-held-out.json`).
+pub const RECORDED_FSDP_HELD_OUT: &str =
+    include_str!("../../data/hf-proof-fsdp-held-out-h200.json");
+/// FSDP2 full trainings without a mixed-precision policy, and two ranks alone on emulated cards
+/// (`scripts/gpu/hf-proof-plan-fsdp-pure.json`).
+pub const RECORDED_FSDP_PURE: &str = include_str!("../../data/hf-proof-fsdp-pure-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,8 +280,26 @@ impl Report {
         )
     }
 
+    /// The shipped ranks of FSDP2 trainings.
+    pub fn recorded_fsdp() -> Report {
+        Report::shipped(RECORDED_FSDP, "data/hf-proof-fsdp-h200.json")
+    }
+
+    /// The shipped ranks of FSDP2 trainings held out from the derivation.
+    pub fn recorded_fsdp_held_out() -> Report {
+        Report::shipped(
+            RECORDED_FSDP_HELD_OUT,
+            "data/hf-proof-fsdp-held-out-h200.json",
+        )
+    }
+
+    /// The shipped ranks of FSDP2 trainings without a mixed-precision policy.
+    pub fn recorded_fsdp_pure() -> Report {
+        Report::shipped(RECORDED_FSDP_PURE, "data/hf-proof-fsdp-pure-h200.json")
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 10] {
+    pub fn all_recorded() -> [Report; 13] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -284,6 +311,9 @@ impl Report {
             Report::recorded_trainer(),
             Report::recorded_architectures(),
             Report::recorded_prequantized(),
+            Report::recorded_fsdp(),
+            Report::recorded_fsdp_held_out(),
+            Report::recorded_fsdp_pure(),
         ]
     }
 
@@ -329,7 +359,11 @@ pub fn check(rec: &Record) -> Result<RunCheck, crate::stack::spec::SpecError> {
     // allocator as it goes.
     let on_card = rec.card.as_ref().map(|c| {
         let card = Device::Card { room: c.card_bytes };
-        prog.replay(config, card, Outside::h200().bytes)
+        let outside = match run.sharding {
+            Some(_) => Outside::h200().bytes.with_fsdp2_kernels(),
+            None => Outside::h200().bytes,
+        };
+        prog.replay(config, card, outside)
     });
     let stages_completed = on_card.as_ref().map(|r| (rec.stages.len(), r.stages.len()));
     let figures = match &on_card {

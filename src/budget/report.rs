@@ -254,6 +254,8 @@ fn basis_name(b: Basis) -> &'static str {
         Basis::WithinMargin => "fits, within the margin",
         Basis::ReplayOutOfMemory => "out of memory",
         Basis::SplitEstimate => "split estimate",
+        Basis::RankReplay => "FSDP2 ranks replayed",
+        Basis::RankReplayWithinMargin => "FSDP2 ranks, within the margin",
     }
 }
 

@@ -783,3 +783,67 @@ fn replays_on_cards_beside_the_budget_are_those_made_after_it() {
         "{completed} {out_of_memory}"
     );
 }
+
+#[test]
+fn the_planner_replays_each_rank_of_a_sharded_full_training() {
+    // Llama-3.1 8B trained whole in bfloat16 (16 B a parameter with AdamW's moments): no 24 GiB
+    // card holds it; FSDP2 over several does, each GPU holding what its busier rank (the first
+    // or the last) holds at its fullest, with NCCL's communicator.
+    let w = Workload {
+        checkpointing: true,
+        ..preset(
+            "llama-3.1-8b",
+            Mode::Full {
+                optimizer: Optimizer::Adamw,
+            },
+            1,
+            512,
+        )
+    };
+    let b = budget(&w, &BudgetSettings::h200());
+    let sharded = fit::Sharded::of(&b).expect("FSDP2 is emulated for a full training");
+    let plan = fit::plan(&b, &catalog(), 16).unwrap();
+    let small = (plan.rows.iter())
+        .find(|r| r.model == "small")
+        .expect("a small row");
+    let f = small.fit.as_ref().expect("fits over several small GPUs");
+    assert!(f.gpus > 1);
+    assert!(matches!(
+        f.basis,
+        Basis::RankReplay | Basis::RankReplayWithinMargin
+    ));
+    // The fewest GPUs: one fewer does not hold it.
+    let room = small.room_per_gpu.0;
+    assert!(sharded.fits(f.gpus, room) && !sharded.fits(f.gpus - 1, room));
+    // Each GPU's need: the busier of rank 0 and the last rank, replayed as one process of the
+    // world, with FSDP2's kernels outside the allocator and NCCL's communicator.
+    let peak = |rank: u64| {
+        let mut run = w.runs(b.kernels).remove(0);
+        run.sharding = Some(crate::stack::fsdp::Sharding {
+            world: f.gpus,
+            rank,
+            mixed_precision: false,
+        });
+        let config = [allocator_config(w.allocator)];
+        let p = crate::replay::Plan {
+            keep: false,
+            under: &config,
+            outside: b.outside.bytes.with_fsdp2_kernels(),
+            watch: None,
+        };
+        crate::stack::run::replays(&run, &p).unlimited[0].peak_device
+    };
+    let need = peak(0).max(peak(f.gpus - 1)) + crate::replay::Nccl::h200_nvlink().bytes;
+    assert_eq!(sharded.need(f.gpus), need);
+    assert_eq!(f.need_per_gpu.0, need.min(room));
+    assert!(plan.split_rule.starts_with(fit::FSDP_RULE));
+    // A LoRA training is not sharded so: its rows over several GPUs are the split estimate.
+    let lora = Workload {
+        mode: Mode::Lora {
+            rank: 8,
+            targets: vec!["q_proj".into()],
+        },
+        ..w
+    };
+    assert!(fit::Sharded::of(&budget(&lora, &BudgetSettings::h200())).is_none());
+}

@@ -507,6 +507,7 @@ impl Workload {
             },
             kernels,
             mask_order: Default::default(),
+            sharding: None,
         }
     }
 }

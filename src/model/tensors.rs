@@ -49,6 +49,15 @@ impl Parameter {
         }
     }
 
+    /// The element type of a model's buffer in a model made in `dtype`: Gemma's `embed_scale`
+    /// is a tensor of the default type, the model's; the others as [`Parameter::buffer_dtype`].
+    pub fn buffer_dtype_in(&self, dtype: crate::dtype::Dtype) -> crate::dtype::Dtype {
+        match self.name.ends_with(".embed_scale") {
+            true => dtype,
+            false => self.buffer_dtype(),
+        }
+    }
+
     pub fn checked_elements(&self) -> Option<u64> {
         self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
     }

@@ -33,6 +33,10 @@ impl Backward for Process {
                 grads.iter().flatten().next().expect("a gradient").elem,
             ))];
         }
+        if let Rule::Hook(hook) = node.rule {
+            self.with_fsdp(|fsdp, p| fsdp.run_hook(p, hook));
+            return vec![grads.first().cloned().flatten()];
+        }
         let Some(Some(grad)) = grads.first() else {
             return vec![None; node.inputs.len()];
         };
@@ -228,7 +232,7 @@ impl Backward for Process {
             Rule::Topk => {
                 out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
             }
-            Rule::Split => unreachable!("handled above"),
+            Rule::Split | Rule::Hook(_) => unreachable!("handled above"),
             Rule::Assemble { sizes } => {
                 let copy = self.empty(&grad.shape, grad.elem);
                 for (i, size) in sizes.iter().enumerate() {

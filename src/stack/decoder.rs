@@ -292,7 +292,18 @@ impl Decoder<'_> {
             let (leaf, _) = super::process::Process::parameter(&e);
             p.scale_holding(&leaf)
         } else {
-            p.scale(&e)
+            // A float32 `embed_scale` (a model built in float32, its weights gathered in
+            // another type: FSDP2) is cast for the product.
+            let scale = (self.weights)
+                .opt(&joined(&[
+                    self.model.text_prefix(),
+                    "embed_tokens.embed_scale",
+                ]))
+                .filter(|s| s.elem != e.elem)
+                .map(|_| p.empty(&[], e.elem));
+            let out = p.scale(&e);
+            drop(scale);
+            out
         };
         drop(e);
         out
@@ -811,23 +822,36 @@ impl Decoder<'_> {
                 (Some(r), Some(_)) => r,
                 _ => &global,
             };
-            hidden = if self.checkpointing {
+            // FSDP2's pre-forward: the layer unsharded, its input through the post-backward node.
+            let sharded_input = self
+                .process
+                .with_fsdp(|fsdp, p| fsdp.pre_forward(p, layer + 1, Some(&hidden)))
+                .flatten();
+            let input = sharded_input.as_ref().unwrap_or(&hidden);
+            let out = if self.checkpointing {
                 // The checkpoint holds the layer's arguments: its input, mask and rotary.
                 let mut inputs = vec![
-                    hidden.clone(),
+                    input.clone(),
                     mask.clone()
                         .unwrap_or_else(|| self.process.empty(&[0], Dtype::Uint8)),
                 ];
                 inputs.extend(rope.tensors());
                 self.process.begin_checkpoint(layer, inputs);
-                let out = self.decoder_layer(layer, &hidden, rope, mask.as_ref(), None);
+                let out = self.decoder_layer(layer, input, rope, mask.as_ref(), None);
                 self.process.end_checkpoint();
                 out
             } else if let Some(cache) = cache.as_deref_mut() {
-                self.layer_or_repeat(&mut records, layer, &hidden, rope, mask.as_ref(), cache)
+                self.layer_or_repeat(&mut records, layer, input, rope, mask.as_ref(), cache)
             } else {
-                self.decoder_layer(layer, &hidden, rope, mask.as_ref(), None)
+                self.decoder_layer(layer, input, rope, mask.as_ref(), None)
             };
+            // FSDP2's post-forward, while the call still holds its input: resharded, the
+            // pre-backward hook on the output.
+            let hooked = (self.process)
+                .with_fsdp(|fsdp, p| fsdp.post_forward(p, layer + 1, &out))
+                .flatten();
+            drop(sharded_input);
+            hidden = hooked.unwrap_or(out);
         }
         let w = self
             .weights

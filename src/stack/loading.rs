@@ -74,7 +74,7 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                     put(p, t);
                 }
                 for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, b.buffer_dtype());
+                    let buffer = p.empty(&b.shape, b.buffer_dtype_in(e));
                     by_name.insert(b.name.clone(), buffer);
                 }
                 for t in head {
@@ -116,7 +116,7 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                     }
                 }
                 for b in model.buffers() {
-                    let buffer = p.empty(&b.shape, b.buffer_dtype());
+                    let buffer = p.empty(&b.shape, b.buffer_dtype_in(e));
                     by_name.insert(b.name.clone(), buffer);
                 }
             }

@@ -8,7 +8,8 @@
 //!   ([`backward`]), autograd's graph and engine ([`autograd`]), what a long reduction stages
 //!   ([`reduce`]);
 //! - the programs: transformers 5.17's models ([`decoder`], with latent attention [`latent`],
-//!   mixtures of experts [`experts`], masks [`masks`], the KV cache [`cache`]), `generate`
+//!   mixtures of experts [`experts`], masks [`masks`], the KV cache [`cache`]), FSDP2's
+//!   sharding of a training over ranks ([`fsdp`]), `generate`
 //!   ([`generate`]), the weights' loading and PEFT's adapters ([`loading`]), bitsandbytes' 4-bit
 //!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), `transformers.Trainer` around a
 //!   training step ([`trainer`]), alike layers written again
@@ -21,6 +22,7 @@ pub mod bitsandbytes;
 pub mod cache;
 pub mod decoder;
 pub mod experts;
+pub mod fsdp;
 pub mod generate;
 pub mod latent;
 pub mod loading;

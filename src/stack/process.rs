@@ -43,6 +43,31 @@ impl Kernels {
     }
 }
 
+/// What a model sharded over ranks runs around its groups' forwards, on the way back and at the
+/// optimizer's step (FSDP2: [`super::fsdp::Fsdp`]). Group `0` is the root's own parameters,
+/// `1 + layer` a decoder layer's.
+pub trait ShardedModel {
+    /// Before group `group`'s forward: its parameters gathered; `input` (none for the root)
+    /// given the node that runs the group's post-backward, returned when it needs a gradient.
+    fn pre_forward(
+        &mut self,
+        p: &mut Process,
+        group: usize,
+        input: Option<&Tensor>,
+    ) -> Option<Tensor>;
+    /// After its forward: resharded; `output` given the pre-backward hook (returned when it
+    /// needs a gradient).
+    fn post_forward(&mut self, p: &mut Process, group: usize, output: &Tensor) -> Option<Tensor>;
+    /// A hook met on the way back.
+    fn run_hook(&mut self, p: &mut Process, hook: super::tensor::Hook);
+    /// The engine's final callback when the backward is over.
+    fn final_callback(&mut self, p: &mut Process);
+    /// The rank's parameters the optimizer steps (those with a gradient), in the model's order.
+    fn stepped(&self) -> Vec<Tensor>;
+    /// `zero_grad(set_to_none=True)`.
+    fn zero_grad(&mut self);
+}
+
 /// Reruns a checkpointed layer's forward: (the process, the layer, its inputs).
 pub type RecomputeLayer = Box<dyn FnMut(&mut Process, usize, &[Tensor])>;
 
@@ -80,6 +105,8 @@ pub struct Process {
     pub(super) workspaces: [Vec<Tensor>; 2],
     pub(super) has_cublas: [bool; 2],
     pub(super) has_cublaslt: [bool; 2],
+    /// The hooks of a sharded model (FSDP2's rank: [`super::fsdp`]).
+    pub fsdp: Option<Box<dyn ShardedModel>>,
 }
 
 /// Broadcast shape of two shapes.
@@ -116,6 +143,7 @@ impl Process {
             workspaces: [Vec::new(), Vec::new()],
             has_cublas: [false; 2],
             has_cublaslt: [false; 2],
+            fsdp: None,
         }
     }
 
@@ -292,8 +320,20 @@ impl Process {
         let ones = self.empty(&[], loss.elem);
         self.backward_thread = true;
         autograd::backward(self, loss, ones.clone());
+        self.with_fsdp(|fsdp, p| fsdp.final_callback(p));
         self.backward_thread = false;
         drop(ones);
+    }
+
+    /// Runs `f` on the sharded model's hooks, when there are.
+    pub fn with_fsdp<R>(
+        &mut self,
+        f: impl FnOnce(&mut dyn ShardedModel, &mut Process) -> R,
+    ) -> Option<R> {
+        let mut fsdp = self.fsdp.take()?;
+        let out = f(fsdp.as_mut(), self);
+        self.fsdp = Some(fsdp);
+        Some(out)
     }
 
     /// A tensor that is a trained parameter (its gradient accumulates in `leaf`).

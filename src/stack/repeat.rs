@@ -387,7 +387,7 @@ fn write_again(
         }
     }
     let tape = hidden.tape().clone();
-    let mut taken = cache.take_slots(layer);
+    let taken = cache.take_slots(layer);
     let first = tape.next_allocation();
     let slot_allocs = taken
         .each_ref()
@@ -437,12 +437,15 @@ fn write_again(
         }
     }
     // The slots' storages the record freed are freed on the tape already.
-    for (i, t) in taken.iter_mut().enumerate() {
+    for (i, t) in taken.iter().enumerate() {
         if record.frees_slots[i] {
             if let Some(t) = t {
-                Rc::get_mut(&mut t.storage)
-                    .expect("a freed slot's storage is held by the cache alone")
-                    .forget();
+                debug_assert_eq!(
+                    Rc::strong_count(&t.storage),
+                    1,
+                    "a freed slot's storage is held by the cache alone"
+                );
+                t.storage.forget();
             }
         }
     }
@@ -467,6 +470,10 @@ mod tests {
         let reports = Report::all_recorded();
         let (mut compared, mut written_again) = (0, 0);
         for rec in reports.iter().flat_map(|r| &r.records) {
+            // Ranks of several (trainings, one refused) are not generated.
+            if rec.spec.get("distributed").is_some() {
+                continue;
+            }
             let run = Run::from_spec(&rec.spec).expect("a recorded spec");
             if run.work.trains() {
                 continue;

@@ -5,7 +5,8 @@
 //! stage begins and ends, made on a thread of its own and replayed as it is written
 //! ([`replays`]).
 
-use super::decoder::{Decoder, Inputs};
+use super::decoder::{Decoder, Inputs, Weights};
+use super::fsdp::{Fsdp, Sharding};
 use super::generate::{self, Stages};
 use super::loading::{self, Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerState};
@@ -58,6 +59,9 @@ pub struct Run {
     pub kernels: Kernels,
     /// The order the process's string hashing gives a vision model's masks.
     pub mask_order: super::process::MaskOrder,
+    /// One rank of an FSDP2 training ([`super::fsdp`]): the model built on `meta`, its
+    /// parameters sharded and gathered in `dtype` (built in float32 under mixed precision).
+    pub sharding: Option<Sharding>,
 }
 
 /// Where the stages begin and end, marked on the tape.
@@ -143,7 +147,20 @@ fn emulate(
     // `torch.zeros(1)` started CUDA: one small block, freed.
     drop(p.empty(&[1], Dtype::Float32));
     marks.begin(&p, "weights", Loaded::Context);
-    let mut weights = loading::load(&mut p, &run.model, run.dtype, run.loading);
+    let mut weights = match run.sharding {
+        None => loading::load(&mut p, &run.model, run.dtype, run.loading),
+        Some(sharding) => {
+            let trained = matches!(run.work, Work::Train { lora: None, .. });
+            let (fsdp, by_name) = Fsdp::shard(&mut p, &run.model, sharding, run.dtype, trained);
+            p.fsdp = Some(Box::new(fsdp));
+            Weights {
+                by_name,
+                adapters: FxHashMap::default(),
+                quantized: FxHashMap::default(),
+                quantization_map: None,
+            }
+        }
+    };
     marks.end(&p);
     let (b, t) = (run.batch, run.context);
     match &run.work {
@@ -194,7 +211,9 @@ fn emulate(
             let mut trained: Vec<Tensor> = Vec::new();
             let mut names: Vec<String> = Vec::new();
             let mut leaves = Vec::new();
-            if lora.is_none() {
+            if run.sharding.is_some() {
+                // FSDP2's unsharded parameters carry their leaves; the optimizer steps the shards.
+            } else if lora.is_none() {
                 for t in run.model.parameters() {
                     let (param, leaf) = Process::parameter(&weights.by_name[&t.name]);
                     weights.by_name.insert(t.name.clone(), param.clone());
@@ -272,7 +291,8 @@ fn emulate(
                 // weights, and adapters, which peft keeps in float32 under a half-precision model).
                 let mixed = trainer.and_then(|t| t.mixed);
                 d.process.autocast = run.autocast.or(mixed);
-                let out = d.forward(Inputs {
+                d.process.with_fsdp(|fsdp, p| fsdp.pre_forward(p, 0, None));
+                let mut out = d.forward(Inputs {
                     ids: &batch.ids,
                     mask: trainer.map(|_| &batch.mask),
                     positions: None,
@@ -282,6 +302,12 @@ fn emulate(
                     items: trainer.map(|_| &batch.items),
                 });
                 d.process.end_autocast();
+                if let Some(loss) = out.loss.take() {
+                    let sharded = d
+                        .process
+                        .with_fsdp(|fsdp, p| fsdp.post_forward(p, 0, &loss));
+                    out.loss = Some(sharded.flatten().unwrap_or(loss));
+                }
                 let loss = out.loss.expect("labels give a loss");
                 // accelerate's `convert_outputs_to_fp32` around the model's forward.
                 let converted = trainer
@@ -305,6 +331,12 @@ fn emulate(
             // `zero_grad(set_to_none=True)` after the optimizer's step on the parameters whose
             // gradient exists (a vision tower's gets none).
             let mut step_optimizer = |p: &mut Process| {
+                if let Some(fsdp) = p.fsdp.take() {
+                    optimizer.step(p, &[fsdp.stepped()]);
+                    p.fsdp = Some(fsdp);
+                    p.with_fsdp(|fsdp, _| fsdp.zero_grad());
+                    return;
+                }
                 let stepped: Vec<Vec<Tensor>> = (groups.iter())
                     .map(|group| {
                         (group.iter())

@@ -4,6 +4,7 @@
 //! trainer_args and lengths; the script's other fields are its own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
+use super::fsdp::Sharding;
 use super::loading::{Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerImpl};
 use super::process::{Kernels, MaskOrder};
@@ -65,6 +66,25 @@ pub struct Spec {
     /// Each sequence's length before the collator pads them (absent: `context` each).
     #[serde(default)]
     pub lengths: Option<Vec<u64>>,
+    /// This process as one rank of several (`hf_loops.py`'s `distributed`).
+    #[serde(default)]
+    pub distributed: Option<SpecDistributed>,
+}
+
+/// The rank a distributed run was, and how the work was spread.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SpecDistributed {
+    pub strategy: String,
+    pub world_size: u64,
+    pub rank: u64,
+    /// FSDP2's `MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=float32)` on a model built
+    /// in float32 (the default), else none on a model built in `dtype`.
+    #[serde(default = "yes")]
+    pub mixed_precision: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The `TrainingArguments` a Trainer run gave, of those the emulation follows.
@@ -238,6 +258,46 @@ impl TryFrom<Spec> for Run {
             (_, SpecLoading::FromConfig) => Loading::FromConfig,
             (_, SpecLoading::Pretrained) => Loading::Pretrained,
         };
+        let sharding = match &s.distributed {
+            None => None,
+            Some(d) if d.strategy == "fsdp" => {
+                if d.world_size < 2 || d.rank >= d.world_size {
+                    return Err(field(
+                        "distributed",
+                        "a world_size above 1 and a rank below it",
+                    ));
+                }
+                if !matches!(s.dtype, Dtype::Bfloat16 | Dtype::Float16) {
+                    return Err(field(
+                        "distributed",
+                        "FSDP2 is emulated for parameters gathered in bfloat16 or float16",
+                    ));
+                }
+                if model.tied_embeddings {
+                    return Err(field(
+                        "distributed",
+                        "FSDP2 of a model with tied embeddings is not yet emulated",
+                    ));
+                }
+                if s.mode != SpecMode::Full || trainer.is_some() || s.autocast.is_some() {
+                    return Err(field(
+                        "distributed",
+                        "FSDP2 is emulated for full training written by hand",
+                    ));
+                }
+                Some(Sharding {
+                    world: d.world_size,
+                    rank: d.rank,
+                    mixed_precision: d.mixed_precision,
+                })
+            }
+            Some(_) => {
+                return Err(field(
+                    "distributed",
+                    "the strategy emulated is fsdp (ddp and tp are not yet)",
+                ))
+            }
+        };
         let mask_order =
             match s.mask_order.as_deref().and_then(|o| o.first()) {
                 None => MaskOrder::FullFirst,
@@ -258,6 +318,7 @@ impl TryFrom<Spec> for Run {
             loading,
             kernels: Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0)),
             mask_order,
+            sharding,
         })
     }
 }

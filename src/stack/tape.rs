@@ -4,7 +4,7 @@
 //! to a replay in chunks as they are written ([`crate::replay::program`] says what they are).
 
 use crate::replay::program::{Chunk, Event, Events, Role, WrittenLayer, CHUNK_EVENTS};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 #[derive(Default, Debug)]
@@ -164,7 +164,7 @@ impl Tape {
     pub(super) fn written_storage(&self, alloc: Option<u32>, bytes: u64) -> Rc<Storage> {
         Rc::new(Storage {
             tape: self.clone(),
-            alloc,
+            alloc: Cell::new(alloc),
             bytes,
         })
     }
@@ -218,7 +218,17 @@ impl Tape {
     pub fn storage(&self, bytes: u64) -> Rc<Storage> {
         Rc::new(Storage {
             tape: self.clone(),
-            alloc: self.alloc(bytes),
+            alloc: Cell::new(self.alloc(bytes)),
+            bytes,
+        })
+    }
+
+    /// A storage of `bytes` not yet allocated (`untyped_storage().resize_(0)` from the start);
+    /// [`Storage::allocate`] gives it its bytes.
+    pub fn unallocated(&self, bytes: u64) -> Rc<Storage> {
+        Rc::new(Storage {
+            tape: self.clone(),
+            alloc: Cell::new(None),
             bytes,
         })
     }
@@ -235,25 +245,40 @@ impl Tape {
 #[derive(Debug)]
 pub struct Storage {
     pub(super) tape: Tape,
-    alloc: Option<u32>,
+    alloc: Cell<Option<u32>>,
     pub bytes: u64,
 }
 
 impl Storage {
     /// The allocation this storage holds (none for zero bytes).
     pub fn alloc(&self) -> Option<u32> {
-        self.alloc
+        self.alloc.get()
     }
 
     /// Forgets its allocation, whose free is on the tape already.
-    pub(super) fn forget(&mut self) {
-        self.alloc = None;
+    pub(super) fn forget(&self) {
+        self.alloc.set(None);
+    }
+
+    /// `untyped_storage().resize_(0)`: its bytes freed now, whoever views it.
+    pub fn release(&self) {
+        if let Some(alloc) = self.alloc.take() {
+            self.tape.0.borrow_mut().push(Event::Free { alloc });
+        }
+    }
+
+    /// `untyped_storage().resize_(bytes)` of a released storage: its bytes allocated again, with
+    /// the tape's current role and stream (nothing if it holds them).
+    pub fn allocate(&self) {
+        if self.alloc.get().is_none() {
+            self.alloc.set(self.tape.alloc(self.bytes));
+        }
     }
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if let Some(alloc) = self.alloc {
+        if let Some(alloc) = self.alloc.get() {
             self.tape.0.borrow_mut().push(Event::Free { alloc });
         }
     }

@@ -163,11 +163,23 @@ pub fn view_strides(old_shape: &[u64], old_strides: &[u64], new_shape: &[u64]) -
     Some(new_strides)
 }
 
+/// A hook a sharded model runs on the way back, of its group `0` (the root's own parameters)
+/// or `1 + layer` ([`super::fsdp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// The group's outputs' gradient is made.
+    PreBackward(usize),
+    /// Its inputs' gradient is made.
+    PostBackward(usize),
+}
+
 /// What a recorded node does in backward.
 #[derive(Clone, Debug)]
 pub enum Rule {
     /// `mm(a, b)` (a linear layer's matrix product): saved a if b needs a gradient, b if a does.
     Mm,
+    /// A hook of a sharded model's on the way back (the gradient passes through unchanged).
+    Hook(Hook),
     /// `addmm(bias, a, b)`.
     Addmm,
     /// A reshape (or an unsqueeze, a slice of a whole dimension): the gradient is reshaped back

@@ -8,7 +8,7 @@
 //! card the replay runs out of memory exactly where the GPU did.
 
 use iteragpu_lab::budget::proof::{check, Report};
-use iteragpu_lab::budget::settings::MARGIN_PPM;
+use iteragpu_lab::budget::settings::{FSDP_MARGIN_PPM, MARGIN_PPM};
 use iteragpu_lab::replay::{Outside, OutsideBytes};
 use iteragpu_lab::units::Bytes;
 
@@ -31,7 +31,13 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
     let mut most = OutsideBytes::NONE;
     let mut runs = 0;
     for report in Report::all_recorded() {
-        for rec in &report.records {
+        // One process on one GPU (a rank of FSDP2 holds its collectives' kernels besides:
+        // `replay::outside::FSDP2_KERNELS`).
+        for rec in report
+            .records
+            .iter()
+            .filter(|r| r.spec.get("distributed").is_none())
+        {
             let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
             if let Some(o) = c.outside {
                 runs += 1;
@@ -191,6 +197,119 @@ fn every_qlora_run_of_a_checkpoint_saved_in_nf4_is_predicted_within_the_margin()
     );
     assert_eq!(card_runs(&report), 4);
     check_report(&report);
+}
+
+/// FSDP2 full trainings, each recorded rank replayed alone: worlds of 2 to 64, the first rank,
+/// the last and ranks holding a remainder (Llama 3.1 70B's rows over 12), with and without
+/// recomputation, foreach and fused AdamW, Llama, Qwen2, Gemma 2 and Mixtral.
+#[test]
+fn every_recorded_rank_of_an_fsdp2_training_is_predicted_within_the_margin() {
+    let report = Report::recorded_fsdp();
+    let ranks: Vec<(u64, u64)> = (report.records.iter())
+        .map(|r| {
+            let d = &r.spec["distributed"];
+            assert_eq!(d["strategy"], "fsdp", "{}", r.name);
+            (
+                d["world_size"].as_u64().unwrap(),
+                d["rank"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ranks.len(), 14);
+    assert!(ranks.contains(&(64, 63)) && ranks.contains(&(12, 11)) && ranks.contains(&(2, 1)));
+    check_report(&report);
+}
+
+/// FSDP2 full trainings not used to derive the replay: Qwen2.5 7B's widths over 24 ranks (the
+/// first, the last and one between), Mistral 7B's over 5 and 16 (fused AdamW), a small Llama
+/// over 32 (ranks past its narrowest rows hold none of them), Phi-3 (a Gemma 2 with tied
+/// embeddings, refused); and rank 0 of 8 of Llama 3.1 8B's widths alone on an emulated L4 at the
+/// largest batch the replay holds there (8) and one more, which ran out of memory.
+#[test]
+fn every_held_out_rank_of_an_fsdp2_training_is_predicted_within_the_margin() {
+    let report = Report::recorded_fsdp_held_out();
+    assert_eq!(report.records.len(), 11);
+    check_fsdp_report(&report, "tie_word_embeddings", 2);
+}
+
+/// FSDP2 full trainings without a mixed-precision policy (the model built, gathered and reduced
+/// in bfloat16): a small Llama over 3 and 4 ranks, Phi-3 over 6, Qwen2.5 7B's widths over 8 and
+/// 24, Mistral 7B's over 16 (fused AdamW), Llama 3.1 70B's over 64 (a float32 one, refused); and
+/// two ranks alone on emulated cards (Llama 3.1 8B's rank 0 of 8 on an L4, Qwen2.5 7B's rank 7 of
+/// 8 on an RTX 4090) at the largest batch the replay holds and one more.
+#[test]
+fn every_rank_of_an_fsdp2_training_without_mixed_precision_is_predicted_within_the_margin() {
+    let report = Report::recorded_fsdp_pure();
+    assert_eq!(report.records.len(), 13);
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["distributed"]["mixed_precision"] == false));
+    check_fsdp_report(&report, "float32", 4);
+}
+
+/// Checks a report of FSDP2 ranks: the one run whose spec names `refused` (in its config or
+/// type) refused, the other runs of the grid as [`check_report`] does, and the `cards` runs on
+/// emulated cards: the verdicts hold and every stage's `allocated` is exact, but where the full
+/// card made the allocator free its cache and retry, a stage's `reserved` after it is off by up
+/// to 22.6 %, the replay holding less than the GPU did (the cache of three streams released and
+/// grown again: not yet followed exactly).
+fn check_fsdp_report(report: &Report, refused: &str, cards: usize) {
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["distributed"]["strategy"] == "fsdp"));
+    let (out, records): (Vec<_>, Vec<_>) = (report.records.iter().cloned())
+        .partition(|r| r.spec["config"][refused] == true || r.spec["dtype"] == refused);
+    assert_eq!(out.len(), 1);
+    assert!(iteragpu_lab::stack::run::Run::from_spec(&out[0].spec).is_err());
+    let (on_cards, grid): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| r.kind == "card");
+    check_report(&Report {
+        records: grid,
+        ..report.clone()
+    });
+    assert_eq!(on_cards.len(), cards);
+    for rec in &on_cards {
+        let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
+        assert_eq!(
+            c.card_outcome_holds(),
+            Some(true),
+            "{}: {:?}",
+            rec.name,
+            c.card_outcome
+        );
+        for s in &c.stages {
+            let (a, r) = s.errors();
+            println!(
+                "{:<60} {:<16} allocated {a:+.3} % reserved {r:+.3} %",
+                rec.name, s.stage
+            );
+            assert!(
+                a.abs() < 0.5,
+                "{} {}: allocated off by {a:.3} %",
+                rec.name,
+                s.stage
+            );
+            assert!(
+                r.abs() < 23.0,
+                "{} {}: reserved off by {r:.3} %",
+                rec.name,
+                s.stage
+            );
+        }
+        // The run's peak, the figure a verdict rests on, within a rank's margin.
+        let (a, r) = c.peak_errors();
+        println!(
+            "{:<60} peak allocated {a:+.3} % reserved {r:+.3} %",
+            rec.name
+        );
+        let margin = FSDP_MARGIN_PPM as f64 / 10_000.0;
+        assert!(
+            r.abs() < margin,
+            "{}: peak reserved off by {r:.3} %",
+            rec.name
+        );
+    }
 }
 
 /// How many runs of `report` ran alone on an emulated card.

@@ -32,7 +32,7 @@ what lives outside the allocator and the reserve whole on every GPU, with NCCL's
 replay's on the card.";
 
 /// How a full training's rows over several GPUs are reached, stated with the plan.
-pub const FSDP_RULE: &str = "over several GPUs, a full training: FSDP2 as torchtitan and \
+pub const FSDP_RULE: &str = "over several GPUs, a full or LoRA training: FSDP2 as torchtitan and \
 accelerate apply it (fully_shard on every decoder layer then the root, AdamW on the shards; the \
 model built, gathered and reduced in its weights' type, or for float32 weights under autocast, \
 built in float32, gathered in the autocast's type and reduced in float32), each rank processing \
@@ -317,14 +317,14 @@ impl<'a> OneGpu<'a> {
     }
 }
 
-/// Full trainings sharded by FSDP2 over several GPUs, each count of GPUs replayed once: rank 0
+/// Full and LoRA trainings sharded by FSDP2 over several GPUs, each count of GPUs replayed once: rank 0
 /// (whole chunks of every shard) and the last rank (the remainder, re-padded as it loads), with
 /// what lives outside the allocator and NCCL's communicator. A card holds the run when both ranks
 /// complete on it: at their fullest without limit, or replayed on the card (the cache freed and
 /// retried when full, as on one GPU). Only for the runs FSDP2 is emulated for.
 pub struct Sharded<'a> {
     budget: &'a Budget,
-    ranks: std::cell::RefCell<HashMap<u64, Arc<Ranks>>>,
+    ranks: std::cell::RefCell<HashMap<u64, std::rc::Rc<Ranks>>>,
     verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
 }
 
@@ -336,17 +336,18 @@ struct Ranks {
 }
 
 impl<'a> Sharded<'a> {
-    /// For `budget`'s workload if FSDP2 is emulated for it: a full training with AdamW written by
-    /// hand, computed in half precision (its weights', or its autocast's), no vision tower,
-    /// embeddings not tied.
+    /// For `budget`'s workload if FSDP2 is emulated for it: a full training with AdamW or a LoRA
+    /// of unquantized weights, written by hand, computed in half precision (its weights', or its
+    /// autocast's), no vision tower, embeddings not tied.
     pub fn of(budget: &'a Budget) -> Option<Sharded<'a>> {
         let w = &budget.workload;
         let eligible = matches!(
             w.mode,
             super::workload::Mode::Full {
                 optimizer: super::workload::Optimizer::Adamw
-            }
-        ) && !w.trainer
+            } | super::workload::Mode::Lora { .. }
+        ) && w.weights == super::workload::WeightFormat::Dense
+            && !w.trainer
             && matches!(
                 w.autocast.unwrap_or(w.dtype),
                 crate::dtype::Dtype::Bfloat16 | crate::dtype::Dtype::Float16
@@ -360,7 +361,7 @@ impl<'a> Sharded<'a> {
         })
     }
 
-    fn ranks(&self, gpus: u64) -> Arc<Ranks> {
+    fn ranks(&self, gpus: u64) -> std::rc::Rc<Ranks> {
         if let Some(r) = self.ranks.borrow().get(&gpus) {
             return r.clone();
         }
@@ -404,7 +405,7 @@ impl<'a> Sharded<'a> {
             .unwrap_or(0);
         let programs = replayed.into_iter().map(|r| r.program).collect();
         let need = busiest.saturating_add(Nccl::h200_nvlink().bytes);
-        let ranks = Arc::new(Ranks { programs, need });
+        let ranks = std::rc::Rc::new(Ranks { programs, need });
         self.ranks.borrow_mut().insert(gpus, ranks.clone());
         ranks
     }

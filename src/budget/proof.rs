@@ -52,6 +52,11 @@ pub const RECORDED_FSDP_HELD_OUT: &str =
 /// FSDP2 full trainings without a mixed-precision policy, and two ranks alone on emulated cards
 /// (`scripts/gpu/hf-proof-plan-fsdp-pure.json`).
 pub const RECORDED_FSDP_PURE: &str = include_str!("../../data/hf-proof-fsdp-pure-h200.json");
+/// FSDP2 with PEFT LoRA: the derivation's ranks (`hf-record.py --sets distributed`), then ranks
+/// held out and on an emulated card (`scripts/gpu/hf-proof-plan-fsdp-lora.json`).
+pub const RECORDED_FSDP_LORA: &str = include_str!("../../data/hf-proof-fsdp-lora-h200.json");
+pub const RECORDED_FSDP_LORA_HELD_OUT: &str =
+    include_str!("../../data/hf-proof-fsdp-lora-held-out-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -298,8 +303,21 @@ impl Report {
         Report::shipped(RECORDED_FSDP_PURE, "data/hf-proof-fsdp-pure-h200.json")
     }
 
+    /// The shipped ranks of FSDP2 with LoRA the replay was derived from.
+    pub fn recorded_fsdp_lora() -> Report {
+        Report::shipped(RECORDED_FSDP_LORA, "data/hf-proof-fsdp-lora-h200.json")
+    }
+
+    /// The shipped ranks of FSDP2 with LoRA held out from the derivation.
+    pub fn recorded_fsdp_lora_held_out() -> Report {
+        Report::shipped(
+            RECORDED_FSDP_LORA_HELD_OUT,
+            "data/hf-proof-fsdp-lora-held-out-h200.json",
+        )
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 13] {
+    pub fn all_recorded() -> [Report; 15] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -314,6 +332,8 @@ impl Report {
             Report::recorded_fsdp(),
             Report::recorded_fsdp_held_out(),
             Report::recorded_fsdp_pure(),
+            Report::recorded_fsdp_lora(),
+            Report::recorded_fsdp_lora_held_out(),
         ]
     }
 

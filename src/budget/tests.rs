@@ -837,13 +837,24 @@ fn the_planner_replays_each_rank_of_a_sharded_full_training() {
     assert_eq!(sharded.need(f.gpus), need);
     assert_eq!(f.need_per_gpu.0, need.min(room));
     assert!(plan.split_rule.starts_with(fit::FSDP_RULE));
-    // A LoRA training is not sharded so: its rows over several GPUs are the split estimate.
+    // A LoRA training is sharded so too; a training with 8-bit AdamW is not: its rows over
+    // several GPUs are the split estimate.
     let lora = Workload {
         mode: Mode::Lora {
             rank: 8,
             targets: vec!["q_proj".into()],
         },
+        ..w.clone()
+    };
+    assert!(fit::Sharded::of(&budget(&lora, &BudgetSettings::h200())).is_some());
+    let eight_bit = Workload {
+        mode: Mode::Full {
+            optimizer: Optimizer::Adamw8bit,
+        },
         ..w
     };
-    assert!(fit::Sharded::of(&budget(&lora, &BudgetSettings::h200())).is_none());
+    let b = budget(&eight_bit, &BudgetSettings::h200());
+    assert!(fit::Sharded::of(&b).is_none());
+    let plan = fit::plan(&b, &catalog(), 16).unwrap();
+    assert!(plan.split_rule.starts_with(fit::SPLIT_RULE));
 }

@@ -1,32 +1,35 @@
 //! FSDP2 (`torch.distributed.fsdp.fully_shard`, PyTorch 2.11) as one rank of a world runs it,
-//! for memory: the model built on `meta` in float32, `fully_shard` on every decoder layer then on
-//! the root, `MixedPrecisionPolicy(param_dtype, reduce_dtype)`, `reshard_after_forward=True`,
-//! `to_empty` on the GPU. Read from `_fsdp_param_group.py`, `_fsdp_collectives.py`,
-//! `_fsdp_param.py` and `_fsdp_state.py`, and checked against the H200's records of
-//! `scripts/gpu/hf_loops.py`'s FSDP2 runs through the fake process group.
+//! for memory: the model built on `meta`, `fully_shard` on every decoder layer then on the root,
+//! `reshard_after_forward=True`, `to_empty` on the GPU; with `MixedPrecisionPolicy(param_dtype,
+//! reduce_dtype=float32)` the model built in float32, without a policy in the run's type. Read
+//! from `_fsdp_param_group.py`, `_fsdp_collectives.py`, `_fsdp_param.py` and `_fsdp_state.py`,
+//! and checked against the H200's records of `scripts/gpu/hf_loops.py`'s FSDP2 runs through the
+//! fake process group.
 //!
 //! - Each parameter's shard: its first dimension cut in `world` chunks of `ceil(rows / world)`
-//!   rows, each rank's storage padded to a whole chunk (the last ranks may hold fewer rows, or
-//!   none); the optimizer's states follow the rows the rank holds.
-//! - A group's unshard: on the all-gather copy-in stream, the group's shards cast to
-//!   `param_dtype` into one flat input, the all-gather's output (the input times the world), the
-//!   input let go; then on the default stream each parameter's padded unsharded storage and the
-//!   copy-out's metadata. In forward the output is freed after the next group's copy-out (and the
-//!   last one after the root's forward), in backward at once.
+//!   rows; `to_empty` makes the rows the rank holds (the last ranks may hold fewer, or none),
+//!   then each group re-pads its shards to whole chunks; the optimizer's states follow the rows.
+//! - A group's unshard: on the all-gather copy-in stream, the shards cast into one flat input
+//!   (under a policy; else the shards are the input), the all-gather's output (the input times
+//!   the world), the input let go; then on the default stream each parameter's padded unsharded
+//!   storage and the copy-out's launch metadata. In forward the output is freed after the next
+//!   group's copy-out (and the last one after the root's forward), in backward at once.
 //! - Reshard: the unsharded storages freed (`resize_(0)`), after each layer's forward and
 //!   backward, and after the root's forward.
 //! - Backward: a hook on each group's outputs unshards it and prefetches the group that ran
 //!   before it in forward; a node on each group's inputs (`RegisterPostBackwardFunction`) runs its
 //!   post-backward once its inputs' gradients are made: reshard, then the reduce-scatter's input
-//!   in `reduce_dtype` on the default stream (the previous one freed first), the gradients copied
-//!   into it and freed, and its output on the reduce-scatter stream, whose views are the sharded
-//!   gradients until `zero_grad`. Groups whose inputs need no gradient (the root) run theirs in
-//!   the engine's final callback, which then frees the last reduce-scatter input.
+//!   on the default stream (the previous one freed first), the gradients copied into it and let
+//!   go, and its output on the reduce-scatter stream, whose views are the sharded gradients until
+//!   `zero_grad`. Groups whose inputs need no gradient (the root) run theirs in the engine's
+//!   final callback, which then frees the last reduce-scatter input.
 
+use super::decoder::{Adapter, Weights};
+use super::loading::Lora;
 use super::process::{Process, ShardedModel};
 use super::tensor::{Hook, Leaf, Tensor};
 use crate::dtype::Dtype;
-use crate::model::{Model, TensorRole};
+use crate::model::{Model, Parameter, TensorRole};
 use crate::replay::program::Role;
 use rustc_hash::FxHashMap;
 use std::rc::Rc;
@@ -39,7 +42,7 @@ pub const REDUCE_SCATTER_STREAM: u8 = 2;
 /// Which rank of how many, and whether the model is built in float32 and gathered in the run's
 /// type (`MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)`), or built, gathered and
 /// reduced in the run's type (no policy).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sharding {
     pub world: u64,
     pub rank: u64,
@@ -70,15 +73,17 @@ enum State {
 
 /// One parameter under FSDP2.
 struct Param {
-    /// The unsharded parameter in `param_dtype`, viewing its padded storage (released while
+    /// The unsharded parameter as gathered, viewing its padded storage (released while
     /// sharded).
     unsharded: Tensor,
     /// Where its gradient accumulates, when it is trained.
     leaf: Option<Rc<Leaf>>,
-    /// The rank's rows of its float32 shard (a view of the padded shard).
+    /// The rank's rows of its shard (a view of the padded shard).
     local: Tensor,
     /// Elements of one rank's padded shard.
     padded_shard: u64,
+    /// The bytes of one element gathered (and of its shard, without a policy).
+    gathered_bytes: u64,
     /// The sharded gradient: a view of the reduce-scatter's output.
     grad: Option<Tensor>,
 }
@@ -97,8 +102,7 @@ struct Group {
 /// FSDP2's state in the emulated process.
 pub struct Fsdp {
     sharding: Sharding,
-    /// The type the parameters are gathered (and computed) in, and gradients reduced in.
-    param_dtype: Dtype,
+    /// The type gradients are reduced in.
     reduce_dtype: Dtype,
     /// The all-gather's input is a cast copy of the shards (else the shards themselves).
     casts: bool,
@@ -114,13 +118,47 @@ pub struct Fsdp {
     callback_queued: bool,
 }
 
-/// The group of parameter `name`: its decoder layer's (1 + layer), else the root's.
-fn group_of(model: &Model, name: &str) -> usize {
-    (0..model.layers.len())
-        .find(|&l| {
-            name.strip_prefix(&super::decoder::layer_prefix(model, l))
-                .is_some_and(|rest| rest.starts_with('.'))
-        })
+/// What `to_empty` makes, in the modules' order.
+enum Item {
+    /// A parameter of the model: its name and shape.
+    Param(String, Vec<u64>),
+    /// A buffer, whole.
+    Buffer(Parameter),
+    /// PEFT's adapter of the linear layer named: its shape, and whether it is B (else A).
+    Adapter(String, Vec<u64>, bool),
+}
+
+impl Item {
+    /// The module it belongs to (a parameter's or buffer's name without its last part; an
+    /// adapter's linear layer).
+    fn module(&self) -> &str {
+        match self {
+            Item::Param(name, _) | Item::Buffer(Parameter { name, .. }) => {
+                name.rsplit_once('.').map_or("", |(m, _)| m)
+            }
+            Item::Adapter(module, ..) => module,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Item::Param(name, _) | Item::Buffer(Parameter { name, .. }) => name.clone(),
+            Item::Adapter(module, _, b) => {
+                format!(
+                    "{module}.lora_{}.default.weight",
+                    if *b { "B" } else { "A" }
+                )
+            }
+        }
+    }
+}
+
+/// The group of what belongs to `module`: its decoder layer's (1 + layer, the number after
+/// `layers`, the layers' prefix), else the root's.
+fn group_of(layers: &str, module: &str) -> usize {
+    (module.strip_prefix(layers))
+        .map(|rest| rest.split_once('.').map_or(rest, |(layer, _)| layer))
+        .and_then(|layer| layer.parse::<usize>().ok())
         .map_or(0, |l| l + 1)
 }
 
@@ -156,20 +194,27 @@ fn copy_in_metadata(out_chunks: &[u64]) -> u64 {
 
 impl Fsdp {
     /// `fully_shard` of every decoder layer then the root, and `to_empty` on the GPU, in the
-    /// modules' order: each parameter's rows on this rank and each buffer whole; at the end of
-    /// each group's modules (a layer's, then the root's at the very end), each shard that is not
-    /// a whole padded chunk copied into one (`reset_sharded_param`) and the first let go. Gives
-    /// the unsharded parameters (trained ones with their gradient's leaf), by name, for the model.
+    /// modules' order: each parameter's rows on this rank (PEFT's adapters, with `lora`, after
+    /// their linear layer's own) and each buffer whole; at the end of each group's modules (a
+    /// layer's, then the root's at the very end), each shard that is not a whole padded chunk
+    /// copied into one (`reset_sharded_param`) and the first let go. Gives the unsharded
+    /// parameters by name and the adapters, for the model; the trained ones (the adapters with
+    /// `lora`, else every parameter) with their gradient's leaf.
     pub fn shard(
         p: &mut Process,
         model: &Model,
         sharding: Sharding,
         param_dtype: Dtype,
-        trained: bool,
-    ) -> (Fsdp, FxHashMap<String, Tensor>) {
-        let (built, reduce_dtype) = match sharding.mixed_precision {
-            true => (Dtype::Float32, Dtype::Float32),
-            false => (param_dtype, param_dtype),
+        lora: Option<&Lora>,
+    ) -> (Fsdp, Weights) {
+        // Under a policy everything is built in float32 and gathered in `param_dtype`; without,
+        // built and gathered in the run's type, but PEFT keeps a half-precision model's adapters
+        // in float32 (`autocast_adapter_dtype`): a group then gathers bytes. Gradients are
+        // reduced in float32 under the policy, else in the trained parameters' type.
+        let (built, reduce_dtype) = match (sharding.mixed_precision, lora) {
+            (true, _) => (Dtype::Float32, Dtype::Float32),
+            (false, None) => (param_dtype, param_dtype),
+            (false, Some(_)) => (param_dtype, Dtype::Float32),
         };
         let mut groups: Vec<Group> = (0..=model.layers.len())
             .map(|_| Group {
@@ -181,59 +226,112 @@ impl Fsdp {
             })
             .collect();
         let mut by_name = FxHashMap::default();
+        let mut adapters: FxHashMap<String, Adapter> = FxHashMap::default();
         let mut order = Vec::new();
-        // Parameters and buffers in the modules' order: a buffer after its module's parameters,
-        // a module's without any (the rotary embedding) before the output head.
+        let layers = format!("{}layers.", model.text_prefix());
+        // Parameters, adapters and buffers in the modules' order: an adapter's A and B after its
+        // linear layer's parameters, a buffer after its module's, a module's without any (the
+        // rotary embedding) before the output head.
         let params = model.parameters();
         let (head, body): (Vec<_>, Vec<_>) =
             params.iter().partition(|t| t.role == TensorRole::LmHead);
-        let mut items: Vec<(&crate::model::Parameter, bool)> =
-            body.iter().map(|&t| (t, true)).collect();
-        let buffers = model.buffers();
-        for b in &buffers {
+        let adapted = |t: &Parameter| {
+            lora.filter(|l| {
+                t.role == TensorRole::Linear && l.targets.iter().any(|m| m == t.module())
+            })
+        };
+        let mut items: Vec<Item> = Vec::new();
+        for (i, &t) in body.iter().enumerate() {
+            items.push(Item::Param(t.name.clone(), t.shape.clone()));
+            let module = t.name.rsplit_once('.').map_or("", |(m, _)| m);
+            let last_of_module = (body.get(i + 1))
+                .is_none_or(|n| n.name.rsplit_once('.').map_or("", |(m, _)| m) != module);
+            if let Some(l) = adapted(t).filter(|_| last_of_module) {
+                let weight = (body.iter())
+                    .find(|w| w.name == format!("{module}.weight"))
+                    .expect("an adapted layer's weight");
+                let (out, inp) = (weight.shape[0], weight.shape[1]);
+                items.push(Item::Adapter(module.to_string(), vec![l.rank, inp], false));
+                items.push(Item::Adapter(module.to_string(), vec![out, l.rank], true));
+            }
+        }
+        for b in model.buffers() {
             let module = b.name.rsplit_once('.').map_or("", |(m, _)| m);
             let at = (items.iter())
-                .rposition(|(t, _)| t.name.rsplit_once('.').is_some_and(|(m, _)| m == module))
+                .rposition(|item| item.module() == module)
                 .map_or(items.len(), |i| i + 1);
-            items.insert(at, (b, false));
+            items.insert(at, Item::Buffer(b));
         }
-        items.extend(head.iter().map(|&t| (t, true)));
+        items.extend(
+            head.iter()
+                .map(|t| Item::Param(t.name.clone(), t.shape.clone())),
+        );
         // Each shard as `to_empty` left it (the rank's rows), until its group re-pads it.
         let mut unpadded: Vec<Vec<Option<Tensor>>> = vec![Vec::new(); groups.len()];
         let repad = |p: &mut Process, group: &mut Group, unpadded: &mut Vec<Option<Tensor>>| {
             for (x, local) in group.params.iter_mut().zip(unpadded.drain(..)) {
                 if let Some(local) = local {
                     let rest: u64 = local.shape[1];
-                    let padded = p.empty(&[x.padded_shard / rest.max(1), rest], built);
+                    let padded = p.empty(&[x.padded_shard / rest.max(1), rest], local.elem);
                     x.local = padded.restrided(local.shape.clone(), local.strides.clone());
                     drop(local);
                 }
             }
         };
+        let mut a_of: FxHashMap<String, Tensor> = FxHashMap::default();
         p.in_role(Role::Weights, |p| {
             // DTensor's sharding propagation, the first time: two scalars made and freed.
             for _ in 0..2 {
                 drop(p.empty(&[1], Dtype::Float32));
             }
-            for (i, &(t, is_param)) in items.iter().enumerate() {
-                let g = group_of(model, &t.name);
-                if !is_param {
-                    by_name.insert(t.name.clone(), p.empty(&t.shape, t.buffer_dtype_in(built)));
-                } else {
-                    let rows = t.shape.first().copied().unwrap_or(1);
-                    let rest: u64 = t.shape.iter().skip(1).product();
+            for (i, item) in items.iter().enumerate() {
+                let g = group_of(&layers, item.module());
+                let (shape, trained) = match item {
+                    Item::Buffer(b) => {
+                        let buffer = p.empty(&b.shape, b.buffer_dtype_in(built));
+                        by_name.insert(b.name.clone(), buffer);
+                        (None, false)
+                    }
+                    Item::Param(_, shape) => (Some(shape), lora.is_none()),
+                    Item::Adapter(_, shape, _) => (Some(shape), true),
+                };
+                // The shard's type and the gathered one.
+                let (shard_dtype, elem) = match (item, sharding.mixed_precision) {
+                    (Item::Adapter(..), true) => (Dtype::Float32, param_dtype),
+                    (Item::Adapter(..), false) => (Dtype::Float32, Dtype::Float32),
+                    (_, _) => (built, param_dtype),
+                };
+                if let Some(shape) = shape {
+                    let rows = shape.first().copied().unwrap_or(1);
+                    let rest: u64 = shape.iter().skip(1).product();
                     let (padded_rows, local_rows) =
                         (sharding.padded_rows(rows), sharding.local_rows(rows));
-                    let local = p.empty(&[local_rows, rest], built);
-                    let padded_bytes = padded_rows * sharding.world * rest * param_dtype.bytes();
-                    let mut unsharded =
-                        Tensor::over(p.tape.unallocated(padded_bytes), &t.shape, param_dtype);
+                    let local = p.empty(&[local_rows, rest], shard_dtype);
+                    let padded_bytes = padded_rows * sharding.world * rest * elem.bytes();
+                    let mut unsharded = Tensor::over(p.tape.unallocated(padded_bytes), shape, elem);
                     let leaf = trained.then(|| {
                         let (param, leaf) = Process::parameter(&unsharded);
                         unsharded = param;
                         leaf
                     });
-                    by_name.insert(t.name.clone(), unsharded.clone());
+                    match item {
+                        Item::Adapter(module, _, false) => {
+                            a_of.insert(module.clone(), unsharded.clone());
+                        }
+                        Item::Adapter(module, _, true) => {
+                            let a = a_of.remove(module).expect("A before B");
+                            adapters.insert(
+                                module.clone(),
+                                Adapter {
+                                    a,
+                                    b: unsharded.clone(),
+                                },
+                            );
+                        }
+                        _ => {
+                            by_name.insert(item.name(), unsharded.clone());
+                        }
+                    }
                     order.push((g, groups[g].params.len()));
                     unpadded[g].push((local_rows != padded_rows).then(|| local.clone()));
                     groups[g].params.push(Param {
@@ -241,10 +339,11 @@ impl Fsdp {
                         leaf,
                         local,
                         padded_shard: padded_rows * rest,
+                        gathered_bytes: elem.bytes(),
                         grad: None,
                     });
                 }
-                let next = items.get(i + 1).map(|(t, _)| group_of(model, &t.name));
+                let next = items.get(i + 1).map(|n| group_of(&layers, n.module()));
                 if g > 0 && next != Some(g) {
                     repad(p, &mut groups[g], &mut unpadded[g]);
                 }
@@ -257,9 +356,8 @@ impl Fsdp {
         }
         let fsdp = Fsdp {
             sharding,
-            param_dtype,
             reduce_dtype,
-            casts: built != param_dtype,
+            casts: sharding.mixed_precision,
             groups,
             order,
             all_gather_state: None,
@@ -267,7 +365,13 @@ impl Fsdp {
             post_forward_order: Vec::new(),
             callback_queued: false,
         };
-        (fsdp, by_name)
+        let weights = Weights {
+            by_name,
+            adapters,
+            quantized: FxHashMap::default(),
+            quantization_map: None,
+        };
+        (fsdp, weights)
     }
 
     /// `FSDPParamGroup.unshard`: the all-gather's input and output on the copy-in stream.
@@ -276,14 +380,16 @@ impl Fsdp {
         if group.all_gather.is_some() || group.unsharded || group.params.is_empty() {
             return;
         }
-        let input_numel: u64 = group.params.iter().map(|x| x.padded_shard).sum();
+        // In bytes: a group of several types gathers them as bytes.
+        let input_bytes: u64 = (group.params.iter())
+            .map(|x| x.padded_shard * x.gathered_bytes)
+            .sum();
         let world = self.sharding.world;
-        let dtype = self.param_dtype;
         let casts = self.casts;
         let output = p.tape.on_stream(ALL_GATHER_STREAM, || {
             p.tape.with_role(Role::Weights, || {
-                let input = casts.then(|| p.tape.empty(&[input_numel], dtype));
-                let output = p.tape.empty(&[input_numel * world], dtype);
+                let input = casts.then(|| p.tape.empty(&[input_bytes], Dtype::Uint8));
+                let output = p.tape.empty(&[input_bytes * world], Dtype::Uint8);
                 drop(input);
                 output
             })
@@ -311,7 +417,7 @@ impl Fsdp {
             }
         });
         let chunks: Vec<u64> = (group.params.iter())
-            .map(|x| x.padded_shard * self.param_dtype.bytes())
+            .map(|x| x.padded_shard * x.gathered_bytes)
             .collect();
         let bytes = copy_out_metadata(world, &chunks, p.kernels.reduction_grid);
         p.in_role(Role::Workspaces, |p| drop(p.empty(&[bytes], Dtype::Uint8)));
@@ -410,44 +516,6 @@ impl Fsdp {
         drop(output);
         self.reduce_scatter_state = Some(input);
     }
-
-    /// The engine's final callback after backward (queued by the first pre-backward): the
-    /// post-backward of each group that did not run its own (the root first), then the last
-    /// reduce-scatter's input freed.
-    fn finish_backward(&mut self, p: &mut Process) {
-        if !std::mem::take(&mut self.callback_queued) {
-            return;
-        }
-        for g in 0..self.groups.len() {
-            if self.groups[g].state != State::PostBackward {
-                self.post_backward(p, g);
-            }
-            let group = &mut self.groups[g];
-            group.state = State::Idle;
-            // A prefetch no group waited for.
-            drop(group.all_gather.take());
-            group.post_forward_indices.clear();
-        }
-        self.post_forward_order.clear();
-        drop(self.reduce_scatter_state.take());
-    }
-
-    /// The rank's shards whose gradient exists, in `model.parameters()` order (what the
-    /// optimizer steps).
-    fn shards_with_gradients(&self) -> Vec<Tensor> {
-        (self.order.iter())
-            .map(|&(g, i)| &self.groups[g].params[i])
-            .filter(|x| x.grad.is_some())
-            .map(|x| x.local.clone())
-            .collect()
-    }
-
-    /// `zero_grad(set_to_none=True)`: the sharded gradients let go in `model.parameters()` order.
-    fn drop_gradients(&mut self) {
-        for &(g, i) in &self.order {
-            drop(self.groups[g].params[i].grad.take());
-        }
-    }
 }
 
 impl ShardedModel for Fsdp {
@@ -479,16 +547,40 @@ impl ShardedModel for Fsdp {
         }
     }
 
+    /// Queued by the first pre-backward: the post-backward of each group that did not run its
+    /// own (the root first), then the last reduce-scatter's input freed.
     fn final_callback(&mut self, p: &mut Process) {
-        self.finish_backward(p);
+        if !std::mem::take(&mut self.callback_queued) {
+            return;
+        }
+        for g in 0..self.groups.len() {
+            if self.groups[g].state != State::PostBackward {
+                self.post_backward(p, g);
+            }
+            let group = &mut self.groups[g];
+            group.state = State::Idle;
+            // A prefetch no group waited for.
+            drop(group.all_gather.take());
+            group.post_forward_indices.clear();
+        }
+        self.post_forward_order.clear();
+        drop(self.reduce_scatter_state.take());
     }
 
+    /// The rank's shards whose gradient exists, in `model.parameters()` order.
     fn stepped(&self) -> Vec<Tensor> {
-        self.shards_with_gradients()
+        (self.order.iter())
+            .map(|&(g, i)| &self.groups[g].params[i])
+            .filter(|x| x.grad.is_some())
+            .map(|x| x.local.clone())
+            .collect()
     }
 
+    /// The sharded gradients let go in `model.parameters()` order.
     fn zero_grad(&mut self) {
-        self.drop_gradients();
+        for &(g, i) in &self.order {
+            drop(self.groups[g].params[i].grad.take());
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! stage begins and ends, made on a thread of its own and replayed as it is written
 //! ([`replays`]).
 
-use super::decoder::{Decoder, Inputs, Weights};
+use super::decoder::{Decoder, Inputs};
 use super::fsdp::{Fsdp, Sharding};
 use super::generate::{self, Stages};
 use super::loading::{self, Loading, Lora};
@@ -17,7 +17,6 @@ use crate::dtype::Dtype;
 use crate::model::{Model, TensorRole};
 use crate::replay::program::{Chunk, Loaded, Program, Role, StageMark};
 use crate::replay::stream::{self, Plan, Replays};
-use rustc_hash::FxHashMap;
 
 /// What the run does after loading.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,15 +149,13 @@ fn emulate(
     let mut weights = match run.sharding {
         None => loading::load(&mut p, &run.model, run.dtype, run.loading),
         Some(sharding) => {
-            let trained = matches!(run.work, Work::Train { lora: None, .. });
-            let (fsdp, by_name) = Fsdp::shard(&mut p, &run.model, sharding, run.dtype, trained);
+            let lora = match &run.work {
+                Work::Train { lora, .. } => lora.as_ref(),
+                Work::Generate { .. } => None,
+            };
+            let (fsdp, weights) = Fsdp::shard(&mut p, &run.model, sharding, run.dtype, lora);
             p.fsdp = Some(Box::new(fsdp));
-            Weights {
-                by_name,
-                adapters: FxHashMap::default(),
-                quantized: FxHashMap::default(),
-                quantization_map: None,
-            }
+            weights
         }
     };
     marks.end(&p);
@@ -201,8 +198,9 @@ fn emulate(
             steps,
             trainer,
         } => {
-            let mut adapters = FxHashMap::default();
-            if let Some(lora) = lora {
+            // PEFT's adapters (FSDP2 makes them with the model's parameters).
+            let mut adapters = std::mem::take(&mut weights.adapters);
+            if let Some(lora) = lora.as_ref().filter(|_| run.sharding.is_none()) {
                 marks.begin(&p, "adapters", Loaded::Context);
                 adapters = loading::adapters(&mut p, &run.model, lora, run.dtype);
                 marks.end(&p);

@@ -279,10 +279,13 @@ impl TryFrom<Spec> for Run {
                         "FSDP2 of a model with tied embeddings is not yet emulated",
                     ));
                 }
-                if s.mode != SpecMode::Full || trainer.is_some() || s.autocast.is_some() {
+                if !matches!(s.mode, SpecMode::Full | SpecMode::Lora)
+                    || trainer.is_some()
+                    || s.autocast.is_some()
+                {
                     return Err(field(
                         "distributed",
-                        "FSDP2 is emulated for full training written by hand",
+                        "FSDP2 is emulated for full training and LoRA written by hand",
                     ));
                 }
                 Some(Sharding {

@@ -333,6 +333,39 @@ pub struct Sharded<'a> {
 struct Ranks {
     programs: Vec<Program>,
     need: u64,
+    figures: Vec<RankFigures>,
+}
+
+/// One rank of FSDP2 replayed without limit.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankFigures {
+    pub rank: u64,
+    pub peak_allocated: Bytes,
+    pub peak_reserved: Bytes,
+    /// `reserved` and what lives outside the allocator at its fullest, with NCCL's communicator.
+    pub need_per_gpu: Bytes,
+    /// The stage of that fullest moment, and what the blocks held then, role by role.
+    pub peak_stage: String,
+    pub at_peak: Vec<RoleBytes>,
+}
+
+/// What a role's blocks held.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoleBytes {
+    pub role: &'static str,
+    pub bytes: Bytes,
+}
+
+/// A training spread over `gpus` GPUs by FSDP2, rank by rank (`budget --gpus`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RankBudget {
+    pub gpus: u64,
+    pub strategy: &'static str,
+    /// What each GPU uses at its fullest: the busiest rank's need.
+    pub need_per_gpu: Bytes,
+    /// Rank 0 and the last rank.
+    pub ranks: Vec<RankFigures>,
+    pub rule: String,
 }
 
 impl<'a> Sharded<'a> {
@@ -399,15 +432,50 @@ impl<'a> Sharded<'a> {
                 .map(|h| h.join().expect("a rank's replay"))
                 .collect()
         });
-        let busiest = (replayed.iter())
-            .map(|r| r.unlimited[0].peak_device)
+        let nccl = Nccl::h200_nvlink().bytes;
+        let figures: Vec<RankFigures> = (runs.iter().zip(&replayed))
+            .map(|(run, r)| {
+                let u = &r.unlimited[0];
+                RankFigures {
+                    rank: run.sharding.map_or(0, |s| s.rank),
+                    peak_allocated: Bytes(u.peak_allocated),
+                    peak_reserved: Bytes(u.peak_reserved),
+                    need_per_gpu: Bytes(u.peak_device.saturating_add(nccl)),
+                    peak_stage: u.peak_stage.clone(),
+                    at_peak: (crate::replay::Role::ALL.iter())
+                        .map(|&role| RoleBytes {
+                            role: role.name(),
+                            bytes: Bytes(u.tags_at_peak.get(role.index()).copied().unwrap_or(0)),
+                        })
+                        .filter(|r| r.bytes.0 > 0)
+                        .collect(),
+                }
+            })
+            .collect();
+        let need = (figures.iter())
+            .map(|f| f.need_per_gpu.0)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(nccl);
         let programs = replayed.into_iter().map(|r| r.program).collect();
-        let need = busiest.saturating_add(Nccl::h200_nvlink().bytes);
-        let ranks = std::rc::Rc::new(Ranks { programs, need });
+        let ranks = std::rc::Rc::new(Ranks {
+            programs,
+            need,
+            figures,
+        });
         self.ranks.borrow_mut().insert(gpus, ranks.clone());
         ranks
+    }
+
+    /// The ranks of `gpus` (2 or more) replayed, as `budget --gpus` shows them.
+    pub fn rank_budget(&self, gpus: u64) -> RankBudget {
+        let ranks = self.ranks(gpus);
+        RankBudget {
+            gpus,
+            strategy: "fsdp2",
+            need_per_gpu: Bytes(ranks.need),
+            ranks: ranks.figures.clone(),
+            rule: format!("{FSDP_RULE} {}.", Nccl::h200_nvlink().rule()),
+        }
     }
 
     /// The busiest rank's use of each of `gpus` GPUs (2 or more) at its fullest.

@@ -373,6 +373,43 @@ impl fmt::Display for FitPlan {
     }
 }
 
+const RANK_COLUMNS: [&str; 5] = [
+    "rank",
+    "peak allocated",
+    "peak reserved",
+    "need / GPU",
+    "at its fullest",
+];
+
+impl fmt::Display for super::fit::RankBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "FSDP2 over {} GPUs, each rank running the batch (replayed rank by rank): {} per GPU",
+            self.gpus,
+            self.need_per_gpu.gib_text()
+        )?;
+        let rows: Vec<Vec<String>> = (self.ranks.iter())
+            .map(|r| {
+                // The roles of a mebibyte or more (the JSON has them all).
+                let held: Vec<String> = (r.at_peak.iter())
+                    .filter(|h| h.bytes.0 >= 1 << 20)
+                    .map(|h| format!("{} {}", h.role, h.bytes.gib_text()))
+                    .collect();
+                vec![
+                    r.rank.to_string(),
+                    r.peak_allocated.gib_text(),
+                    r.peak_reserved.gib_text(),
+                    r.need_per_gpu.gib_text(),
+                    format!("{}: {}", r.peak_stage, held.join(", ")),
+                ]
+            })
+            .collect();
+        text_table(f, &RANK_COLUMNS, &rows)?;
+        write!(f, "Rule: {}", self.rule)
+    }
+}
+
 const PRESET_COLUMNS: [&str; 8] = [
     "preset",
     "name",

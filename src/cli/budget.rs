@@ -161,6 +161,10 @@ pub struct BudgetArgs {
     /// Also draw the budget per GPU against the catalog's GPU sizes (a new SVG file).
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Also the training spread over this many GPUs by FSDP2 (full or LoRA, 2 or more):
+    /// rank 0 and the last rank replayed, each running the batch.
+    #[arg(long, value_parser = values::positive_u64)]
+    pub gpus: Option<u64>,
     #[command(flatten)]
     pub plan: PlanArgs,
 }
@@ -575,6 +579,8 @@ struct Document<'a> {
     plan: Option<&'a crate::budget::FitPlan>,
     #[serde(skip_serializing_if = "Option::is_none")]
     largest: Option<&'a Largest>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sharded: Option<&'a fit::RankBudget>,
 }
 
 pub fn run(a: &BudgetArgs) -> Outcome {
@@ -634,6 +640,24 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         (Some(c), Some(size)) => Some(largest(&workload, &settings, c, size)?),
         _ => None,
     };
+    let sharded = match a.gpus {
+        None => None,
+        Some(gpus) if gpus < 2 => {
+            return Err(Failure::usage(
+                "--gpus: 2 or more (one GPU is the budget itself)",
+            ))
+        }
+        Some(gpus) => match fit::Sharded::of(&b) {
+            Some(s) => Some(s.rank_budget(gpus)),
+            None => {
+                return Err(Failure::usage(
+                    "--gpus: FSDP2 is replayed for a full training with AdamW or a LoRA of \
+                     unquantized weights, written by hand (no --trainer), computed in bfloat16 \
+                     or float16, of a model without a vision tower or tied embeddings",
+                ))
+            }
+        },
+    };
     let chart = match (&catalog, &a.plot) {
         (Some(c), Some(_)) => Some(crate::plot::budget_chart(&b, c)),
         _ => None,
@@ -659,6 +683,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
             budget: &b,
             plan: plan.as_ref(),
             largest: largest.as_ref(),
+            sharded: sharded.as_ref(),
         })?;
         for w in &written {
             super::note(format_args!("Written to {}", w.display()))?;
@@ -671,6 +696,9 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     }
     if let Some(l) = &largest {
         super::print(l, false)?;
+    }
+    if let Some(r) = &sharded {
+        super::print(r, false)?;
     }
     for w in &written {
         super::say(format_args!("Written to {}", w.display()))?;
@@ -692,6 +720,7 @@ pub fn plan_and_print(
             budget: b,
             plan: Some(&p),
             largest: None,
+            sharded: None,
         });
     }
     super::print(&p, false)

@@ -781,3 +781,71 @@ fn shown_commands(doc: &str) -> usize {
     }
     blocks
 }
+
+/// `--gpus N`: a training spread by FSDP2 over N GPUs, rank 0 and the last rank replayed (each
+/// running the batch), in the JSON under `sharded`: each GPU's need is the busier rank's, what its
+/// blocks held at its fullest sums to its peak of `reserved`'s allocated part, and the shards make
+/// a rank hold less than the one-GPU budget. A run FSDP2 is not replayed for, or one GPU, refused.
+#[test]
+fn gpus_gives_each_rank_of_an_fsdp2_training() {
+    let args = [
+        "budget",
+        "--model",
+        "llama-3.1-8b",
+        "--mode",
+        "full",
+        "--checkpointing",
+        "--batch",
+        "1",
+        "--context",
+        "512",
+        "--json",
+        "--gpus",
+        "8",
+    ];
+    let v = json_of(mm().args(args));
+    let s = &v["sharded"];
+    assert_eq!(
+        (s["gpus"].as_u64(), s["strategy"].as_str()),
+        (Some(8), Some("fsdp2"))
+    );
+    let ranks = s["ranks"].as_array().unwrap();
+    let numbers: Vec<u64> = ranks.iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, [0, 7]);
+    let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
+    let busiest = ranks.iter().map(|r| bytes(&r["need_per_gpu"])).max();
+    assert_eq!(busiest, Some(bytes(&s["need_per_gpu"])));
+    for r in ranks {
+        let held: u64 = r["at_peak"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| bytes(&h["bytes"]))
+            .sum();
+        assert!(held > 0 && held <= bytes(&r["peak_reserved"]));
+        assert!(bytes(&r["peak_reserved"]) < bytes(&v["budget"]["peak_reserved"]) / 4);
+    }
+    mm().args(&args[..args.len() - 3])
+        .args(["--gpus", "8"])
+        .assert()
+        .success()
+        .stdout(contains("FSDP2 over 8 GPUs, each rank running the batch"));
+    mm().args(&args[..args.len() - 1])
+        .arg("1")
+        .assert()
+        .code(USAGE)
+        .stderr(contains("--gpus: 2 or more"));
+    mm().args([
+        "budget",
+        "--model",
+        "llama-3.1-8b",
+        "--mode",
+        "inference",
+        "--context",
+        "512",
+    ])
+    .args(["--gpus", "2"])
+    .assert()
+    .code(USAGE)
+    .stderr(contains("--gpus: FSDP2 is replayed for a full training"));
+}

@@ -324,16 +324,26 @@ impl<'a> OneGpu<'a> {
 /// retried when full, as on one GPU). Only for the runs FSDP2 is emulated for.
 pub struct Sharded<'a> {
     budget: &'a Budget,
+    /// What a rank holds outside the allocator as it goes: a process's, with FSDP2's kernels.
+    outside: crate::replay::OutsideBytes,
     ranks: std::cell::RefCell<HashMap<u64, std::rc::Rc<Ranks>>>,
     verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
 }
 
-/// The two ranks of one count of GPUs: their programs and the busier one's use at its fullest
-/// (with NCCL's communicator).
+/// The two ranks of one count of GPUs: their programs and figures.
 struct Ranks {
     programs: Vec<Program>,
-    need: u64,
     figures: Vec<RankFigures>,
+}
+
+impl Ranks {
+    /// The busier rank's use at its fullest (with NCCL's communicator).
+    fn need(&self) -> u64 {
+        (self.figures.iter())
+            .map(|f| f.need_per_gpu.0)
+            .max()
+            .unwrap_or(Nccl::h200_nvlink().bytes)
+    }
 }
 
 /// One rank of FSDP2 replayed without limit.
@@ -389,6 +399,7 @@ impl<'a> Sharded<'a> {
             && !w.model.tied_embeddings;
         eligible.then(|| Sharded {
             budget,
+            outside: budget.outside.bytes.with_fsdp2_kernels(),
             ranks: Default::default(),
             verdicts: Default::default(),
         })
@@ -403,7 +414,7 @@ impl<'a> Sharded<'a> {
         let plan = Plan {
             keep: true,
             under: &config,
-            outside: b.outside.bytes.with_fsdp2_kernels(),
+            outside: self.outside,
             watch: None,
         };
         let mut runs = Vec::new();
@@ -452,16 +463,8 @@ impl<'a> Sharded<'a> {
                 }
             })
             .collect();
-        let need = (figures.iter())
-            .map(|f| f.need_per_gpu.0)
-            .max()
-            .unwrap_or(nccl);
         let programs = replayed.into_iter().map(|r| r.program).collect();
-        let ranks = std::rc::Rc::new(Ranks {
-            programs,
-            need,
-            figures,
-        });
+        let ranks = std::rc::Rc::new(Ranks { programs, figures });
         self.ranks.borrow_mut().insert(gpus, ranks.clone());
         ranks
     }
@@ -472,7 +475,7 @@ impl<'a> Sharded<'a> {
         RankBudget {
             gpus,
             strategy: "fsdp2",
-            need_per_gpu: Bytes(ranks.need),
+            need_per_gpu: Bytes(ranks.need()),
             ranks: ranks.figures.clone(),
             rule: format!("{FSDP_RULE} {}.", Nccl::h200_nvlink().rule()),
         }
@@ -480,7 +483,7 @@ impl<'a> Sharded<'a> {
 
     /// The busiest rank's use of each of `gpus` GPUs (2 or more) at its fullest.
     pub fn need(&self, gpus: u64) -> u64 {
-        self.ranks(gpus).need
+        self.ranks(gpus).need()
     }
 
     /// Whether every rank completes on GPUs whose room is `room`.
@@ -490,15 +493,13 @@ impl<'a> Sharded<'a> {
         }
         let ranks = self.ranks(gpus);
         let b = self.budget;
-        let fits = ranks.need <= room || {
+        let fits = ranks.need() <= room || {
             let card = Device::Card {
                 room: room.saturating_sub(Nccl::h200_nvlink().bytes),
             };
             let config = allocator_config(b.workload.allocator);
-            (ranks.programs.iter()).all(|p| {
-                let outside = b.outside.bytes.with_fsdp2_kernels();
-                p.replay(config, card, outside).out_of_memory.is_none()
-            })
+            (ranks.programs.iter())
+                .all(|p| p.replay(config, card, self.outside).out_of_memory.is_none())
         };
         self.verdicts.borrow_mut().insert((gpus, room), fits);
         fits

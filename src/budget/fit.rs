@@ -16,6 +16,7 @@ use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
 use crate::replay::{Device, Nccl, OutsideBytes, Plan, Program};
 use crate::stack::run::{program, replays};
+use crate::stack::tensor_parallel::TensorParallel;
 use crate::units::{Bytes, GIB};
 use rust_decimal::prelude::ToPrimitive;
 use serde::Serialize;
@@ -43,6 +44,16 @@ what lives outside the allocator as on one GPU with FSDP2's kernels, and NCCL's 
 peak reserved against the H200, on a full card) is marked within the margin. Other workloads: \
 the split rule's estimate.";
 
+/// How a served model's rows over several GPUs are reached, stated with the plan.
+pub const TP_RULE: &str = "over several GPUs, serving: transformers' tensor parallelism \
+(from_pretrained with tp_plan=\"auto\": the heads, the MLP's width and the head's rows split over \
+the ranks, the embeddings and norms whole, the logits gathered), over the most GPUs of the \
+package that split the model evenly (whole heads, as transformers requires; the others idle); \
+rank 0 replayed on the allocator model (every rank allocates alike), proven against the H200 \
+through PyTorch's fake process group (data/hf-proof-tp-h200.json); what lives outside the \
+allocator as on one GPU, and NCCL's communicator (as follows). Other workloads: the split \
+rule's estimate.";
+
 /// How a verdict was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -66,6 +77,11 @@ pub enum Basis {
     RankReplay,
     /// The same, with less headroom than the proof's margin.
     RankReplayWithinMargin,
+    /// Several GPUs: a rank of tensor parallelism serving the model replayed (as
+    /// [`crate::stack::tensor_parallel`] says), with NCCL's communicator beside it.
+    TensorParallelReplay,
+    /// The same, with less headroom than the proof's margin.
+    TensorParallelWithinMargin,
 }
 
 /// One GPU model over one duration.
@@ -317,20 +333,43 @@ impl<'a> OneGpu<'a> {
     }
 }
 
-/// Full and LoRA trainings sharded by FSDP2 over several GPUs, each count of GPUs replayed once: rank 0
-/// (whole chunks of every shard) and the last rank (the remainder, re-padded as it loads), with
-/// what lives outside the allocator and NCCL's communicator. A card holds the run when both ranks
-/// complete on it: at their fullest without limit, or replayed on the card (the cache freed and
-/// retried when full, as on one GPU). Only for the runs FSDP2 is emulated for.
+/// A workload spread over several GPUs rank by rank, each count of GPUs replayed once, with what
+/// lives outside the allocator and NCCL's communicator: a full or LoRA training sharded by
+/// FSDP2 (rank 0, whole chunks of every shard, and the last rank, the remainder re-padded as it
+/// loads), or a model served by tensor parallelism (rank 0 of the most GPUs that split it
+/// evenly: every rank alike). A card holds the run when its ranks complete on it: at their
+/// fullest without limit, or replayed on the card (the cache freed and retried when full, as on
+/// one GPU). Only for the runs these are emulated for.
 pub struct Sharded<'a> {
     budget: &'a Budget,
+    pub strategy: Strategy,
     /// What a rank holds outside the allocator as it goes: a process's, with FSDP2's kernels.
     outside: crate::replay::OutsideBytes,
     ranks: std::cell::RefCell<HashMap<u64, std::rc::Rc<Ranks>>>,
     verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
 }
 
-/// The two ranks of one count of GPUs: their programs and figures.
+/// How a workload is spread over several GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// FSDP2 (`fully_shard` per decoder layer then the root), each rank training on the batch.
+    Fsdp2,
+    /// transformers' tensor parallelism (`tp_plan="auto"`), every rank serving the batch.
+    TensorParallel,
+}
+
+impl Strategy {
+    /// The rule the rows over several GPUs follow.
+    pub fn rule(self) -> &'static str {
+        match self {
+            Strategy::Fsdp2 => FSDP_RULE,
+            Strategy::TensorParallel => TP_RULE,
+        }
+    }
+}
+
+/// The ranks replayed of one count of GPUs: their programs and figures.
 struct Ranks {
     programs: Vec<Program>,
     figures: Vec<RankFigures>,
@@ -366,11 +405,14 @@ pub struct RoleBytes {
     pub bytes: Bytes,
 }
 
-/// A training spread over `gpus` GPUs by FSDP2, rank by rank (`budget --gpus`).
+/// A workload spread over `gpus` GPUs, rank by rank (`budget --gpus`).
 #[derive(Debug, Clone, Serialize)]
 pub struct RankBudget {
     pub gpus: u64,
-    pub strategy: &'static str,
+    pub strategy: Strategy,
+    /// The ranks the work is spread over: `gpus`, or for tensor parallelism the most of them
+    /// that split the model evenly.
+    pub world: u64,
     /// What each GPU uses at its fullest: the busiest rank's need.
     pub need_per_gpu: Bytes,
     /// Rank 0 and the last rank.
@@ -379,11 +421,27 @@ pub struct RankBudget {
 }
 
 impl<'a> Sharded<'a> {
-    /// For `budget`'s workload if FSDP2 is emulated for it: a full training with AdamW or a LoRA
-    /// of unquantized weights, written by hand, computed in half precision (its weights', or its
-    /// autocast's), no vision tower, embeddings not tied.
+    /// For `budget`'s workload if its spread is emulated: FSDP2 for a full training with AdamW
+    /// or a LoRA of unquantized weights, written by hand, computed in half precision (its
+    /// weights', or its autocast's), no vision tower, embeddings not tied; tensor parallelism
+    /// for serving unquantized weights of a model it splits over two GPUs
+    /// ([`TensorParallel::refusal`]).
     pub fn of(budget: &'a Budget) -> Option<Sharded<'a>> {
         let w = &budget.workload;
+        let served = matches!(w.mode, super::workload::Mode::Inference { .. })
+            && w.weights == super::workload::WeightFormat::Dense
+            && TensorParallel { world: 2, rank: 0 }
+                .refusal(&w.model)
+                .is_none();
+        if served {
+            return Some(Sharded {
+                budget,
+                strategy: Strategy::TensorParallel,
+                outside: budget.outside.bytes,
+                ranks: Default::default(),
+                verdicts: Default::default(),
+            });
+        }
         let eligible = matches!(
             w.mode,
             super::workload::Mode::Full {
@@ -399,6 +457,7 @@ impl<'a> Sharded<'a> {
             && !w.model.tied_embeddings;
         eligible.then(|| Sharded {
             budget,
+            strategy: Strategy::Fsdp2,
             outside: budget.outside.bytes.with_fsdp2_kernels(),
             ranks: Default::default(),
             verdicts: Default::default(),
@@ -406,7 +465,8 @@ impl<'a> Sharded<'a> {
     }
 
     fn ranks(&self, gpus: u64) -> std::rc::Rc<Ranks> {
-        if let Some(r) = self.ranks.borrow().get(&gpus) {
+        let world = self.world(gpus);
+        if let Some(r) = self.ranks.borrow().get(&world) {
             return r.clone();
         }
         let b = self.budget;
@@ -418,7 +478,17 @@ impl<'a> Sharded<'a> {
             watch: None,
         };
         let mut runs = Vec::new();
-        for rank in [0, gpus - 1] {
+        if self.strategy == Strategy::TensorParallel {
+            for mut run in b.workload.runs(b.kernels) {
+                run.tensor_parallel = Some(TensorParallel { world, rank: 0 });
+                runs.push(run);
+            }
+        }
+        let fsdp_ranks = match self.strategy {
+            Strategy::Fsdp2 => vec![0, world - 1],
+            Strategy::TensorParallel => vec![],
+        };
+        for rank in fsdp_ranks {
             for mut run in b.workload.runs(b.kernels) {
                 // Float32 weights under autocast: built in float32, gathered in the autocast's
                 // type, reduced in float32; else built, gathered and reduced in their type.
@@ -427,7 +497,7 @@ impl<'a> Sharded<'a> {
                     run.dtype = half;
                 }
                 run.sharding = Some(crate::stack::fsdp::Sharding {
-                    world: gpus,
+                    world,
                     rank,
                     mixed_precision,
                 });
@@ -465,8 +535,23 @@ impl<'a> Sharded<'a> {
             .collect();
         let programs = replayed.into_iter().map(|r| r.program).collect();
         let ranks = std::rc::Rc::new(Ranks { programs, figures });
-        self.ranks.borrow_mut().insert(gpus, ranks.clone());
+        self.ranks.borrow_mut().insert(world, ranks.clone());
         ranks
+    }
+
+    /// The ranks the work of `gpus` GPUs is spread over: all of them under FSDP2; under tensor
+    /// parallelism the most of them that split the model evenly (at least 2, as `of` checked).
+    pub fn world(&self, gpus: u64) -> u64 {
+        match self.strategy {
+            Strategy::Fsdp2 => gpus,
+            Strategy::TensorParallel => (2..=gpus)
+                .rev()
+                .find(|&world| {
+                    let tp = TensorParallel { world, rank: 0 };
+                    tp.refusal(&self.budget.workload.model).is_none()
+                })
+                .unwrap_or(2),
+        }
     }
 
     /// The ranks of `gpus` (2 or more) replayed, as `budget --gpus` shows them.
@@ -474,10 +559,11 @@ impl<'a> Sharded<'a> {
         let ranks = self.ranks(gpus);
         RankBudget {
             gpus,
-            strategy: "fsdp2",
+            strategy: self.strategy,
+            world: self.world(gpus),
             need_per_gpu: Bytes(ranks.need()),
             ranks: ranks.figures.clone(),
-            rule: format!("{FSDP_RULE} {}.", Nccl::h200_nvlink().rule()),
+            rule: format!("{} {}.", self.strategy.rule(), Nccl::h200_nvlink().rule()),
         }
     }
 
@@ -550,10 +636,22 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             let fits = s.fits(gpus, room);
             let need = s.need(gpus);
             // As on one GPU, a fit closer than the proof's margin (a rank's) is flagged.
-            let margin = need / 1_000_000 * super::settings::FSDP_MARGIN_PPM;
+            let (ppm, replayed, within) = match s.strategy {
+                Strategy::Fsdp2 => (
+                    super::settings::FSDP_MARGIN_PPM,
+                    Basis::RankReplay,
+                    Basis::RankReplayWithinMargin,
+                ),
+                Strategy::TensorParallel => (
+                    super::settings::TP_MARGIN_PPM,
+                    Basis::TensorParallelReplay,
+                    Basis::TensorParallelWithinMargin,
+                ),
+            };
+            let margin = need / 1_000_000 * ppm;
             let basis = match fits && need.saturating_add(margin) > room {
-                true => Basis::RankReplayWithinMargin,
-                false => Basis::RankReplay,
+                true => within,
+                false => replayed,
             };
             (if fits { need.min(room) } else { need }, fits, basis)
         }
@@ -657,8 +755,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
         workload: budget.title(),
         need_on_one_gpu: Bytes(budget.peak_use()),
         budget_needed: budget.needed,
-        split_rule: match sharded {
-            Some(_) => format!("{FSDP_RULE} {}.", nccl.rule()),
+        split_rule: match &sharded {
+            Some(s) => format!("{} {}.", s.strategy.rule(), nccl.rule()),
             None => format!("{SPLIT_RULE} {}.", nccl.rule()),
         },
         nccl,

@@ -57,6 +57,9 @@ pub const RECORDED_FSDP_PURE: &str = include_str!("../../data/hf-proof-fsdp-pure
 pub const RECORDED_FSDP_LORA: &str = include_str!("../../data/hf-proof-fsdp-lora-h200.json");
 pub const RECORDED_FSDP_LORA_HELD_OUT: &str =
     include_str!("../../data/hf-proof-fsdp-lora-held-out-h200.json");
+/// Ranks of transformers' tensor parallelism serving a model, through PyTorch's fake process
+/// group, and two alone on emulated cards (`scripts/gpu/hf-proof-plan-tp.json`).
+pub const RECORDED_TP: &str = include_str!("../../data/hf-proof-tp-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,8 +319,13 @@ impl Report {
         )
     }
 
+    /// The shipped ranks of tensor parallelism serving a model.
+    pub fn recorded_tp() -> Report {
+        Report::shipped(RECORDED_TP, "data/hf-proof-tp-h200.json")
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 15] {
+    pub fn all_recorded() -> [Report; 16] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -334,6 +342,7 @@ impl Report {
             Report::recorded_fsdp_pure(),
             Report::recorded_fsdp_lora(),
             Report::recorded_fsdp_lora_held_out(),
+            Report::recorded_tp(),
         ]
     }
 

@@ -256,6 +256,8 @@ fn basis_name(b: Basis) -> &'static str {
         Basis::SplitEstimate => "split estimate",
         Basis::RankReplay => "FSDP2 ranks replayed",
         Basis::RankReplayWithinMargin => "FSDP2 ranks, within the margin",
+        Basis::TensorParallelReplay => "TP rank replayed",
+        Basis::TensorParallelWithinMargin => "TP rank, within the margin",
     }
 }
 
@@ -383,12 +385,22 @@ const RANK_COLUMNS: [&str; 5] = [
 
 impl fmt::Display for super::fit::RankBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "FSDP2 over {} GPUs, each rank running the batch (replayed rank by rank): {} per GPU",
-            self.gpus,
-            self.need_per_gpu.gib_text()
-        )?;
+        match self.strategy {
+            super::fit::Strategy::Fsdp2 => writeln!(
+                f,
+                "FSDP2 over {} GPUs, each rank running the batch (replayed rank by rank): {} per GPU",
+                self.gpus,
+                self.need_per_gpu.gib_text()
+            )?,
+            super::fit::Strategy::TensorParallel => writeln!(
+                f,
+                "Tensor parallelism over {} of {} GPUs (the most that split the model evenly), \
+                 every rank alike (rank 0 replayed): {} per GPU",
+                self.world,
+                self.gpus,
+                self.need_per_gpu.gib_text()
+            )?,
+        }
         let rows: Vec<Vec<String>> = (self.ranks.iter())
             .map(|r| {
                 // The roles of a mebibyte or more (the JSON has them all).

@@ -271,7 +271,8 @@ large,Large,1,80,30,30000,2026-11-30,illustrative
 #[test]
 fn the_planner_replays_one_gpu_and_splits_over_more() {
     // Llama-3.1 8B, batch 4, 8192 + 512: 24.9 GB reserved at the peak; 24 GiB cards fail by
-    // replay and hold it split over two; 80 GiB cards hold it whole.
+    // replay and hold it served over two; 80 GiB cards hold it whole. The split rule's estimate
+    // (for the runs no spread is replayed for) over two.
     let b = budget(
         &preset("llama-3.1-8b", generate(512), 4, 8192),
         &BudgetSettings::h200(),
@@ -308,9 +309,11 @@ fn the_planner_replays_one_gpu_and_splits_over_more() {
         assert_eq!(f.need_per_gpu.0 + f.headroom_per_gpu.0, row.room_per_gpu.0);
         match row.model.as_str() {
             "small" => {
+                // Served over two by tensor parallelism, its rank replayed.
                 assert_eq!(row.basis, Basis::ReplayOutOfMemory);
-                assert_eq!((f.gpus, f.basis), (2, Basis::SplitEstimate));
-                assert_eq!(f.need_per_gpu.0, fit::need_per_gpu(&b, 2));
+                assert_eq!((f.gpus, f.basis), (2, Basis::TensorParallelReplay));
+                let sharded = fit::Sharded::of(&b).expect("tensor parallelism serves it");
+                assert_eq!(f.need_per_gpu.0, sharded.need(2));
             }
             _ => assert_eq!((f.gpus, f.basis), (1, Basis::PeakFits)),
         }
@@ -857,4 +860,57 @@ fn the_planner_replays_each_rank_of_a_sharded_full_training() {
     assert!(fit::Sharded::of(&b).is_none());
     let plan = fit::plan(&b, &catalog(), 16).unwrap();
     assert!(plan.split_rule.starts_with(fit::SPLIT_RULE));
+}
+
+#[test]
+fn the_planner_replays_a_rank_of_tensor_parallelism_serving_a_model() {
+    // Llama 3.1 70B served in bfloat16 (141 GB of weights): no 80 GiB card holds it alone;
+    // tensor parallelism over several does, over the most GPUs of the package that split its 8
+    // key-value heads evenly (8 of 12), each GPU holding rank 0's fullest with NCCL's
+    // communicator.
+    let w = preset("llama-3.1-70b", generate(64), 2, 1024);
+    let b = budget(&w, &BudgetSettings::h200());
+    let sharded = fit::Sharded::of(&b).expect("tensor parallelism serves it");
+    assert_eq!(sharded.strategy, fit::Strategy::TensorParallel);
+    assert_eq!(
+        (sharded.world(2), sharded.world(12), sharded.world(64)),
+        (2, 8, 8)
+    );
+    let plan = fit::plan(&b, &catalog(), 16).unwrap();
+    assert!(plan.split_rule.starts_with(fit::TP_RULE));
+    let large = (plan.rows.iter())
+        .find(|r| r.model == "large")
+        .expect("a large row");
+    let f = large.fit.as_ref().expect("fits over several large GPUs");
+    assert!(f.gpus > 1);
+    assert!(matches!(
+        f.basis,
+        Basis::TensorParallelReplay | Basis::TensorParallelWithinMargin
+    ));
+    // Two GPUs hold it, one does not.
+    let room = large.room_per_gpu.0;
+    assert_eq!(f.gpus, 2);
+    assert!(sharded.fits(2, room) && b.peak_use() > room);
+    let mut run = w.runs(b.kernels).remove(0);
+    run.tensor_parallel = Some(crate::stack::tensor_parallel::TensorParallel {
+        world: sharded.world(f.gpus),
+        rank: 0,
+    });
+    let config = [allocator_config(w.allocator)];
+    let p = crate::replay::Plan {
+        keep: false,
+        under: &config,
+        outside: b.outside.bytes,
+        watch: None,
+    };
+    let peak = crate::stack::run::replays(&run, &p).unlimited[0].peak_device;
+    let need = peak + crate::replay::Nccl::h200_nvlink().bytes;
+    assert_eq!(sharded.need(f.gpus), need);
+    assert_eq!(f.need_per_gpu.0, need.min(room));
+    // Quantized weights are not spread so: their rows are the split estimate.
+    let nf4 = Workload {
+        weights: WeightFormat::Nf4,
+        ..w
+    };
+    assert!(fit::Sharded::of(&budget(&nf4, &BudgetSettings::h200())).is_none());
 }

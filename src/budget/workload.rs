@@ -508,6 +508,7 @@ impl Workload {
             kernels,
             mask_order: Default::default(),
             sharding: None,
+            tensor_parallel: None,
         }
     }
 }

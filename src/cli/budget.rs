@@ -653,7 +653,10 @@ pub fn run(a: &BudgetArgs) -> Outcome {
                 return Err(Failure::usage(
                     "--gpus: FSDP2 is replayed for a full training with AdamW or a LoRA of \
                      unquantized weights, written by hand (no --trainer), computed in bfloat16 \
-                     or float16, of a model without a vision tower or tied embeddings",
+                     or float16, of a model without a vision tower or tied embeddings; tensor \
+                     parallelism for serving unquantized weights of a dense model without tied \
+                     embeddings whose heads, key and value heads, MLP width and vocabulary split \
+                     evenly over 2 GPUs",
                 ))
             }
         },

@@ -879,6 +879,19 @@ impl Decoder<'_> {
         };
         let mut logits = self.linear(&head, &last);
         drop(last);
+        if let Some(tp) = self.process.tensor_parallel {
+            // The ranks' logits stacked, then moved onto the last dimension (a view of the
+            // stack, or a copy and the stack freed); the local logits freed last.
+            let p = &mut *self.process;
+            let g = tp.gathered_logits(&logits.shape);
+            let stacked = p.empty(&g.stacked, logits.elem);
+            let gathered = match g.copied {
+                true => p.empty(&g.logits, logits.elem),
+                false => p.reshape(&stacked, &g.logits),
+            };
+            drop(stacked);
+            drop(std::mem::replace(&mut logits, gathered));
+        }
         if m.model_type.has_multipliers() {
             // Granite's `logits / logits_scaling`.
             logits = self.process.scale(&logits);

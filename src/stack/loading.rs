@@ -57,7 +57,10 @@ fn warmup_bytes(total: u64) -> u64 {
 
 /// Loads the weights (and buffers) in the order `loading` gives.
 pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loading) -> Weights {
-    let params = model.parameters();
+    let params = match p.tensor_parallel {
+        Some(tp) => tp.parameters(model),
+        None => model.parameters(),
+    };
     let e = dtype;
     let mut by_name = FxHashMap::default();
     let mut quantized = FxHashMap::default();

@@ -9,7 +9,8 @@
 //!   ([`reduce`]);
 //! - the programs: transformers 5.17's models ([`decoder`], with latent attention [`latent`],
 //!   mixtures of experts [`experts`], masks [`masks`], the KV cache [`cache`]), FSDP2's
-//!   sharding of a training over ranks ([`fsdp`]), `generate`
+//!   sharding of a training over ranks ([`fsdp`]), tensor parallelism's rank serving a model
+//!   ([`tensor_parallel`]), `generate`
 //!   ([`generate`]), the weights' loading and PEFT's adapters ([`loading`]), bitsandbytes' 4-bit
 //!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), `transformers.Trainer` around a
 //!   training step ([`trainer`]), alike layers written again
@@ -36,6 +37,7 @@ pub mod run;
 pub mod spec;
 pub mod tape;
 pub mod tensor;
+pub mod tensor_parallel;
 pub mod trainer;
 #[cfg(test)]
 mod windows_tests;

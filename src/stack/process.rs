@@ -107,6 +107,8 @@ pub struct Process {
     pub(super) has_cublaslt: [bool; 2],
     /// The hooks of a sharded model (FSDP2's rank: [`super::fsdp`]).
     pub fsdp: Option<Box<dyn ShardedModel>>,
+    /// This process as a rank of a tensor-parallel run ([`super::tensor_parallel`]).
+    pub tensor_parallel: Option<super::tensor_parallel::TensorParallel>,
 }
 
 /// Broadcast shape of two shapes.
@@ -144,6 +146,7 @@ impl Process {
             has_cublas: [false; 2],
             has_cublaslt: [false; 2],
             fsdp: None,
+            tensor_parallel: None,
         }
     }
 

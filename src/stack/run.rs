@@ -12,6 +12,7 @@ use super::loading::{self, Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerState};
 use super::process::{Kernels, Process};
 use super::tensor::Tensor;
+use super::tensor_parallel::TensorParallel;
 use super::trainer::{self, Batch, TrainerArgs};
 use crate::dtype::Dtype;
 use crate::model::{Model, TensorRole};
@@ -61,6 +62,8 @@ pub struct Run {
     /// One rank of an FSDP2 training ([`super::fsdp`]): the model built on `meta`, its
     /// parameters sharded and gathered in `dtype` (built in float32 under mixed precision).
     pub sharding: Option<Sharding>,
+    /// One rank of a tensor-parallel run serving the model ([`super::tensor_parallel`]).
+    pub tensor_parallel: Option<TensorParallel>,
 }
 
 /// Where the stages begin and end, marked on the tape.
@@ -139,6 +142,9 @@ fn emulate(
 ) -> Program {
     let mut p = Process::new(run.kernels);
     p.mask_order = run.mask_order;
+    p.tensor_parallel = run.tensor_parallel;
+    let rank_model = run.tensor_parallel.map(|tp| tp.rank_model(&run.model));
+    let model = rank_model.as_ref().unwrap_or(&run.model);
     if let Some(sink) = sink {
         p.tape.stream_to(sink);
     }
@@ -147,7 +153,7 @@ fn emulate(
     drop(p.empty(&[1], Dtype::Float32));
     marks.begin(&p, "weights", Loaded::Context);
     let mut weights = match run.sharding {
-        None => loading::load(&mut p, &run.model, run.dtype, run.loading),
+        None => loading::load(&mut p, model, run.dtype, run.loading),
         Some(sharding) => {
             let lora = match &run.work {
                 Work::Train { lora, .. } => lora.as_ref(),
@@ -173,14 +179,14 @@ fn emulate(
             marks.end(&p);
             marks.begin(&p, "prefill", Loaded::Forward);
             let mut d = Decoder {
-                model: &run.model,
+                model,
                 weights: &weights,
                 process: &mut p,
                 checkpointing: false,
                 experts_path: super::decoder::ExpertsPath::Grouped,
                 layer_kinds: (repeats == LayerRepeats::Written).then(|| {
                     super::repeat::LayerKinds::of(
-                        &run.model,
+                        model,
                         weights.by_name.iter(),
                         weights.adapters.keys().chain(weights.quantized.keys()),
                     )

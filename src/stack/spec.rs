@@ -9,6 +9,7 @@ use super::loading::{Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerImpl};
 use super::process::{Kernels, MaskOrder};
 use super::run::{Run, Work};
+use super::tensor_parallel::TensorParallel;
 use super::trainer::TrainerArgs;
 use crate::dtype::Dtype;
 use serde::Deserialize;
@@ -258,6 +259,12 @@ impl TryFrom<Spec> for Run {
             (_, SpecLoading::FromConfig) => Loading::FromConfig,
             (_, SpecLoading::Pretrained) => Loading::Pretrained,
         };
+        // A tensor-parallel run loads a checkpoint saved on disk (`hf_loops.py`).
+        let tensor_parallel_run = s.distributed.as_ref().is_some_and(|d| d.strategy == "tp");
+        let loading = match tensor_parallel_run {
+            true => Loading::Pretrained,
+            false => loading,
+        };
         let sharding = match &s.distributed {
             None => None,
             Some(d) if d.strategy == "fsdp" => {
@@ -294,12 +301,38 @@ impl TryFrom<Spec> for Run {
                     mixed_precision: d.mixed_precision,
                 })
             }
+            Some(d) if d.strategy == "tp" => None,
             Some(_) => {
                 return Err(field(
                     "distributed",
-                    "the strategy emulated is fsdp (ddp and tp are not yet)",
+                    "the strategies emulated are fsdp and tp (ddp is not yet)",
                 ))
             }
+        };
+        let tensor_parallel = match &s.distributed {
+            Some(d) if tensor_parallel_run => {
+                if d.world_size < 2 || d.rank >= d.world_size {
+                    return Err(field(
+                        "distributed",
+                        "a world_size above 1 and a rank below it",
+                    ));
+                }
+                if s.mode != SpecMode::Inference {
+                    return Err(field(
+                        "distributed",
+                        "tensor parallelism is emulated for serving (mode inference)",
+                    ));
+                }
+                let tp = TensorParallel {
+                    world: d.world_size,
+                    rank: d.rank,
+                };
+                if let Some(why) = tp.refusal(&model) {
+                    return Err(field("distributed", &why));
+                }
+                Some(tp)
+            }
+            _ => None,
         };
         let mask_order =
             match s.mask_order.as_deref().and_then(|o| o.first()) {
@@ -322,6 +355,7 @@ impl TryFrom<Spec> for Run {
             kernels: Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0)),
             mask_order,
             sharding,
+            tensor_parallel,
         })
     }
 }

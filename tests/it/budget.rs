@@ -787,6 +787,47 @@ fn shown_commands(doc: &str) -> usize {
 /// blocks held at its fullest sums to its peak of `reserved`'s allocated part, and the shards make
 /// a rank hold less than the one-GPU budget. A run FSDP2 is not replayed for, or one GPU, refused.
 #[test]
+fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
+    // Llama 3.1 70B's 8 key-value heads split over 8 of 12 GPUs; rank 0 replayed, every rank
+    // alike.
+    let args = [
+        "budget",
+        "--model",
+        "llama-3.1-70b",
+        "--mode",
+        "inference",
+        "--batch",
+        "4",
+        "--context",
+        "2048",
+        "--generated",
+        "64",
+        "--gpus",
+        "12",
+    ];
+    let v = json_of(mm().args(args).arg("--json"));
+    let s = &v["sharded"];
+    assert_eq!(
+        (
+            s["gpus"].as_u64(),
+            s["world"].as_u64(),
+            s["strategy"].as_str()
+        ),
+        (Some(12), Some(8), Some("tensor_parallel"))
+    );
+    let ranks = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 1);
+    let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
+    assert_eq!(bytes(&ranks[0]["need_per_gpu"]), bytes(&s["need_per_gpu"]));
+    // A rank holds an eighth of the layers' weights and of the KV cache, the embeddings whole.
+    assert!(bytes(&ranks[0]["peak_reserved"]) < bytes(&v["budget"]["peak_reserved"]) / 6);
+    mm().args(args)
+        .assert()
+        .success()
+        .stdout(contains("Tensor parallelism over 8 of 12 GPUs"));
+}
+
+#[test]
 fn gpus_gives_each_rank_of_an_fsdp2_training() {
     let args = [
         "budget",
@@ -840,9 +881,9 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
         "--model",
         "llama-3.1-8b",
         "--mode",
-        "inference",
+        "qlora",
         "--context",
-        "512",
+        "2048",
     ])
     .args(["--gpus", "2"])
     .assert()

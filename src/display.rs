@@ -25,6 +25,7 @@ macro_rules! displayed {
 displayed!(
     crate::budget::Budget,
     crate::budget::FitPlan,
+    crate::budget::fit::Spread,
     crate::budget::Presets,
     WeightEstimate,
     EnvironmentReport,

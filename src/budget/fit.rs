@@ -405,6 +405,27 @@ pub struct RoleBytes {
     pub bytes: Bytes,
 }
 
+/// What each GPU uses at its fullest over several counts of GPUs: the ranks replayed, beside the
+/// split rule's estimate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spread {
+    pub workload: String,
+    pub strategy: Strategy,
+    pub rows: Vec<SpreadRow>,
+    pub rule: String,
+}
+
+/// One count of GPUs of a [`Spread`].
+#[derive(Debug, Clone, Serialize)]
+pub struct SpreadRow {
+    pub gpus: u64,
+    /// The ranks the work is spread over (tensor parallelism: the most of `gpus` that split the
+    /// model evenly).
+    pub world: u64,
+    pub replayed: Bytes,
+    pub split_estimate: Bytes,
+}
+
 /// A workload spread over `gpus` GPUs, rank by rank (`budget --gpus`).
 #[derive(Debug, Clone, Serialize)]
 pub struct RankBudget {
@@ -563,6 +584,24 @@ impl<'a> Sharded<'a> {
             world: self.world(gpus),
             need_per_gpu: Bytes(ranks.need()),
             ranks: ranks.figures.clone(),
+            rule: format!("{} {}.", self.strategy.rule(), Nccl::h200_nvlink().rule()),
+        }
+    }
+
+    /// For each count of GPUs (2 or more), what each GPU uses at its fullest by the ranks'
+    /// replay, beside the split rule's estimate of it.
+    pub fn spread(&self, counts: &[u64]) -> Spread {
+        Spread {
+            workload: self.budget.title(),
+            strategy: self.strategy,
+            rows: (counts.iter())
+                .map(|&gpus| SpreadRow {
+                    gpus,
+                    world: self.world(gpus),
+                    replayed: Bytes(self.need(gpus)),
+                    split_estimate: Bytes(need_per_gpu(self.budget, gpus)),
+                })
+                .collect(),
             rule: format!("{} {}.", self.strategy.rule(), Nccl::h200_nvlink().rule()),
         }
     }

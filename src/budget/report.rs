@@ -422,6 +422,53 @@ impl fmt::Display for super::fit::RankBudget {
     }
 }
 
+const SPREAD_COLUMNS: [&str; 5] = [
+    "GPUs",
+    "ranks",
+    "need / GPU, replayed",
+    "split estimate",
+    "estimate − replay",
+];
+
+impl super::fit::Spread {
+    fn caption(&self) -> String {
+        let how = match self.strategy {
+            super::fit::Strategy::Fsdp2 => "FSDP2",
+            super::fit::Strategy::TensorParallel => "tensor parallelism",
+        };
+        format!("Over several GPUs by {how}: {}", self.workload)
+    }
+
+    fn cells(&self) -> Vec<Vec<String>> {
+        (self.rows.iter())
+            .map(|r| {
+                let (e, p) = (r.split_estimate.0, r.replayed.0);
+                let sign = if e >= p { "" } else { "−" };
+                vec![
+                    r.gpus.to_string(),
+                    r.world.to_string(),
+                    r.replayed.gib_text(),
+                    r.split_estimate.gib_text(),
+                    format!("{sign}{}", Bytes(e.abs_diff(p)).gib_text()),
+                ]
+            })
+            .collect()
+    }
+
+    pub fn html(&self) -> Html {
+        table(&self.caption(), &SPREAD_COLUMNS, &self.cells())
+            .then(Html::note(&format!("Rule: {}", self.rule)))
+    }
+}
+
+impl fmt::Display for super::fit::Spread {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.caption())?;
+        text_table(f, &SPREAD_COLUMNS, &self.cells())?;
+        write!(f, "Rule: {}", self.rule)
+    }
+}
+
 const PRESET_COLUMNS: [&str; 8] = [
     "preset",
     "name",

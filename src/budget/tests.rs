@@ -839,6 +839,13 @@ fn the_planner_replays_each_rank_of_a_sharded_full_training() {
     let need = peak(0).max(peak(f.gpus - 1)) + crate::replay::Nccl::h200_nvlink().bytes;
     assert_eq!(sharded.need(f.gpus), need);
     assert_eq!(f.need_per_gpu.0, need.min(room));
+    // Its spread over several counts, the ranks' replay beside the split rule's estimate.
+    let spread = sharded.spread(&[f.gpus, 2 * f.gpus]);
+    let rows: Vec<(u64, u64, u64, u64)> = (spread.rows.iter())
+        .map(|r| (r.gpus, r.world, r.replayed.0, r.split_estimate.0))
+        .collect();
+    let count = |g: u64| (g, g, sharded.need(g), fit::need_per_gpu(&b, g));
+    assert_eq!(rows, [count(f.gpus), count(2 * f.gpus)]);
     assert!(plan.split_rule.starts_with(fit::FSDP_RULE));
     // A LoRA training is sharded so too; a training with 8-bit AdamW is not: its rows over
     // several GPUs are the split estimate.

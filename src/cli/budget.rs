@@ -79,6 +79,19 @@ pub enum ModeArg {
     Full,
 }
 
+/// How a run is spread over several GPUs (`--parallel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ParallelArg {
+    /// FSDP2, `fully_shard` on every decoder layer then the root (training).
+    Fsdp,
+    /// transformers' tensor parallelism, `tp_plan="auto"` (serving).
+    Tp,
+    /// DistributedDataParallel: not yet replayed.
+    Ddp,
+    /// `device_map="auto"`, layers placed on GPUs in order: not yet replayed.
+    Layers,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AutocastArg {
     Bfloat16,
@@ -161,10 +174,16 @@ pub struct BudgetArgs {
     /// Also draw the budget per GPU against the catalog's GPU sizes (a new SVG file).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Also the training spread over this many GPUs by FSDP2 (full or LoRA, 2 or more):
-    /// rank 0 and the last rank replayed, each running the batch.
-    #[arg(long, value_parser = values::positive_u64)]
-    pub gpus: Option<u64>,
+    /// Also the run spread over this many GPUs (2 to 64), rank by rank: a full or LoRA training
+    /// by FSDP2 (rank 0 and the last rank replayed), serving by tensor parallelism (rank 0).
+    /// Several counts (`8,16,32,64`): what each GPU needs at each, beside the split rule's
+    /// estimate.
+    #[arg(long, value_parser = values::positive_u64, value_delimiter = ',')]
+    pub gpus: Vec<u64>,
+    /// The way `--gpus` spreads the run (by default the one replayed for it: FSDP2 for a
+    /// training, tensor parallelism for serving).
+    #[arg(long, value_enum, requires = "gpus")]
+    pub parallel: Option<ParallelArg>,
     #[command(flatten)]
     pub plan: PlanArgs,
 }
@@ -581,6 +600,8 @@ struct Document<'a> {
     largest: Option<&'a Largest>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sharded: Option<&'a fit::RankBudget>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spread: Option<&'a fit::Spread>,
 }
 
 pub fn run(a: &BudgetArgs) -> Outcome {
@@ -640,27 +661,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         (Some(c), Some(size)) => Some(largest(&workload, &settings, c, size)?),
         _ => None,
     };
-    let sharded = match a.gpus {
-        None => None,
-        Some(gpus) if gpus < 2 => {
-            return Err(Failure::usage(
-                "--gpus: 2 or more (one GPU is the budget itself)",
-            ))
-        }
-        Some(gpus) => match fit::Sharded::of(&b) {
-            Some(s) => Some(s.rank_budget(gpus)),
-            None => {
-                return Err(Failure::usage(
-                    "--gpus: FSDP2 is replayed for a full training with AdamW or a LoRA of \
-                     unquantized weights, written by hand (no --trainer), computed in bfloat16 \
-                     or float16, of a model without a vision tower or tied embeddings; tensor \
-                     parallelism for serving unquantized weights of a dense model without tied \
-                     embeddings whose heads, key and value heads, MLP width and vocabulary split \
-                     evenly over 2 GPUs",
-                ))
-            }
-        },
-    };
+    let (sharded, spread) = spread_over_gpus(&b, &a.gpus, a.parallel)?;
     let chart = match (&catalog, &a.plot) {
         (Some(c), Some(_)) => Some(crate::plot::budget_chart(&b, c)),
         _ => None,
@@ -687,6 +688,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
             plan: plan.as_ref(),
             largest: largest.as_ref(),
             sharded: sharded.as_ref(),
+            spread: spread.as_ref(),
         })?;
         for w in &written {
             super::note(format_args!("Written to {}", w.display()))?;
@@ -703,10 +705,74 @@ pub fn run(a: &BudgetArgs) -> Outcome {
     if let Some(r) = &sharded {
         super::print(r, false)?;
     }
+    if let Some(r) = &spread {
+        super::print(r, false)?;
+    }
     for w in &written {
         super::say(format_args!("Written to {}", w.display()))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--gpus` (with `--parallel`): one count's ranks, or several counts' needs beside the split
+/// rule's estimate; a count outside 2 to the planner's most, or a spread not replayed for the
+/// run, is refused with the reason.
+fn spread_over_gpus(
+    b: &Budget,
+    counts: &[u64],
+    parallel: Option<ParallelArg>,
+) -> Result<(Option<fit::RankBudget>, Option<fit::Spread>), Failure> {
+    if counts.is_empty() {
+        return Ok((None, None));
+    }
+    if let Some(&n) = counts.iter().find(|&&n| !(2..=fit::MAX_GPUS).contains(&n)) {
+        return Err(Failure::usage_owned(format!(
+            "--gpus: {n} is not a count of 2 to {} GPUs (one GPU is the budget itself)",
+            fit::MAX_GPUS
+        )));
+    }
+    let Some(s) = fit::Sharded::of(b) else {
+        return Err(Failure::usage(
+            "--gpus: FSDP2 is replayed for a full training with AdamW or a LoRA of unquantized \
+             weights, written by hand (no --trainer), computed in bfloat16 or float16, of a model \
+             without a vision tower or tied embeddings; tensor parallelism for serving \
+             unquantized weights of a dense model without tied embeddings whose heads, key and \
+             value heads, MLP width and vocabulary split evenly over 2 GPUs",
+        ));
+    };
+    let replayed = match s.strategy {
+        fit::Strategy::Fsdp2 => ParallelArg::Fsdp,
+        fit::Strategy::TensorParallel => ParallelArg::Tp,
+    };
+    match parallel {
+        Some(p @ (ParallelArg::Ddp | ParallelArg::Layers)) => {
+            return Err(Failure::usage_owned(format!(
+                "--parallel {}: not yet replayed (fsdp for a training, tp for serving are)",
+                if p == ParallelArg::Ddp {
+                    "ddp"
+                } else {
+                    "layers"
+                }
+            )))
+        }
+        Some(p) if p != replayed => {
+            return Err(Failure::usage(match replayed {
+                ParallelArg::Fsdp => {
+                    "--parallel tp: tensor parallelism is replayed for serving; \
+                                      this training is spread by FSDP2 (--parallel fsdp)"
+                }
+                _ => {
+                    "--parallel fsdp: FSDP2 is replayed for a training; this run is served by \
+                      tensor parallelism (--parallel tp)"
+                }
+            }))
+        }
+        _ => {}
+    }
+    Ok(match counts {
+        [gpus] => (Some(s.rank_budget(*gpus)), None),
+        _ => (None, Some(s.spread(counts))),
+    })
 }
 
 /// Plans `budget` over `catalog` and prints the plan (one JSON document: the budget and its
@@ -724,6 +790,7 @@ pub fn plan_and_print(
             plan: Some(&p),
             largest: None,
             sharded: None,
+            spread: None,
         });
     }
     super::print(&p, false)

@@ -712,7 +712,7 @@ fn a_presets_file_is_refused_naming_its_line() {
 #[test]
 fn the_guide_page_and_the_readme_show_what_the_programs_print() {
     assert!(shown_commands("docs/budget-vs-guide.md") >= 10);
-    assert_eq!(shown_commands("README.md"), 1);
+    assert_eq!(shown_commands("README.md"), 2);
 }
 
 /// Runs every `$ mesure_memoire …` or `$ calcul_forfaits …` that the page `doc` shows in a code
@@ -825,6 +825,39 @@ fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
         .assert()
         .success()
         .stdout(contains("Tensor parallelism over 8 of 12 GPUs"));
+    // Named, the way must be the one replayed for the run.
+    mm().args(args)
+        .args(["--parallel", "tp"])
+        .assert()
+        .success();
+    for (way, says) in [
+        ("fsdp", "--parallel fsdp: FSDP2 is replayed for a training"),
+        ("ddp", "--parallel ddp: not yet replayed"),
+        ("layers", "--parallel layers: not yet replayed"),
+    ] {
+        mm().args(args)
+            .args(["--parallel", way])
+            .assert()
+            .code(USAGE)
+            .stderr(contains(says));
+    }
+    // Several counts: each count's need beside the split rule's estimate.
+    let mut several = args.to_vec();
+    *several.last_mut().unwrap() = "2,4,8";
+    let v = json_of(mm().args(&several).arg("--json"));
+    let rows = v["spread"]["rows"].as_array().unwrap();
+    let gpus: Vec<u64> = rows.iter().map(|r| r["gpus"].as_u64().unwrap()).collect();
+    assert_eq!(gpus, [2, 4, 8]);
+    let replayed: Vec<u64> = (rows.iter())
+        .map(|r| r["replayed"]["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(replayed.windows(2).all(|w| w[1] < w[0]), "{replayed:?}");
+    assert!(v.get("sharded").is_none());
+    *several.last_mut().unwrap() = "2,5000";
+    mm().args(&several)
+        .assert()
+        .code(USAGE)
+        .stderr(contains("--gpus: 5000 is not a count of 2 to 4096 GPUs"));
 }
 
 #[test]
@@ -875,7 +908,7 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
         .arg("1")
         .assert()
         .code(USAGE)
-        .stderr(contains("--gpus: 2 or more"));
+        .stderr(contains("--gpus: 1 is not a count of 2 to 4096 GPUs"));
     mm().args([
         "budget",
         "--model",

@@ -343,7 +343,8 @@ impl<'a> OneGpu<'a> {
 pub struct Sharded<'a> {
     budget: &'a Budget,
     pub strategy: Strategy,
-    /// What a rank holds outside the allocator as it goes: a process's, with FSDP2's kernels.
+    /// What a rank holds outside the allocator as it goes: a process's (with FSDP2's kernels
+    /// under FSDP2).
     outside: crate::replay::OutsideBytes,
     ranks: std::cell::RefCell<HashMap<u64, std::rc::Rc<Ranks>>>,
     verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
@@ -365,6 +366,24 @@ impl Strategy {
         match self {
             Strategy::Fsdp2 => FSDP_RULE,
             Strategy::TensorParallel => TP_RULE,
+        }
+    }
+
+    /// The worst error of a rank's peak `reserved` against the H200, in millionths.
+    fn margin_ppm(self) -> u64 {
+        match self {
+            Strategy::Fsdp2 => super::settings::FSDP_MARGIN_PPM,
+            Strategy::TensorParallel => super::settings::TP_MARGIN_PPM,
+        }
+    }
+
+    /// A fit of its ranks' replay, closer than the margin or not.
+    fn basis(self, within_margin: bool) -> Basis {
+        match (self, within_margin) {
+            (Strategy::Fsdp2, false) => Basis::RankReplay,
+            (Strategy::Fsdp2, true) => Basis::RankReplayWithinMargin,
+            (Strategy::TensorParallel, false) => Basis::TensorParallelReplay,
+            (Strategy::TensorParallel, true) => Basis::TensorParallelWithinMargin,
         }
     }
 }
@@ -499,18 +518,18 @@ impl<'a> Sharded<'a> {
             watch: None,
         };
         let mut runs = Vec::new();
-        if self.strategy == Strategy::TensorParallel {
-            for mut run in b.workload.runs(b.kernels) {
-                run.tensor_parallel = Some(TensorParallel { world, rank: 0 });
-                runs.push(run);
-            }
-        }
-        let fsdp_ranks = match self.strategy {
+        let replayed_ranks = match self.strategy {
             Strategy::Fsdp2 => vec![0, world - 1],
-            Strategy::TensorParallel => vec![],
+            // Every rank allocates alike.
+            Strategy::TensorParallel => vec![0],
         };
-        for rank in fsdp_ranks {
+        for rank in replayed_ranks {
             for mut run in b.workload.runs(b.kernels) {
+                if self.strategy == Strategy::TensorParallel {
+                    run.tensor_parallel = Some(TensorParallel { world, rank });
+                    runs.push(run);
+                    continue;
+                }
                 // Float32 weights under autocast: built in float32, gathered in the autocast's
                 // type, reduced in float32; else built, gathered and reduced in their type.
                 let mixed_precision = run.autocast.is_some();
@@ -539,7 +558,9 @@ impl<'a> Sharded<'a> {
             .map(|(run, r)| {
                 let u = &r.unlimited[0];
                 RankFigures {
-                    rank: run.sharding.map_or(0, |s| s.rank),
+                    rank: (run.sharding.map(|s| s.rank))
+                        .or(run.tensor_parallel.map(|t| t.rank))
+                        .unwrap_or(0),
                     peak_allocated: Bytes(u.peak_allocated),
                     peak_reserved: Bytes(u.peak_reserved),
                     need_per_gpu: Bytes(u.peak_device.saturating_add(nccl)),
@@ -675,23 +696,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             let fits = s.fits(gpus, room);
             let need = s.need(gpus);
             // As on one GPU, a fit closer than the proof's margin (a rank's) is flagged.
-            let (ppm, replayed, within) = match s.strategy {
-                Strategy::Fsdp2 => (
-                    super::settings::FSDP_MARGIN_PPM,
-                    Basis::RankReplay,
-                    Basis::RankReplayWithinMargin,
-                ),
-                Strategy::TensorParallel => (
-                    super::settings::TP_MARGIN_PPM,
-                    Basis::TensorParallelReplay,
-                    Basis::TensorParallelWithinMargin,
-                ),
-            };
-            let margin = need / 1_000_000 * ppm;
-            let basis = match fits && need.saturating_add(margin) > room {
-                true => within,
-                false => replayed,
-            };
+            let margin = need / 1_000_000 * s.strategy.margin_ppm();
+            let basis = s.strategy.basis(fits && need.saturating_add(margin) > room);
             (if fits { need.min(room) } else { need }, fits, basis)
         }
         _ => {

@@ -7,7 +7,7 @@
 //! budget replays it. Each stage's peaks agree within the budget's margin, and on every emulated
 //! card the replay runs out of memory exactly where the GPU did.
 
-use iteragpu_lab::budget::proof::{check, Report, StageCheck};
+use iteragpu_lab::budget::proof::{check, Report, RunCheck, StageCheck};
 use iteragpu_lab::budget::settings::{FSDP_MARGIN_PPM, MARGIN_PPM, TP_MARGIN_PPM};
 use iteragpu_lab::replay::{Outside, OutsideBytes};
 use iteragpu_lab::units::Bytes;
@@ -304,12 +304,7 @@ fn every_rank_of_tensor_parallelism_is_predicted_within_the_margin() {
                 rec.name
             );
         }
-        check_stages(&rec.name, &c.stages, margin);
-        let (a, r) = c.peak_errors();
-        println!(
-            "{:<60} peak allocated {a:+.3} % reserved {r:+.3} %",
-            rec.name
-        );
+        let r = checked_peak(&rec.name, &c, margin);
         worst = worst.max(r.abs());
     }
     println!("worst error on a rank's peak reserved: {worst:.3} %");
@@ -399,13 +394,8 @@ fn check_fsdp_report(report: &Report, refused: Option<&str>, cards: usize) {
             rec.name,
             c.card_outcome
         );
-        check_stages(&rec.name, &c.stages, 23.0);
         // The run's peak, the figure a verdict rests on, within a rank's margin.
-        let (a, r) = c.peak_errors();
-        println!(
-            "{:<60} peak allocated {a:+.3} % reserved {r:+.3} %",
-            rec.name
-        );
+        let r = checked_peak(&rec.name, &c, 23.0);
         let margin = FSDP_MARGIN_PPM as f64 / 10_000.0;
         assert!(
             r.abs() < margin,
@@ -437,6 +427,15 @@ fn check_stages(name: &str, stages: &[StageCheck], reserved_within: f64) {
     }
 }
 
+/// Checks a run's stages as [`check_stages`] does and prints the errors on its peaks; returns the
+/// error on its peak of `reserved`, in %.
+fn checked_peak(name: &str, c: &RunCheck, reserved_within: f64) -> f64 {
+    check_stages(name, &c.stages, reserved_within);
+    let (a, r) = c.peak_errors();
+    println!("{name:<60} peak       allocated {a:+.3} % reserved {r:+.3} %");
+    r
+}
+
 /// How many runs of `report` ran alone on an emulated card.
 fn card_runs(report: &Report) -> usize {
     report.records.iter().filter(|r| r.kind == "card").count()
@@ -466,14 +465,8 @@ fn check_report(report: &Report) {
         assert_eq!(c.stages.len(), compared, "{}: stages", rec.name);
         // Reserved within a stage, within the margin (the worst, −0.601 %: Phi-3 mini's full
         // training with recomputation, where two equal free blocks tie as the driver's addresses
-        // decide)...
-        check_stages(&rec.name, &c.stages, margin);
-        // ...the run's peak, the figure a verdict rests on, within the budget's margin.
-        let (a, r) = c.peak_errors();
-        println!(
-            "{:<60} peak       allocated {a:+.3} % reserved {r:+.3} %",
-            rec.name
-        );
+        // decide), and so the run's peak, the figure a verdict rests on.
+        let r = checked_peak(&rec.name, &c, margin);
         worst_reserved = worst_reserved.max(r.abs());
         let (measured_reserved, predicted_reserved) = c.peak_reserved;
         let card = match &c.card_outcome {

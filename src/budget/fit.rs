@@ -361,6 +361,14 @@ pub enum Strategy {
 }
 
 impl Strategy {
+    /// Its name in the text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Fsdp2 => "FSDP2",
+            Strategy::TensorParallel => "tensor parallelism",
+        }
+    }
+
     /// The rule the rows over several GPUs follow.
     pub fn rule(self) -> &'static str {
         match self {
@@ -586,13 +594,9 @@ impl<'a> Sharded<'a> {
     pub fn world(&self, gpus: u64) -> u64 {
         match self.strategy {
             Strategy::Fsdp2 => gpus,
-            Strategy::TensorParallel => (2..=gpus)
-                .rev()
-                .find(|&world| {
-                    let tp = TensorParallel { world, rank: 0 };
-                    tp.refusal(&self.budget.workload.model).is_none()
-                })
-                .unwrap_or(2),
+            Strategy::TensorParallel => {
+                crate::stack::tensor_parallel::most_ranks(&self.budget.workload.model, gpus).max(2)
+            }
         }
     }
 

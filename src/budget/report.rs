@@ -432,11 +432,11 @@ const SPREAD_COLUMNS: [&str; 5] = [
 
 impl super::fit::Spread {
     fn caption(&self) -> String {
-        let how = match self.strategy {
-            super::fit::Strategy::Fsdp2 => "FSDP2",
-            super::fit::Strategy::TensorParallel => "tensor parallelism",
-        };
-        format!("Over several GPUs by {how}: {}", self.workload)
+        format!(
+            "Over several GPUs by {}: {}",
+            self.strategy.name(),
+            self.workload
+        )
     }
 
     fn cells(&self) -> Vec<Vec<String>> {

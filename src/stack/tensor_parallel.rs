@@ -24,6 +24,39 @@ pub struct TensorParallel {
     pub rank: u64,
 }
 
+/// What the plan splits over the ranks, each count named: the heads, the key-value heads, the
+/// head's rows (the vocabulary) and each dense MLP's width.
+fn even_splits(model: &Model) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+    let dense_widths = model.layers.iter().filter_map(|l| match l.mlp {
+        Mlp::Dense { intermediate } => Some(intermediate),
+        Mlp::Experts => None,
+    });
+    [
+        ("attention heads", model.heads),
+        ("key and value heads", model.kv_heads),
+        ("vocabulary", model.vocab),
+    ]
+    .into_iter()
+    .chain(dense_widths.map(|i| ("MLP width", i)))
+}
+
+/// The most ranks, up to `gpus`, that split `model` evenly (1 when no more do): the largest
+/// divisor of every count the plan splits.
+pub fn most_ranks(model: &Model, gpus: u64) -> u64 {
+    let gcd = |a: u64, b: u64| -> u64 {
+        let (mut a, mut b) = (a, b);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let common = even_splits(model).fold(0, |g, (_, n)| gcd(g, n));
+    (1..=gpus.min(common))
+        .rev()
+        .find(|w| common % w == 0)
+        .unwrap_or(1)
+}
+
 impl TensorParallel {
     /// Why `model` cannot be served this way as emulated (`None`: it can).
     pub fn refusal(&self, model: &Model) -> Option<String> {
@@ -61,18 +94,7 @@ impl TensorParallel {
                     .into(),
             );
         }
-        let dense_widths = model.layers.iter().filter_map(|l| match l.mlp {
-            Mlp::Dense { intermediate } => Some(intermediate),
-            Mlp::Experts => None,
-        });
-        let splits = [
-            ("attention heads", model.heads),
-            ("key and value heads", model.kv_heads),
-            ("vocabulary", model.vocab),
-        ]
-        .into_iter()
-        .chain(dense_widths.map(|i| ("MLP width", i)));
-        for (what, n) in splits {
+        for (what, n) in even_splits(model) {
             if n % w != 0 {
                 return Some(format!(
                     "{n} {what} do not split evenly over {w} GPUs (transformers' plan needs whole \
@@ -192,6 +214,18 @@ mod tests {
             .contains("tied"));
         assert!(tp(2).refusal(&model("mixtral-8x7b")).is_some());
         assert!(tp(2).refusal(&model("phi-3-mini")).is_some());
+        // The most ranks that split them, as the refusals say.
+        let seventy = model("llama-3.1-70b");
+        assert_eq!(
+            [2, 7, 12, 64].map(|g| most_ranks(&seventy, g)),
+            [2, 4, 8, 8]
+        );
+        assert_eq!(most_ranks(&model("qwen2.5-7b"), 8), 4);
+        for g in 2..=16 {
+            let most = most_ranks(&seventy, g);
+            assert_eq!(tp(most).refusal(&seventy), None);
+            assert!((most + 1..=g).all(|w| tp(w).refusal(&seventy).is_some()));
+        }
     }
 
     #[test]

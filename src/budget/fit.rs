@@ -54,6 +54,17 @@ through PyTorch's fake process group (data/hf-proof-tp-h200.json); what lives ou
 allocator as on one GPU, and NCCL's communicator (as follows). Other workloads: the split \
 rule's estimate.";
 
+/// How a training's rows are reached under DDP (`budget --gpus N --parallel ddp`).
+pub const DDP_RULE: &str = "over several GPUs by DDP: DistributedDataParallel with its defaults \
+(every rank holding the whole model, its gradients copied into flat buckets, one a dtype until \
+the first backward, then rebuilt in the order they became ready, a first of 1 MiB then 25 MiB \
+or more each; the parameters and buffers broadcast at its construction, the buffers before \
+every forward), each rank processing the batch; rank 0 replayed on the allocator model (every \
+rank allocates alike), proven against the H200 through PyTorch's fake process group \
+(data/hf-proof-ddp-h200.json); what lives outside the allocator as on one GPU, and NCCL's \
+communicator (as follows); a fit with less headroom than 0.65 % of a rank's need (the one-GPU \
+margin, which the rank's errors against the H200 are within) is marked within the margin.";
+
 /// How a verdict was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -82,6 +93,11 @@ pub enum Basis {
     TensorParallelReplay,
     /// The same, with less headroom than the proof's margin.
     TensorParallelWithinMargin,
+    /// Several GPUs: a rank of DDP replayed (as [`crate::stack::ddp`] says), with NCCL's
+    /// communicator beside it.
+    DdpReplay,
+    /// The same, with less headroom than the proof's margin.
+    DdpWithinMargin,
 }
 
 /// One GPU model over one duration.
@@ -358,6 +374,8 @@ pub enum Strategy {
     Fsdp2,
     /// transformers' tensor parallelism (`tp_plan="auto"`), every rank serving the batch.
     TensorParallel,
+    /// `DistributedDataParallel`, every rank training the whole model on the batch.
+    Ddp,
 }
 
 impl Strategy {
@@ -366,6 +384,7 @@ impl Strategy {
         match self {
             Strategy::Fsdp2 => "FSDP2",
             Strategy::TensorParallel => "tensor parallelism",
+            Strategy::Ddp => "DDP",
         }
     }
 
@@ -374,6 +393,7 @@ impl Strategy {
         match self {
             Strategy::Fsdp2 => FSDP_RULE,
             Strategy::TensorParallel => TP_RULE,
+            Strategy::Ddp => DDP_RULE,
         }
     }
 
@@ -382,6 +402,7 @@ impl Strategy {
         match self {
             Strategy::Fsdp2 => super::settings::FSDP_MARGIN_PPM,
             Strategy::TensorParallel => super::settings::TP_MARGIN_PPM,
+            Strategy::Ddp => super::settings::DDP_MARGIN_PPM,
         }
     }
 
@@ -392,8 +413,25 @@ impl Strategy {
             (Strategy::Fsdp2, true) => Basis::RankReplayWithinMargin,
             (Strategy::TensorParallel, false) => Basis::TensorParallelReplay,
             (Strategy::TensorParallel, true) => Basis::TensorParallelWithinMargin,
+            (Strategy::Ddp, false) => Basis::DdpReplay,
+            (Strategy::Ddp, true) => Basis::DdpWithinMargin,
         }
     }
+}
+
+/// Whether `budget`'s workload is a full training with AdamW or a LoRA of unquantized weights,
+/// written by hand (no Trainer), of a model without a vision tower: what FSDP2 and DDP are
+/// replayed for.
+fn trained_by_hand(budget: &Budget) -> bool {
+    let w = &budget.workload;
+    matches!(
+        w.mode,
+        super::workload::Mode::Full {
+            optimizer: super::workload::Optimizer::Adamw
+        } | super::workload::Mode::Lora { .. }
+    ) && w.weights == super::workload::WeightFormat::Dense
+        && !w.trainer
+        && w.model.vision.is_none()
 }
 
 /// The ranks replayed of one count of GPUs: their programs and figures.
@@ -482,34 +520,35 @@ impl<'a> Sharded<'a> {
                 .refusal(&w.model)
                 .is_none();
         if served {
-            return Some(Sharded {
-                budget,
-                strategy: Strategy::TensorParallel,
-                outside: budget.outside.bytes,
-                ranks: Default::default(),
-                verdicts: Default::default(),
-            });
+            return Some(Sharded::new(budget, Strategy::TensorParallel));
         }
-        let eligible = matches!(
-            w.mode,
-            super::workload::Mode::Full {
-                optimizer: super::workload::Optimizer::Adamw
-            } | super::workload::Mode::Lora { .. }
-        ) && w.weights == super::workload::WeightFormat::Dense
-            && !w.trainer
+        let eligible = trained_by_hand(budget)
             && matches!(
                 w.autocast.unwrap_or(w.dtype),
                 crate::dtype::Dtype::Bfloat16 | crate::dtype::Dtype::Float16
             )
-            && w.model.vision.is_none()
             && !w.model.tied_embeddings;
-        eligible.then(|| Sharded {
+        eligible.then(|| Sharded::new(budget, Strategy::Fsdp2))
+    }
+
+    /// DDP of `budget`'s workload, if emulated for it: a full training with AdamW or a LoRA of
+    /// unquantized weights, written by hand (no Trainer), of a model without a vision tower.
+    pub fn ddp(budget: &'a Budget) -> Option<Sharded<'a>> {
+        trained_by_hand(budget).then(|| Sharded::new(budget, Strategy::Ddp))
+    }
+
+    fn new(budget: &'a Budget, strategy: Strategy) -> Sharded<'a> {
+        let outside = match strategy {
+            Strategy::Fsdp2 => budget.outside.bytes.with_fsdp2_kernels(),
+            Strategy::TensorParallel | Strategy::Ddp => budget.outside.bytes,
+        };
+        Sharded {
             budget,
-            strategy: Strategy::Fsdp2,
-            outside: budget.outside.bytes.with_fsdp2_kernels(),
+            strategy,
+            outside,
             ranks: Default::default(),
             verdicts: Default::default(),
-        })
+        }
     }
 
     fn ranks(&self, gpus: u64) -> std::rc::Rc<Ranks> {
@@ -529,14 +568,27 @@ impl<'a> Sharded<'a> {
         let replayed_ranks = match self.strategy {
             Strategy::Fsdp2 => vec![0, world - 1],
             // Every rank allocates alike.
-            Strategy::TensorParallel => vec![0],
+            Strategy::TensorParallel | Strategy::Ddp => vec![0],
         };
         for rank in replayed_ranks {
             for mut run in b.workload.runs(b.kernels) {
-                if self.strategy == Strategy::TensorParallel {
-                    run.tensor_parallel = Some(TensorParallel { world, rank });
-                    runs.push(run);
-                    continue;
+                match self.strategy {
+                    Strategy::TensorParallel => {
+                        run.tensor_parallel = Some(TensorParallel { world, rank });
+                        runs.push(run);
+                        continue;
+                    }
+                    Strategy::Ddp => {
+                        run.ddp = Some(crate::stack::ddp::Ddp {
+                            world,
+                            rank,
+                            gradient_as_bucket_view: false,
+                            bucket_cap: None,
+                        });
+                        runs.push(run);
+                        continue;
+                    }
+                    Strategy::Fsdp2 => {}
                 }
                 // Float32 weights under autocast: built in float32, gathered in the autocast's
                 // type, reduced in float32; else built, gathered and reduced in their type.
@@ -568,6 +620,7 @@ impl<'a> Sharded<'a> {
                 RankFigures {
                     rank: (run.sharding.map(|s| s.rank))
                         .or(run.tensor_parallel.map(|t| t.rank))
+                        .or(run.ddp.map(|d| d.rank))
                         .unwrap_or(0),
                     peak_allocated: Bytes(u.peak_allocated),
                     peak_reserved: Bytes(u.peak_reserved),
@@ -593,7 +646,7 @@ impl<'a> Sharded<'a> {
     /// parallelism the most of them that split the model evenly (at least 2, as `of` checked).
     pub fn world(&self, gpus: u64) -> u64 {
         match self.strategy {
-            Strategy::Fsdp2 => gpus,
+            Strategy::Fsdp2 | Strategy::Ddp => gpus,
             Strategy::TensorParallel => {
                 crate::stack::tensor_parallel::most_ranks(&self.budget.workload.model, gpus).max(2)
             }

@@ -60,6 +60,9 @@ pub const RECORDED_FSDP_LORA_HELD_OUT: &str =
 /// Ranks of transformers' tensor parallelism serving a model, through PyTorch's fake process
 /// group, and two alone on emulated cards (`scripts/gpu/hf-proof-plan-tp.json`).
 pub const RECORDED_TP: &str = include_str!("../../data/hf-proof-tp-h200.json");
+/// Ranks of DDP: the derivation's five again, ranks held out, and two alone on emulated cards
+/// (`scripts/gpu/hf-proof-plan-ddp.json`, written by `scripts/ddp-proof-plan`).
+pub const RECORDED_DDP: &str = include_str!("../../data/hf-proof-ddp-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -324,8 +327,13 @@ impl Report {
         Report::shipped(RECORDED_TP, "data/hf-proof-tp-h200.json")
     }
 
+    /// The shipped ranks of DDP.
+    pub fn recorded_ddp() -> Report {
+        Report::shipped(RECORDED_DDP, "data/hf-proof-ddp-h200.json")
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 16] {
+    pub fn all_recorded() -> [Report; 17] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -343,6 +351,7 @@ impl Report {
             Report::recorded_fsdp_lora(),
             Report::recorded_fsdp_lora_held_out(),
             Report::recorded_tp(),
+            Report::recorded_ddp(),
         ]
     }
 

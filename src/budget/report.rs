@@ -258,6 +258,8 @@ fn basis_name(b: Basis) -> &'static str {
         Basis::RankReplayWithinMargin => "FSDP2 ranks, within the margin",
         Basis::TensorParallelReplay => "TP rank replayed",
         Basis::TensorParallelWithinMargin => "TP rank, within the margin",
+        Basis::DdpReplay => "DDP rank replayed",
+        Basis::DdpWithinMargin => "DDP rank, within the margin",
     }
 }
 
@@ -397,6 +399,13 @@ impl fmt::Display for super::fit::RankBudget {
                 "Tensor parallelism over {} of {} GPUs (the most that split the model evenly), \
                  every rank alike (rank 0 replayed): {} per GPU",
                 self.world,
+                self.gpus,
+                self.need_per_gpu.gib_text()
+            )?,
+            super::fit::Strategy::Ddp => writeln!(
+                f,
+                "DDP over {} GPUs, every rank holding the whole model and running the batch \
+                 (rank 0 replayed): {} per GPU",
                 self.gpus,
                 self.need_per_gpu.gib_text()
             )?,

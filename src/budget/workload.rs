@@ -509,6 +509,7 @@ impl Workload {
             mask_order: Default::default(),
             sharding: None,
             tensor_parallel: None,
+            ddp: None,
         }
     }
 }

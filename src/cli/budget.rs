@@ -86,7 +86,7 @@ pub enum ParallelArg {
     Fsdp,
     /// transformers' tensor parallelism, `tp_plan="auto"` (serving).
     Tp,
-    /// DistributedDataParallel: not yet replayed.
+    /// DistributedDataParallel with its defaults, the whole model on every GPU (training).
     Ddp,
     /// `device_map="auto"`, layers placed on GPUs in order: not yet replayed.
     Layers,
@@ -175,13 +175,14 @@ pub struct BudgetArgs {
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Also the run spread over this many GPUs (2 to 64), rank by rank: a full or LoRA training
-    /// by FSDP2 (rank 0 and the last rank replayed), serving by tensor parallelism (rank 0).
+    /// by FSDP2 (rank 0 and the last rank replayed) or DDP (rank 0), serving by tensor
+    /// parallelism (rank 0).
     /// Several counts (`8,16,32,64`): what each GPU needs at each, beside the split rule's
     /// estimate.
     #[arg(long, value_parser = values::positive_u64, value_delimiter = ',')]
     pub gpus: Vec<u64>,
-    /// The way `--gpus` spreads the run (by default the one replayed for it: FSDP2 for a
-    /// training, tensor parallelism for serving).
+    /// The way `--gpus` spreads the run (by default FSDP2 for a training, tensor parallelism
+    /// for serving; ddp for a training with one count).
     #[arg(long, value_enum, requires = "gpus")]
     pub parallel: Option<ParallelArg>,
     #[command(flatten)]
@@ -731,6 +732,22 @@ fn spread_over_gpus(
             fit::MAX_GPUS
         )));
     }
+    if parallel == Some(ParallelArg::Ddp) {
+        let Some(s) = fit::Sharded::ddp(b) else {
+            return Err(Failure::usage(
+                "--parallel ddp: DDP is replayed for a full training with AdamW or a LoRA of \
+                 unquantized weights, written by hand (no --trainer), of a model without a \
+                 vision tower",
+            ));
+        };
+        return match counts {
+            [gpus] => Ok((Some(s.rank_budget(*gpus)), None)),
+            _ => Err(Failure::usage(
+                "--parallel ddp: every GPU holds the whole model whatever their count; give one \
+                 count (--gpus 8)",
+            )),
+        };
+    }
     let Some(s) = fit::Sharded::of(b) else {
         return Err(Failure::usage(
             "--gpus: FSDP2 is replayed for a full training with AdamW or a LoRA of unquantized \
@@ -741,31 +758,27 @@ fn spread_over_gpus(
         ));
     };
     let replayed = match s.strategy {
-        fit::Strategy::Fsdp2 => ParallelArg::Fsdp,
         fit::Strategy::TensorParallel => ParallelArg::Tp,
+        fit::Strategy::Fsdp2 | fit::Strategy::Ddp => ParallelArg::Fsdp,
     };
     match parallel {
-        Some(p @ (ParallelArg::Ddp | ParallelArg::Layers)) => {
-            return Err(Failure::usage_owned(format!(
-                "--parallel {}: not yet replayed (fsdp for a training, tp for serving are)",
-                if p == ParallelArg::Ddp {
-                    "ddp"
-                } else {
-                    "layers"
-                }
-            )))
+        Some(ParallelArg::Layers) => {
+            return Err(Failure::usage(
+                "--parallel layers: not yet replayed (fsdp and ddp for a training, tp for serving \
+                 are)",
+            ))
         }
-        Some(p) if p != replayed => {
-            return Err(Failure::usage(match replayed {
-                ParallelArg::Fsdp => {
-                    "--parallel tp: tensor parallelism is replayed for serving; \
-                                      this training is spread by FSDP2 (--parallel fsdp)"
-                }
-                _ => {
-                    "--parallel fsdp: FSDP2 is replayed for a training; this run is served by \
-                      tensor parallelism (--parallel tp)"
-                }
-            }))
+        Some(ParallelArg::Tp) if replayed != ParallelArg::Tp => {
+            return Err(Failure::usage(
+                "--parallel tp: tensor parallelism is replayed for serving; this training is \
+                 spread by FSDP2 (--parallel fsdp) or DDP (--parallel ddp)",
+            ))
+        }
+        Some(ParallelArg::Fsdp) if replayed != ParallelArg::Fsdp => {
+            return Err(Failure::usage(
+                "--parallel fsdp: FSDP2 is replayed for a training; this run is served by \
+                 tensor parallelism (--parallel tp)",
+            ))
         }
         _ => {}
     }

@@ -155,6 +155,8 @@ pub trait Backward {
     fn recompute(&mut self, frame: usize);
     /// A node of checkpointed layer `frame` has run (its inputs go after the last one).
     fn frame_node_done(&mut self, frame: usize);
+    /// `AccumulateGrad`'s post-hooks on `leaf` (DDP's reducer).
+    fn gradient_ready(&mut self, leaf: &Leaf);
 }
 
 /// Whether `t` may be added into in place: not a view, its storage held by it alone, dense
@@ -284,6 +286,11 @@ fn accumulate(process: &mut dyn Backward, leaf: &Leaf, grads: Vec<Option<Tensor>
     let Some(Some(new)) = grads.into_iter().next() else {
         return;
     };
+    set_gradient(process, leaf, new);
+    process.gradient_ready(leaf);
+}
+
+fn set_gradient(process: &mut dyn Backward, leaf: &Leaf, new: Tensor) {
     let mut grad = leaf.grad.borrow_mut();
     match grad.as_ref() {
         None => {

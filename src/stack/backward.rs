@@ -353,6 +353,12 @@ impl Backward for Process {
         }
     }
 
+    fn gradient_ready(&mut self, leaf: &super::tensor::Leaf) {
+        if let Some(reducer) = self.ddp.as_mut() {
+            reducer.gradient_ready(leaf);
+        }
+    }
+
     fn clone_as(&mut self, grad: &Tensor, meta: &Meta) -> Tensor {
         let _ = grad;
         self.empty_like(meta)

@@ -9,8 +9,8 @@
 //!   ([`reduce`]);
 //! - the programs: transformers 5.17's models ([`decoder`], with latent attention [`latent`],
 //!   mixtures of experts [`experts`], masks [`masks`], the KV cache [`cache`]), FSDP2's
-//!   sharding of a training over ranks ([`fsdp`]), tensor parallelism's rank serving a model
-//!   ([`tensor_parallel`]), `generate`
+//!   sharding of a training over ranks ([`fsdp`]), DDP's replicas and their buckets ([`ddp`]),
+//!   tensor parallelism's rank serving a model ([`tensor_parallel`]), `generate`
 //!   ([`generate`]), the weights' loading and PEFT's adapters ([`loading`]), bitsandbytes' 4-bit
 //!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), `transformers.Trainer` around a
 //!   training step ([`trainer`]), alike layers written again
@@ -21,6 +21,7 @@ pub mod autograd;
 pub mod backward;
 pub mod bitsandbytes;
 pub mod cache;
+pub mod ddp;
 pub mod decoder;
 pub mod experts;
 pub mod fsdp;

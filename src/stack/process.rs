@@ -68,6 +68,15 @@ pub trait ShardedModel {
     fn zero_grad(&mut self);
 }
 
+/// What the reducer of a model replicated over ranks runs before each forward and as each
+/// trained parameter's gradient is set (DDP: [`super::ddp::Reducer`]).
+pub trait Replicated {
+    /// Before the model's forward under grad mode.
+    fn pre_forward(&mut self, p: &mut Process);
+    /// After `AccumulateGrad` set `leaf`'s gradient.
+    fn gradient_ready(&mut self, leaf: &Leaf);
+}
+
 /// Reruns a checkpointed layer's forward: (the process, the layer, its inputs).
 pub type RecomputeLayer = Box<dyn FnMut(&mut Process, usize, &[Tensor])>;
 
@@ -109,6 +118,8 @@ pub struct Process {
     pub fsdp: Option<Box<dyn ShardedModel>>,
     /// This process as a rank of a tensor-parallel run ([`super::tensor_parallel`]).
     pub tensor_parallel: Option<super::tensor_parallel::TensorParallel>,
+    /// The reducer of a model replicated over ranks (DDP's: [`super::ddp`]).
+    pub ddp: Option<Box<dyn Replicated>>,
 }
 
 /// Broadcast shape of two shapes.
@@ -147,6 +158,7 @@ impl Process {
             has_cublaslt: [false; 2],
             fsdp: None,
             tensor_parallel: None,
+            ddp: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! stage begins and ends, made on a thread of its own and replayed as it is written
 //! ([`replays`]).
 
+use super::ddp::{Ddp, Reducer};
 use super::decoder::{Decoder, Inputs};
 use super::fsdp::{Fsdp, Sharding};
 use super::generate::{self, Stages};
@@ -64,6 +65,8 @@ pub struct Run {
     pub sharding: Option<Sharding>,
     /// One rank of a tensor-parallel run serving the model ([`super::tensor_parallel`]).
     pub tensor_parallel: Option<TensorParallel>,
+    /// One rank of a DDP training, the model whole on every rank ([`super::ddp`]).
+    pub ddp: Option<Ddp>,
 }
 
 /// Where the stages begin and end, marked on the tape.
@@ -107,6 +110,35 @@ enum LayerRepeats {
     /// Every layer run: what the tests compare the written program with.
     #[cfg_attr(not(test), allow(dead_code))]
     Run,
+}
+
+/// What `_sync_module_states` broadcasts: every parameter of the module in
+/// `named_parameters()` order (PEFT's adapters after their layer's own), then its buffers; and
+/// how many buffers.
+fn module_states(
+    model: &crate::model::Model,
+    weights: &super::decoder::Weights,
+) -> (Vec<super::ddp::TensorBytes>, usize) {
+    let parameters = model.parameters();
+    let module = |name: &str| name.rsplit_once('.').map_or(name, |(m, _)| m).to_string();
+    let mut states = Vec::new();
+    for (i, t) in parameters.iter().enumerate() {
+        states.push(super::ddp::TensorBytes::of(&weights.by_name[&t.name]));
+        let module = module(&t.name);
+        let last_of_module =
+            (parameters.get(i + 1)).is_none_or(|n| !n.name.starts_with(&format!("{module}.")));
+        if let Some(adapter) = weights.adapters.get(&module).filter(|_| last_of_module) {
+            states.push(super::ddp::TensorBytes::of(&adapter.a));
+            states.push(super::ddp::TensorBytes::of(&adapter.b));
+        }
+    }
+    let buffers = model.buffers();
+    states.extend(
+        buffers
+            .iter()
+            .map(|b| super::ddp::TensorBytes::of(&weights.by_name[&b.name])),
+    );
+    (states, buffers.len())
 }
 
 /// The replays of `run` that `plan` asks for, made as its program is written on a thread of its
@@ -254,6 +286,13 @@ fn emulate(
                 }
             }
             weights.adapters = adapters;
+            if let Some(ddp) = run.ddp {
+                marks.begin(&p, "ddp", Loaded::Context);
+                let states = module_states(&run.model, &weights);
+                let reducer = Reducer::new(&mut p, ddp, &leaves, &states.0, states.1);
+                p.ddp = Some(Box::new(reducer));
+                marks.end(&p);
+            }
             let weights = std::rc::Rc::new(weights);
             if *checkpointing {
                 let model = std::rc::Rc::new(run.model.clone());
@@ -296,6 +335,10 @@ fn emulate(
                 let mixed = trainer.and_then(|t| t.mixed);
                 d.process.autocast = run.autocast.or(mixed);
                 d.process.with_fsdp(|fsdp, p| fsdp.pre_forward(p, 0, None));
+                if let Some(mut reducer) = d.process.ddp.take() {
+                    reducer.pre_forward(d.process);
+                    d.process.ddp = Some(reducer);
+                }
                 let mut out = d.forward(Inputs {
                     ids: &batch.ids,
                     mask: trainer.map(|_| &batch.mask),

@@ -4,6 +4,7 @@
 //! trainer_args and lengths; the script's other fields are its own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
+use super::ddp::Ddp;
 use super::fsdp::Sharding;
 use super::loading::{Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerImpl};
@@ -70,6 +71,23 @@ pub struct Spec {
     /// This process as one rank of several (`hf_loops.py`'s `distributed`).
     #[serde(default)]
     pub distributed: Option<SpecDistributed>,
+    /// DDP's `gradient_as_bucket_view`.
+    #[serde(default)]
+    pub gradient_as_bucket_view: bool,
+    /// DDP's `bucket_cap_mb` (absent: the 25 `hf_loops.py` gives; null: DDP's default).
+    #[serde(default = "twenty_five")]
+    pub bucket_cap_mb: Option<f64>,
+}
+
+fn twenty_five() -> Option<f64> {
+    Some(25.0)
+}
+
+/// `int(bucket_cap_mb * 1024 * 1024)`, as DDP takes it, for a size within (0, 10^6] MiB (the
+/// product is then exact to the byte and positive).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+fn mib_bytes(mb: f64) -> u64 {
+    (mb * 1_048_576.0) as u64
 }
 
 /// The rank a distributed run was, and how the work was spread.
@@ -301,13 +319,41 @@ impl TryFrom<Spec> for Run {
                     mixed_precision: d.mixed_precision,
                 })
             }
-            Some(d) if d.strategy == "tp" => None,
+            Some(d) if matches!(d.strategy.as_str(), "tp" | "ddp") => None,
             Some(_) => {
                 return Err(field(
                     "distributed",
-                    "the strategies emulated are fsdp and tp (ddp is not yet)",
+                    "the strategies emulated are fsdp, ddp and tp",
                 ))
             }
+        };
+        let ddp = match &s.distributed {
+            Some(d) if d.strategy == "ddp" => {
+                if d.world_size < 2 || d.rank >= d.world_size {
+                    return Err(field(
+                        "distributed",
+                        "a world_size above 1 and a rank below it",
+                    ));
+                }
+                if !matches!(s.mode, SpecMode::Full | SpecMode::Lora) || trainer.is_some() {
+                    return Err(field(
+                        "distributed",
+                        "DDP is emulated for full training and LoRA written by hand",
+                    ));
+                }
+                let bucket_cap = match s.bucket_cap_mb {
+                    None => None,
+                    Some(mb) if mb > 0.0 && mb <= 1e6 => Some(mib_bytes(mb)),
+                    Some(_) => return Err(field("bucket_cap_mb", "not a size in MiB above 0")),
+                };
+                Some(Ddp {
+                    world: d.world_size,
+                    rank: d.rank,
+                    gradient_as_bucket_view: s.gradient_as_bucket_view,
+                    bucket_cap,
+                })
+            }
+            _ => None,
         };
         let tensor_parallel = match &s.distributed {
             Some(d) if tensor_parallel_run => {
@@ -356,6 +402,7 @@ impl TryFrom<Spec> for Run {
             mask_order,
             sharding,
             tensor_parallel,
+            ddp,
         })
     }
 }

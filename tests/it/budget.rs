@@ -807,16 +807,7 @@ fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
     ];
     let v = json_of(mm().args(args).arg("--json"));
     let s = &v["sharded"];
-    assert_eq!(
-        (
-            s["gpus"].as_u64(),
-            s["world"].as_u64(),
-            s["strategy"].as_str()
-        ),
-        (Some(12), Some(8), Some("tensor_parallel"))
-    );
-    let ranks = s["ranks"].as_array().unwrap();
-    assert_eq!(ranks.len(), 1);
+    let ranks = one_rank_replayed(s, 12, 8, "tensor_parallel");
     let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
     assert_eq!(bytes(&ranks[0]["need_per_gpu"]), bytes(&s["need_per_gpu"]));
     // A rank holds an eighth of the layers' weights and of the KV cache, the embeddings whole.
@@ -832,7 +823,7 @@ fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
         .success();
     for (way, says) in [
         ("fsdp", "--parallel fsdp: FSDP2 is replayed for a training"),
-        ("ddp", "--parallel ddp: not yet replayed"),
+        ("ddp", "--parallel ddp: DDP is replayed for a full training"),
         ("layers", "--parallel layers: not yet replayed"),
     ] {
         mm().args(args)
@@ -858,6 +849,76 @@ fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
         .assert()
         .code(USAGE)
         .stderr(contains("--gpus: 5000 is not a count of 2 to 4096 GPUs"));
+}
+
+/// The ranks of `budget --gpus --json`'s `sharded`, checked to be rank 0 alone of `gpus` GPUs
+/// spread over `world` ranks by `strategy` (every rank allocating alike).
+fn one_rank_replayed<'a>(
+    s: &'a serde_json::Value,
+    gpus: u64,
+    world: u64,
+    strategy: &str,
+) -> &'a Vec<serde_json::Value> {
+    assert_eq!(
+        (
+            s["gpus"].as_u64(),
+            s["world"].as_u64(),
+            s["strategy"].as_str()
+        ),
+        (Some(gpus), Some(world), Some(strategy))
+    );
+    let ranks = s["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 1);
+    assert_eq!(ranks[0]["rank"], 0);
+    ranks
+}
+
+#[test]
+fn gpus_with_parallel_ddp_gives_rank_0_of_a_replicated_training() {
+    let args = [
+        "budget",
+        "--model",
+        "llama-3.2-1b",
+        "--mode",
+        "full",
+        "--batch",
+        "2",
+        "--context",
+        "512",
+        "--gpus",
+        "4",
+        "--parallel",
+        "ddp",
+    ];
+    let v = json_of(mm().args(args).arg("--json"));
+    let s = &v["sharded"];
+    let ranks = one_rank_replayed(s, 4, 4, "ddp");
+    // Every rank holds the whole model, and its gradients' buckets besides what one GPU holds.
+    let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
+    let (one_gpu, rank) = (
+        bytes(&v["budget"]["peak_allocated"]),
+        bytes(&ranks[0]["peak_allocated"]),
+    );
+    let weights = bytes(&v["budget"]["terms"][0]["bytes"]);
+    assert!(rank >= one_gpu + weights / 2, "{rank} against {one_gpu}");
+    assert!(s["rule"]
+        .as_str()
+        .unwrap()
+        .contains("data/hf-proof-ddp-h200.json"));
+    mm().args(args).assert().success().stdout(contains(
+        "DDP over 4 GPUs, every rank holding the whole model",
+    ));
+    let mut several = args.to_vec();
+    several[10] = "4,8";
+    mm().args(&several)
+        .assert()
+        .code(USAGE)
+        .stderr(contains("--parallel ddp: every GPU holds the whole model"));
+    let mut qlora = args.to_vec();
+    (qlora[4], qlora[8]) = ("qlora", "2048");
+    mm().args(&qlora).assert().code(USAGE).stderr(contains(
+        "--parallel ddp: DDP is replayed for a full training",
+    ));
 }
 
 #[test]

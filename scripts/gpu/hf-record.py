@@ -247,6 +247,10 @@ def trainer_set():
     add("small-llama-full-paged-adamw-8bit", "full", trainer_args=dict(bf16=True, optim="paged_adamw_8bit"))
     add("small-llama-full-no-clip", "full", trainer_args=dict(bf16=True, max_grad_norm=0.0))
     add("small-llama-full-equal-lengths", "full", lengths=[40], trainer_args=dict(bf16=True))
+    add("small-llama-full-accumulation-2-equal-lengths", "full", lengths=[40],
+        trainer_args=dict(bf16=True, gradient_accumulation_steps=2))
+    add("small-llama-lora-accumulation-3-equal-lengths", "lora", lora=qv, lengths=[40],
+        trainer_args=dict(bf16=True, gradient_accumulation_steps=3))
     add("small-llama-lora", "lora", loop="sft", lora=qv, trainer_args=dict(bf16=True))
     add("small-llama-full", "full", loop="sft", trainer_args=dict(bf16=True))
     add("small-llama-full-padding-free", "full", loop="sft", trainer_args=dict(bf16=True, padding_free=True,

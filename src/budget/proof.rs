@@ -63,6 +63,10 @@ pub const RECORDED_TP: &str = include_str!("../../data/hf-proof-tp-h200.json");
 /// Ranks of DDP: the derivation's five again, ranks held out, and two alone on emulated cards
 /// (`scripts/gpu/hf-proof-plan-ddp.json`, written by `scripts/ddp-proof-plan`).
 pub const RECORDED_DDP: &str = include_str!("../../data/hf-proof-ddp-h200.json");
+/// `transformers.Trainer` accumulating gradients: the two derivation runs, then runs held out and
+/// on emulated cards (`scripts/gpu/hf-proof-plan-accumulation.json`).
+pub const RECORDED_TRAINER_ACCUMULATION: &str =
+    include_str!("../../data/hf-proof-trainer-accumulation-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -332,8 +336,16 @@ impl Report {
         Report::shipped(RECORDED_DDP, "data/hf-proof-ddp-h200.json")
     }
 
+    /// The shipped runs of the Trainer accumulating gradients.
+    pub fn recorded_trainer_accumulation() -> Report {
+        Report::shipped(
+            RECORDED_TRAINER_ACCUMULATION,
+            "data/hf-proof-trainer-accumulation-h200.json",
+        )
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 17] {
+    pub fn all_recorded() -> [Report; 18] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -352,6 +364,7 @@ impl Report {
             Report::recorded_fsdp_lora_held_out(),
             Report::recorded_tp(),
             Report::recorded_ddp(),
+            Report::recorded_trainer_accumulation(),
         ]
     }
 

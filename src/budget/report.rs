@@ -66,13 +66,19 @@ impl Budget {
         };
         let mut extras = Vec::new();
         if w.trainer {
-            extras.push("transformers Trainer");
+            extras.push("transformers Trainer".to_string());
+        }
+        if w.accumulation > 1 {
+            extras.push(format!(
+                "gradients accumulated over {} batches",
+                w.accumulation
+            ));
         }
         if w.checkpointing {
-            extras.push("gradient checkpointing");
+            extras.push("gradient checkpointing".to_string());
         }
         if w.allocator == AllocatorSetting::ExpandableSegments {
-            extras.push("expandable segments");
+            extras.push("expandable segments".to_string());
         }
         let extras = if extras.is_empty() {
             String::new()

@@ -123,6 +123,13 @@ pub struct Workload {
     /// scaling, gradient clipping and two parameter groups); otherwise a loop written by hand.
     #[serde(default)]
     pub trainer: bool,
+    /// The Trainer's `gradient_accumulation_steps`: the batches each optimizer step runs.
+    #[serde(default = "one")]
+    pub accumulation: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// The largest batch, context or count of generated tokens a workload may have: 2^24, far above
@@ -192,6 +199,7 @@ impl Workload {
             autocast: None,
             allocator: AllocatorSetting::Default,
             trainer: false,
+            accumulation: 1,
         })
     }
 
@@ -280,6 +288,18 @@ impl Workload {
         {
             return Err(WorkloadError::Unsupported(
                 "--autocast trains float32 weights (the Trainer's mixed precision): --dtype float32".into(),
+            ));
+        }
+        if !(1..=crate::stack::trainer::MAX_ACCUMULATION).contains(&self.accumulation) {
+            return Err(WorkloadError::Range {
+                field: "--gradient-accumulation",
+                value: self.accumulation,
+                max: crate::stack::trainer::MAX_ACCUMULATION,
+            });
+        }
+        if self.accumulation > 1 && !self.trainer {
+            return Err(WorkloadError::Unsupported(
+                "--gradient-accumulation is replayed through the Trainer: add --trainer".into(),
             ));
         }
         if self.trainer {
@@ -379,6 +399,7 @@ impl Workload {
         self.trainer.then(|| crate::stack::trainer::TrainerArgs {
             clip: true,
             mixed: (self.autocast).or((self.dtype == Dtype::Bfloat16).then_some(Dtype::Bfloat16)),
+            accumulation: self.accumulation,
         })
     }
 

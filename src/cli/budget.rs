@@ -147,6 +147,10 @@ pub struct BudgetArgs {
     /// bfloat16 weights or --autocast bfloat16, gradients clipped, AdamW fused by default.
     #[arg(long)]
     pub trainer: bool,
+    /// With --trainer: gradient_accumulation_steps, the batches each optimizer step runs forward
+    /// and backward before the clipping and the optimizer's step [default: 1].
+    #[arg(long, value_parser = values::positive_u64, requires = "trainer")]
+    pub gradient_accumulation: Option<u64>,
     /// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     #[arg(long)]
     pub expandable_segments: bool,
@@ -399,6 +403,7 @@ impl BudgetArgs {
                 AllocatorSetting::Default
             },
             trainer: self.trainer,
+            accumulation: self.gradient_accumulation.unwrap_or(1),
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

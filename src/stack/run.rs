@@ -14,7 +14,7 @@ use super::optimizer::{Optimizer, OptimizerState};
 use super::process::{Kernels, Process};
 use super::tensor::Tensor;
 use super::tensor_parallel::TensorParallel;
-use super::trainer::{self, Batch, TrainerArgs};
+use super::trainer::{self, Batch, Batches, TrainerArgs};
 use crate::dtype::Dtype;
 use crate::model::{Model, TensorRole};
 use crate::replay::program::{Chunk, Loaded, Program, Role, StageMark};
@@ -315,56 +315,57 @@ fn emulate(
             let steps = *steps;
             // The model's forward of `batch` and its loss (the Trainer's: summed over its count,
             // under its mixed precision, the outputs converted to float32).
-            let forward = |p: &mut Process, batch: &Batch, trainer: Option<&TrainerArgs>| {
-                let mut d = Decoder {
-                    model: &run.model,
-                    weights: &weights,
-                    process: p,
-                    checkpointing: *checkpointing,
-                    experts_path: super::decoder::ExpertsPath::Grouped,
-                    layer_kinds: None,
+            let forward =
+                |p: &mut Process, batch: &Batch, items: &Tensor, trainer: Option<&TrainerArgs>| {
+                    let mut d = Decoder {
+                        model: &run.model,
+                        weights: &weights,
+                        process: p,
+                        checkpointing: *checkpointing,
+                        experts_path: super::decoder::ExpertsPath::Grouped,
+                        layer_kinds: None,
+                    };
+                    // The model builds a DynamicCache in training too, unless checkpointing turns
+                    // `use_cache` off (the Trainer turns it off).
+                    let mut cache = (!*checkpointing && trainer.is_none()).then(|| {
+                        let windows: Vec<_> = run.model.layers.iter().map(|l| l.window).collect();
+                        super::cache::Cache::new(&windows)
+                    });
+                    // The Trainer's mixed precision: autocast around the forward (it casts float32
+                    // weights, and adapters, which peft keeps in float32 under a half-precision model).
+                    let mixed = trainer.and_then(|t| t.mixed);
+                    d.process.autocast = run.autocast.or(mixed);
+                    d.process.with_fsdp(|fsdp, p| fsdp.pre_forward(p, 0, None));
+                    if let Some(mut reducer) = d.process.ddp.take() {
+                        reducer.pre_forward(d.process);
+                        d.process.ddp = Some(reducer);
+                    }
+                    let mut out = d.forward(Inputs {
+                        ids: &batch.ids,
+                        mask: trainer.map(|_| &batch.mask),
+                        positions: None,
+                        cache: cache.as_mut(),
+                        keep_last: false,
+                        labels: Some(&batch.labels),
+                        items: trainer.map(|_| items),
+                    });
+                    d.process.end_autocast();
+                    if let Some(loss) = out.loss.take() {
+                        let sharded = d
+                            .process
+                            .with_fsdp(|fsdp, p| fsdp.post_forward(p, 0, &loss));
+                        out.loss = Some(sharded.flatten().unwrap_or(loss));
+                    }
+                    let loss = out.loss.expect("labels give a loss");
+                    // accelerate's `convert_outputs_to_fp32` around the model's forward.
+                    let converted = trainer
+                        .is_some_and(|t| t.mixed.is_some())
+                        .then(|| d.process.to(&out.logits, Dtype::Float32));
+                    drop(out.logits);
+                    drop(converted);
+                    drop(cache);
+                    loss
                 };
-                // The model builds a DynamicCache in training too, unless checkpointing turns
-                // `use_cache` off (the Trainer turns it off).
-                let mut cache = (!*checkpointing && trainer.is_none()).then(|| {
-                    let windows: Vec<_> = run.model.layers.iter().map(|l| l.window).collect();
-                    super::cache::Cache::new(&windows)
-                });
-                // The Trainer's mixed precision: autocast around the forward (it casts float32
-                // weights, and adapters, which peft keeps in float32 under a half-precision model).
-                let mixed = trainer.and_then(|t| t.mixed);
-                d.process.autocast = run.autocast.or(mixed);
-                d.process.with_fsdp(|fsdp, p| fsdp.pre_forward(p, 0, None));
-                if let Some(mut reducer) = d.process.ddp.take() {
-                    reducer.pre_forward(d.process);
-                    d.process.ddp = Some(reducer);
-                }
-                let mut out = d.forward(Inputs {
-                    ids: &batch.ids,
-                    mask: trainer.map(|_| &batch.mask),
-                    positions: None,
-                    cache: cache.as_mut(),
-                    keep_last: false,
-                    labels: Some(&batch.labels),
-                    items: trainer.map(|_| &batch.items),
-                });
-                d.process.end_autocast();
-                if let Some(loss) = out.loss.take() {
-                    let sharded = d
-                        .process
-                        .with_fsdp(|fsdp, p| fsdp.post_forward(p, 0, &loss));
-                    out.loss = Some(sharded.flatten().unwrap_or(loss));
-                }
-                let loss = out.loss.expect("labels give a loss");
-                // accelerate's `convert_outputs_to_fp32` around the model's forward.
-                let converted = trainer
-                    .is_some_and(|t| t.mixed.is_some())
-                    .then(|| d.process.to(&out.logits, Dtype::Float32));
-                drop(out.logits);
-                drop(converted);
-                drop(cache);
-                loss
-            };
             // The optimizer's parameter groups: one, or the Trainer's two (the parameters with
             // weight decay, then the others).
             let groups: Vec<Vec<usize>> = match trainer {
@@ -409,13 +410,12 @@ fn emulate(
                     let batch = Batch {
                         mask: ids.clone(),
                         labels: ids.clone(),
-                        items: ids.clone(),
                         ids,
                     };
                     marks.end(&p);
                     for step in 1..=steps {
                         marks.begin(&p, &format!("step{step}.forward"), Loaded::Forward);
-                        let loss = forward(&mut p, &batch, None);
+                        let loss = forward(&mut p, &batch, &batch.ids, None);
                         marks.end(&p);
                         marks.begin(&p, &format!("step{step}.backward"), Loaded::Backward);
                         p.backward(&loss);
@@ -430,40 +430,49 @@ fn emulate(
                 Some(args) => {
                     marks.begin(&p, "setup", Loaded::Context);
                     let running = trainer::running_loss(&mut p);
-                    let mut batch = Batch::load(&mut p, b, t);
+                    let mut batches = Batches::load(&mut p, args.accumulation, b, t);
                     marks.end(&p);
                     let (mut last_loss, mut last_norm) = (None, None);
                     for step in 1..=steps {
-                        marks.begin(&p, &format!("step{step}.forward"), Loaded::Forward);
-                        let loss = forward(&mut p, &batch, Some(args));
-                        // `loss *= num_processes` (average_tokens_across_devices).
-                        let loss = p.scale_(&loss);
-                        marks.end(&p);
-                        marks.begin(&p, &format!("step{step}.backward"), Loaded::Backward);
-                        // accelerate's `loss / gradient_accumulation_steps`.
-                        let scaled = p.scale(&loss);
-                        p.backward(&scaled);
-                        drop(scaled);
-                        trainer::check_loss(&mut p, &loss);
-                        // `tr_loss_step`, held until the next step's.
-                        drop(last_loss.replace(loss));
-                        marks.end(&p);
+                        // Stages named as `hf_loops.py` marks them: `step1.micro2.backward` when
+                        // the step accumulates over several batches.
+                        let mut stage = String::new();
+                        for (micro, batch) in (1..).zip(&batches.batches) {
+                            stage = match args.accumulation {
+                                1 => format!("step{step}"),
+                                _ => format!("step{step}.micro{micro}"),
+                            };
+                            marks.begin(&p, &format!("{stage}.forward"), Loaded::Forward);
+                            let loss = forward(&mut p, batch, &batches.items, Some(args));
+                            // `loss *= num_processes` (average_tokens_across_devices).
+                            let loss = p.scale_(&loss);
+                            marks.end(&p);
+                            marks.begin(&p, &format!("{stage}.backward"), Loaded::Backward);
+                            // accelerate's `loss / gradient_accumulation_steps`.
+                            let scaled = p.scale(&loss);
+                            p.backward(&scaled);
+                            drop(scaled);
+                            trainer::check_loss(&mut p, &loss);
+                            // `tr_loss_step`, held until the next batch's.
+                            drop(last_loss.replace(loss));
+                            marks.end(&p);
+                        }
                         if args.clip {
-                            marks.begin(&p, &format!("step{step}.clip"), Loaded::Backward);
+                            marks.begin(&p, &format!("{stage}.clip"), Loaded::Backward);
                             let norm = trainer::clip_grad_norm(&mut p, &gradients(&leaves));
                             drop(std::mem::replace(&mut last_norm, norm));
                             marks.end(&p);
                         }
-                        marks.begin(&p, &format!("step{step}.optimizer"), Loaded::Backward);
+                        marks.begin(&p, &format!("{stage}.optimizer"), Loaded::Backward);
                         step_optimizer(&mut p);
                         marks.end(&p);
                         if step < steps {
-                            // The next batch, then the last one let go.
-                            let next = Batch::load(&mut p, b, t);
-                            drop(std::mem::replace(&mut batch, next));
+                            // The next step's batches, then the last ones let go.
+                            let next = Batches::load(&mut p, args.accumulation, b, t);
+                            std::mem::replace(&mut batches, next).release();
                         }
                     }
-                    drop(batch);
+                    batches.release();
                     drop(last_loss);
                     drop(last_norm);
                     drop(running);

@@ -11,7 +11,7 @@ use super::optimizer::{Optimizer, OptimizerImpl};
 use super::process::{Kernels, MaskOrder};
 use super::run::{Run, Work};
 use super::tensor_parallel::TensorParallel;
-use super::trainer::TrainerArgs;
+use super::trainer::{TrainerArgs, MAX_ACCUMULATION};
 use crate::dtype::Dtype;
 use serde::Deserialize;
 
@@ -116,6 +116,8 @@ pub struct SpecTrainerArgs {
     pub optim: Option<String>,
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
+    #[serde(default)]
+    pub gradient_accumulation_steps: Option<u64>,
 }
 
 fn bfloat16() -> Dtype {
@@ -210,6 +212,16 @@ impl TryFrom<Spec> for Run {
             Some("trainer") => Some(TrainerArgs {
                 clip: s.trainer_args.max_grad_norm.is_none_or(|n| n > 0.0),
                 mixed: s.trainer_args.bf16.then_some(Dtype::Bfloat16),
+                accumulation: match s.trainer_args.gradient_accumulation_steps {
+                    None => 1,
+                    Some(n @ 1..=MAX_ACCUMULATION) => n,
+                    Some(_) => {
+                        return Err(field(
+                            "trainer_args",
+                            "gradient_accumulation_steps from 1 to 4096",
+                        ))
+                    }
+                },
             }),
             Some(_) => return Err(field("loop", "absent (by hand) or trainer")),
         };

@@ -2,14 +2,16 @@
 //! memory: what it allocates besides the forward, the backward and the optimizer's step, in the
 //! order it does (read from transformers' `trainer.py`, accelerate's `accelerator.py` and PyTorch
 //! 2.11's `clip_grad.py`, and checked against the H200's traces of `scripts/gpu/hf_loops.py`'s
-//! Trainer runs). Its running loss on the device; each batch the language-modelling collator
-//! makes (input ids, attention mask, labels) copied to the device with the count of the labels the
-//! loss is averaged over (`num_items_in_batch`), the next batch made before the last one is let
-//! go; the loss summed, divided by that count and multiplied in place by the number of processes;
-//! accelerate's division by the accumulation steps; with bf16 or fp16 mixed precision, the model's
-//! outputs converted to float32; the check of the loss for NaN and infinity; and
-//! `clip_grad_norm_` (foreach) when `max_grad_norm` > 0; the optimizer's two parameter groups (with
-//! weight decay, then without).
+//! Trainer runs). Its running loss on the device; the batches of each optimizer step (one, or
+//! `gradient_accumulation_steps`) the language-modelling collator makes (input ids, attention
+//! mask, labels) copied to the device with the count of the labels the loss is averaged over
+//! (`num_items_in_batch`), the next step's drawn before the last ones are let go; a forward and a
+//! backward for each batch, the gradients accumulated in place, then the clipping and the
+//! optimizer's step; the loss summed, divided by that count and multiplied in place by the number
+//! of processes; accelerate's division by the accumulation steps; with bf16 or fp16 mixed
+//! precision, the model's outputs converted to float32; the check of the loss for NaN and
+//! infinity; and `clip_grad_norm_` (foreach) when `max_grad_norm` > 0; the optimizer's two
+//! parameter groups (with weight decay, then without).
 
 use super::process::Process;
 use super::tensor::Tensor;
@@ -17,7 +19,7 @@ use crate::dtype::Dtype;
 use crate::replay::program::Role;
 
 /// The Trainer's arguments that change what a step allocates (the others as transformers 5.17
-/// defaults them: `optim="adamw_torch_fused"`, `use_cache=False`, one process, no accumulation).
+/// defaults them: `optim="adamw_torch_fused"`, `use_cache=False`, one process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrainerArgs {
     /// `max_grad_norm` > 0 (1.0 by default): the gradients clipped every step.
@@ -25,39 +27,71 @@ pub struct TrainerArgs {
     /// `bf16=True` (or `fp16=True`): accelerate's mixed precision, the forward under autocast
     /// and its outputs converted to float32.
     pub mixed: Option<Dtype>,
+    /// `gradient_accumulation_steps`: the batches each optimizer step runs forward and backward.
+    pub accumulation: u64,
 }
 
-/// One batch on the device, as `DataCollatorForLanguageModeling(mlm=False)` makes it and the
-/// Trainer counts it.
+/// The most batches an optimizer step accumulates over that a replay runs (each is a forward and
+/// a backward: a bound on its work).
+pub const MAX_ACCUMULATION: u64 = 4096;
+
+/// One batch on the device, as `DataCollatorForLanguageModeling(mlm=False)` makes it.
 pub struct Batch {
     pub ids: Tensor,
     pub mask: Tensor,
     pub labels: Tensor,
-    /// `num_items_in_batch`: the labels that count (not `-100`) past the first position.
-    pub items: Tensor,
 }
 
 impl Batch {
     /// The batch of `b` sequences of `t` tokens copied to the device (`send_to_device`, in the
-    /// collator's order), then counted: `sum(labels[..., 1:].ne(-100).sum() for ...)` (the
-    /// comparison's booleans summed through an int64 copy; Python's `sum` adds the count to 0).
-    pub fn load(p: &mut Process, b: u64, t: u64) -> Batch {
+    /// collator's order).
+    fn copied(p: &mut Process, b: u64, t: u64) -> Batch {
         let [ids, mask, labels] = p.in_role(Role::Inputs, |p| {
             [(); 3].map(|_| p.empty(&[b, t], Dtype::Int64))
         });
-        let counted = p.empty(&[b, t - 1], Dtype::Bool);
-        let sum = p.empty(&[], Dtype::Int64);
-        let widened = p.empty(&[b, t - 1], Dtype::Int64);
-        drop(widened);
-        drop(counted);
-        let items = p.empty(&[], Dtype::Int64);
-        drop(sum);
-        Batch {
-            ids,
-            mask,
-            labels,
-            items,
+        Batch { ids, mask, labels }
+    }
+}
+
+/// The batches of one optimizer step (`get_batch_samples`), and `num_items_in_batch`: the labels
+/// that count (not `-100`) past each sequence's first position, over all of them.
+pub struct Batches {
+    pub batches: Vec<Batch>,
+    pub items: Tensor,
+}
+
+impl Batches {
+    /// `accumulation` batches of `b` sequences of `t` tokens drawn from accelerate's loader (each
+    /// copied to the device as it is drawn), then counted: `sum(batch["labels"][..., 1:].ne(-100)
+    /// .sum() for ...)`, each comparison's booleans summed through an int64 copy, Python's `sum`
+    /// adding each count to the total so far (to 0 first) and letting the count go.
+    pub fn load(p: &mut Process, accumulation: u64, b: u64, t: u64) -> Batches {
+        let batches: Vec<Batch> = (0..accumulation).map(|_| Batch::copied(p, b, t)).collect();
+        let mut total = None;
+        for _ in &batches {
+            let counted = p.empty(&[b, t - 1], Dtype::Bool);
+            let count = p.empty(&[], Dtype::Int64);
+            let widened = p.empty(&[b, t - 1], Dtype::Int64);
+            drop(widened);
+            drop(counted);
+            drop(total.replace(p.empty(&[], Dtype::Int64)));
+            drop(count);
         }
+        Batches {
+            batches,
+            items: total.expect("at least one batch"),
+        }
+    }
+
+    /// Let go once the next step's batches are drawn: the list (its batches last first, but the
+    /// last, which the loop's variable still holds), the count, then that last batch.
+    pub fn release(mut self) {
+        let last = self.batches.pop();
+        while let Some(batch) = self.batches.pop() {
+            drop(batch);
+        }
+        drop(self.items);
+        drop(last);
     }
 }
 

@@ -851,6 +851,53 @@ fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
         .stderr(contains("--gpus: 5000 is not a count of 2 to 4096 GPUs"));
 }
 
+#[test]
+fn gradient_accumulation_runs_every_batch_of_a_step_through_the_trainer() {
+    let args = [
+        "budget",
+        "--model",
+        "llama-3.2-1b",
+        "--mode",
+        "full",
+        "--context",
+        "1024",
+        "--batch",
+        "2",
+        "--trainer",
+        "--json",
+    ];
+    let needed = |v: &serde_json::Value| v["budget"]["needed"]["bytes"].as_u64().unwrap();
+    let one = json_of(mm().args(args));
+    let four = json_of(mm().args(args).args(["--gradient-accumulation", "4"]));
+    assert_eq!(four["budget"]["workload"]["accumulation"], 4);
+    // From the second batch of a step on, the forward runs beside the gradients of the first.
+    assert!(
+        needed(&four) > needed(&one),
+        "{} against {}",
+        needed(&four),
+        needed(&one)
+    );
+    mm().args(&args[..args.len() - 1])
+        .args(["--gradient-accumulation", "4"])
+        .assert()
+        .success()
+        .stdout(contains(
+            "transformers Trainer, gradients accumulated over 4 batches",
+        ));
+    mm().args(&args[..args.len() - 2])
+        .args(["--gradient-accumulation", "4"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains("--trainer"));
+    mm().args(args)
+        .args(["--gradient-accumulation", "5000"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains(
+            "--gradient-accumulation must be between 1 and 4096, not 5000",
+        ));
+}
+
 /// The ranks of `budget --gpus --json`'s `sharded`, checked to be rank 0 alone of `gpus` GPUs
 /// spread over `world` ranks by `strategy` (every rank allocating alike).
 fn one_rank_replayed<'a>(

@@ -48,7 +48,7 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
             }
         }
     }
-    assert_eq!(runs, 66);
+    assert_eq!(runs, 70);
     assert_eq!(most, Outside::h200().bytes);
     println!("outside the allocator, the most held: {most:?}");
 }
@@ -151,21 +151,23 @@ fn every_run_through_the_trainer_is_predicted_within_the_margin() {
     let report = Report::recorded_trainer();
     assert_eq!(report.records.len(), 14);
     assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"));
-    assert_eq!(card_runs(&report), 6);
-    let verdicts: Vec<(&str, &str)> = (report.records.iter())
-        .filter_map(|r| Some((r.expect.as_deref()?, r.outcome.as_str())))
-        .collect();
-    assert_eq!(
-        verdicts,
-        [
-            ("fits", "ok"),
-            ("oom", "oom"),
-            ("fits", "ok"),
-            ("oom", "oom"),
-            ("fits", "ok"),
-            ("oom", "oom")
-        ]
-    );
+    assert_largest_ran_and_next_did_not(&report, 3);
+    check_report(&report);
+}
+
+/// `transformers.Trainer` accumulating gradients over several batches: the two runs the replay was
+/// derived from (a 2-layer Llama over 2 batches, fully, and over 3 with LoRA), then runs held out
+/// (Qwen2.5 0.5B over 4, Llama 3.2 1B's float32 weights under bf16 with the foreach AdamW, Gemma 2
+/// 2B LoRA, Mistral 7B LoRA with recomputation over 3, Qwen3 4B with recomputation) and cards at the
+/// planner's largest batch and one more (Llama 3.2 1B over 4 batches on an RTX 4090: 3, where one
+/// batch a step holds 4; Qwen2.5 7B LoRA on an L4).
+#[test]
+fn every_run_of_the_trainer_accumulating_gradients_is_predicted_within_the_margin() {
+    let report = Report::recorded_trainer_accumulation();
+    assert_eq!(report.records.len(), 11);
+    assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"
+        && r.spec["trainer_args"]["gradient_accumulation_steps"].as_u64() > Some(1)));
+    assert_largest_ran_and_next_did_not(&report, 2);
     check_report(&report);
 }
 
@@ -481,8 +483,12 @@ fn check_stages(name: &str, stages: &[StageCheck], reserved_within: f64) {
             "{name} {}: allocated off by {a:.3} %",
             s.stage
         );
+        // Or one small segment (2 MiB, the allocator's unit): in a run of a few tens of MiB, a
+        // tie between equal free blocks broken as the driver's addresses broke it (the trace
+        // replayed with the first segment at its real address gives every block's address).
+        let segment = s.measured_reserved.abs_diff(s.predicted_reserved) <= 2 << 20;
         assert!(
-            r.abs() < reserved_within,
+            r.abs() < reserved_within || segment,
             "{name} {}: reserved off by {r:.3} %",
             s.stage
         );
@@ -506,6 +512,16 @@ fn assert_card_verdict_holds(name: &str, c: &RunCheck) {
         "{name}: {:?}",
         c.card_outcome
     );
+}
+
+/// `report` holds `cards` cards, each run at the planner's largest batch (which ran) and one more
+/// (which ran out of memory), in that order.
+fn assert_largest_ran_and_next_did_not(report: &Report, cards: usize) {
+    assert_eq!(card_runs(report), 2 * cards);
+    let verdicts: Vec<(&str, &str)> = (report.records.iter())
+        .filter_map(|r| Some((r.expect.as_deref()?, r.outcome.as_str())))
+        .collect();
+    assert_eq!(verdicts, [("fits", "ok"), ("oom", "oom")].repeat(cards));
 }
 
 /// How many runs of `report` ran alone on an emulated card.

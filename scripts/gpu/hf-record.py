@@ -251,6 +251,10 @@ def trainer_set():
         trainer_args=dict(bf16=True, gradient_accumulation_steps=2))
     add("small-llama-lora-accumulation-3-equal-lengths", "lora", lora=qv, lengths=[40],
         trainer_args=dict(bf16=True, gradient_accumulation_steps=3))
+    add("small-llama-full-fp32-fp16-scaler-equal-lengths", "full", dtype="float32", lengths=[40],
+        trainer_args=dict(fp16=True))
+    add("small-llama-lora-fp16-scaler-equal-lengths", "lora", dtype="float16", lora=qv, lengths=[40],
+        trainer_args=dict(fp16=True))
     add("small-llama-lora", "lora", loop="sft", lora=qv, trainer_args=dict(bf16=True))
     add("small-llama-full", "full", loop="sft", trainer_args=dict(bf16=True))
     add("small-llama-full-padding-free", "full", loop="sft", trainer_args=dict(bf16=True, padding_free=True,

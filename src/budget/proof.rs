@@ -67,6 +67,9 @@ pub const RECORDED_DDP: &str = include_str!("../../data/hf-proof-ddp-h200.json")
 /// on emulated cards (`scripts/gpu/hf-proof-plan-accumulation.json`).
 pub const RECORDED_TRAINER_ACCUMULATION: &str =
     include_str!("../../data/hf-proof-trainer-accumulation-h200.json");
+/// `transformers.Trainer` under fp16 with its gradient scaler: the two derivation runs, then runs
+/// held out and on emulated cards (`scripts/gpu/hf-proof-plan-fp16.json`).
+pub const RECORDED_TRAINER_FP16: &str = include_str!("../../data/hf-proof-trainer-fp16-h200.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -344,8 +347,16 @@ impl Report {
         )
     }
 
+    /// The shipped runs of the Trainer under fp16.
+    pub fn recorded_trainer_fp16() -> Report {
+        Report::shipped(
+            RECORDED_TRAINER_FP16,
+            "data/hf-proof-trainer-fp16-h200.json",
+        )
+    }
+
     /// Every shipped report.
-    pub fn all_recorded() -> [Report; 18] {
+    pub fn all_recorded() -> [Report; 19] {
         [
             Report::recorded(),
             Report::recorded_held_out(),
@@ -365,6 +376,7 @@ impl Report {
             Report::recorded_tp(),
             Report::recorded_ddp(),
             Report::recorded_trainer_accumulation(),
+            Report::recorded_trainer_fp16(),
         ]
     }
 

@@ -354,9 +354,10 @@ impl Workload {
         Ok(self)
     }
 
-    /// What the Trainer's replay covers (proven on the H200: `data/hf-proof-trainer-h200.json`):
-    /// LoRA or full training, bfloat16 weights or float32 ones under bfloat16 autocast, AdamW
-    /// fused or foreach, batches of equal lengths.
+    /// What the Trainer's replay covers (proven on the H200: `data/hf-proof-trainer*-h200.json`):
+    /// LoRA or full training, bfloat16 weights or float32 ones under bfloat16 autocast, float32
+    /// weights under float16 autocast or LoRA of float16 weights (fp16 and its gradient scaler),
+    /// AdamW fused or foreach, batches of equal lengths.
     fn check_trainer(&self) -> Result<(), WorkloadError> {
         let unsupported = |m: &str| Err(WorkloadError::Unsupported(m.into()));
         match self.mode {
@@ -371,10 +372,11 @@ impl Workload {
         if self.weights == WeightFormat::Nf4 {
             return unsupported("--trainer with --mode qlora is not replayed yet");
         }
-        if self.dtype == Dtype::Float16 || self.autocast == Some(Dtype::Float16) {
+        if self.dtype == Dtype::Float16 && !matches!(self.mode, Mode::Lora { .. }) {
             return unsupported(
-                "--trainer in float16 (fp16=True: the gradient scaler's tensors) is not replayed \
-                 yet: bfloat16 weights, or --autocast bfloat16",
+                "--trainer with float16 weights trains LoRA adapters (fp16=True: the gradient \
+                 scaler refuses to unscale float16 gradients); float32 weights with --autocast \
+                 float16 for a full training",
             );
         }
         if self.optimizer_impl == OptimizerImpl::ForLoop {
@@ -393,12 +395,16 @@ impl Workload {
                 == Some(crate::model::Quantization::Bnb4 { double_quant: true })
     }
 
-    /// The Trainer's arguments of this workload: bf16 mixed precision with bfloat16 weights or
-    /// under `--autocast bfloat16`, gradients clipped (its default `max_grad_norm` of 1).
+    /// The Trainer's arguments of this workload: bf16 (or fp16, with its gradient scaler) mixed
+    /// precision with bfloat16 (float16) weights or under `--autocast`, gradients clipped (its
+    /// default `max_grad_norm` of 1).
     fn trainer_args(&self) -> Option<crate::stack::trainer::TrainerArgs> {
         self.trainer.then(|| crate::stack::trainer::TrainerArgs {
             clip: true,
-            mixed: (self.autocast).or((self.dtype == Dtype::Bfloat16).then_some(Dtype::Bfloat16)),
+            mixed: (self.autocast).or(match self.dtype {
+                Dtype::Bfloat16 | Dtype::Float16 => Some(self.dtype),
+                _ => None,
+            }),
             accumulation: self.accumulation,
         })
     }

@@ -144,7 +144,8 @@ pub struct BudgetArgs {
     #[arg(long, value_enum)]
     pub autocast: Option<AutocastArg>,
     /// The steps as transformers' Trainer runs them (lora or full): bf16 mixed precision with
-    /// bfloat16 weights or --autocast bfloat16, gradients clipped, AdamW fused by default.
+    /// bfloat16 weights or --autocast bfloat16, fp16 (with its gradient scaler) with --autocast
+    /// float16 or float16 weights under LoRA, gradients clipped, AdamW fused by default.
     #[arg(long)]
     pub trainer: bool,
     /// With --trainer: gradient_accumulation_steps, the batches each optimizer step runs forward

@@ -14,7 +14,7 @@ use super::optimizer::{Optimizer, OptimizerState};
 use super::process::{Kernels, Process};
 use super::tensor::Tensor;
 use super::tensor_parallel::TensorParallel;
-use super::trainer::{self, Batch, Batches, TrainerArgs};
+use super::trainer::{self, Batch, Batches, GradScaler, TrainerArgs};
 use crate::dtype::Dtype;
 use crate::model::{Model, TensorRole};
 use crate::replay::program::{Chunk, Loaded, Program, Role, StageMark};
@@ -311,6 +311,9 @@ fn emulate(
                     },
                 ));
             }
+            // Under fp16 the optimizer steps through the gradient scaler (a fused one is handed
+            // its `found_inf`).
+            let fused = *optimizer == Optimizer::AdamW(super::optimizer::OptimizerImpl::Fused);
             let mut optimizer = OptimizerState::new(*optimizer);
             let steps = *steps;
             // The model's forward of `batch` and its loss (the Trainer's: summed over its count,
@@ -378,7 +381,7 @@ fn emulate(
             };
             // `zero_grad(set_to_none=True)` after the optimizer's step on the parameters whose
             // gradient exists (a vision tower's gets none).
-            let mut step_optimizer = |p: &mut Process| {
+            let mut step_optimizer = |p: &mut Process, scaler: Option<&mut GradScaler>| {
                 if let Some(fsdp) = p.fsdp.take() {
                     optimizer.step(p, &[fsdp.stepped()]);
                     p.fsdp = Some(fsdp);
@@ -393,7 +396,10 @@ fn emulate(
                             .collect()
                     })
                     .collect();
-                optimizer.step(p, &stepped);
+                match scaler {
+                    Some(scaler) => scaler.step(p, fused, |p| optimizer.step(p, &stepped)),
+                    None => optimizer.step(p, &stepped),
+                }
                 for leaf in &leaves {
                     leaf.grad.borrow_mut().take();
                 }
@@ -422,7 +428,7 @@ fn emulate(
                         drop(loss);
                         marks.end(&p);
                         marks.begin(&p, &format!("step{step}.optimizer"), Loaded::Backward);
-                        step_optimizer(&mut p);
+                        step_optimizer(&mut p, None);
                         marks.end(&p);
                     }
                     drop(batch);
@@ -433,6 +439,7 @@ fn emulate(
                     let mut batches = Batches::load(&mut p, args.accumulation, b, t);
                     marks.end(&p);
                     let (mut last_loss, mut last_norm) = (None, None);
+                    let mut scaler = (args.mixed == Some(Dtype::Float16)).then(GradScaler::default);
                     for step in 1..=steps {
                         // Stages named as `hf_loops.py` marks them: `step1.micro2.backward` when
                         // the step accumulates over several batches.
@@ -448,10 +455,13 @@ fn emulate(
                             let loss = p.scale_(&loss);
                             marks.end(&p);
                             marks.begin(&p, &format!("{stage}.backward"), Loaded::Backward);
-                            // accelerate's `loss / gradient_accumulation_steps`.
-                            let scaled = p.scale(&loss);
-                            p.backward(&scaled);
+                            // accelerate's `loss / gradient_accumulation_steps`, then under fp16
+                            // the gradient scaler's product.
+                            let divided = p.scale(&loss);
+                            let scaled = scaler.as_mut().map(|s| s.scale(&mut p, &divided));
+                            p.backward(scaled.as_ref().unwrap_or(&divided));
                             drop(scaled);
+                            drop(divided);
                             trainer::check_loss(&mut p, &loss);
                             // `tr_loss_step`, held until the next batch's.
                             drop(last_loss.replace(loss));
@@ -459,12 +469,15 @@ fn emulate(
                         }
                         if args.clip {
                             marks.begin(&p, &format!("{stage}.clip"), Loaded::Backward);
+                            if let Some(scaler) = scaler.as_mut() {
+                                scaler.unscale(&mut p);
+                            }
                             let norm = trainer::clip_grad_norm(&mut p, &gradients(&leaves));
                             drop(std::mem::replace(&mut last_norm, norm));
                             marks.end(&p);
                         }
                         marks.begin(&p, &format!("{stage}.optimizer"), Loaded::Backward);
-                        step_optimizer(&mut p);
+                        step_optimizer(&mut p, scaler.as_mut());
                         marks.end(&p);
                         if step < steps {
                             // The next step's batches, then the last ones let go.

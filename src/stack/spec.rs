@@ -113,6 +113,8 @@ pub struct SpecTrainerArgs {
     #[serde(default)]
     pub bf16: bool,
     #[serde(default)]
+    pub fp16: bool,
+    #[serde(default)]
     pub optim: Option<String>,
     #[serde(default)]
     pub max_grad_norm: Option<f64>,
@@ -211,7 +213,17 @@ impl TryFrom<Spec> for Run {
             None => None,
             Some("trainer") => Some(TrainerArgs {
                 clip: s.trainer_args.max_grad_norm.is_none_or(|n| n > 0.0),
-                mixed: s.trainer_args.bf16.then_some(Dtype::Bfloat16),
+                mixed: match (s.trainer_args.bf16, s.trainer_args.fp16) {
+                    (true, _) => Some(Dtype::Bfloat16),
+                    (false, true) if s.trainer_args.max_grad_norm == Some(0.0) => {
+                        return Err(field(
+                            "trainer_args",
+                            "fp16 is emulated with its gradients clipped (max_grad_norm > 0)",
+                        ))
+                    }
+                    (false, true) => Some(Dtype::Float16),
+                    (false, false) => None,
+                },
                 accumulation: match s.trainer_args.gradient_accumulation_steps {
                     None => 1,
                     Some(n @ 1..=MAX_ACCUMULATION) => n,

@@ -9,9 +9,9 @@
 //! backward for each batch, the gradients accumulated in place, then the clipping and the
 //! optimizer's step; the loss summed, divided by that count and multiplied in place by the number
 //! of processes; accelerate's division by the accumulation steps; with bf16 or fp16 mixed
-//! precision, the model's outputs converted to float32; the check of the loss for NaN and
-//! infinity; and `clip_grad_norm_` (foreach) when `max_grad_norm` > 0; the optimizer's two
-//! parameter groups (with weight decay, then without).
+//! precision, the model's outputs converted to float32; under fp16 the gradient scaler; the
+//! check of the loss for NaN and infinity; and `clip_grad_norm_` (foreach) when `max_grad_norm` >
+//! 0; the optimizer's two parameter groups (with weight decay, then without).
 
 use super::process::Process;
 use super::tensor::Tensor;
@@ -109,6 +109,65 @@ pub fn check_loss(p: &mut Process, loss: &Tensor) {
     let inf = p.empty(&[], Dtype::Bool);
     drop(absolute);
     drop(inf);
+}
+
+/// `torch.amp.GradScaler` as accelerate runs it under `fp16=True` (PyTorch 2.11's
+/// `grad_scaler.py`): its scale and growth tracker (made at the first `scale`, kept), the loss
+/// multiplied by the scale before each backward, the gradients unscaled before they are clipped,
+/// and what its `step` and `update` hold around the optimizer's step.
+#[derive(Default)]
+pub struct GradScaler {
+    state: Option<[Tensor; 2]>,
+    /// The copy of `found_inf` the optimizer's state keeps from `unscale_` to `update`.
+    found_inf: Option<Tensor>,
+}
+
+impl GradScaler {
+    /// `scale(loss)`: `loss * scale`, a product autograd records (the scale and growth tracker
+    /// made the first time).
+    pub fn scale(&mut self, p: &mut Process, loss: &Tensor) -> Tensor {
+        if self.state.is_none() {
+            let scale = p.empty(&[], Dtype::Float32);
+            let growth = p.empty(&[], Dtype::Int32);
+            self.state = Some([scale, growth]);
+        }
+        p.scale(loss)
+    }
+
+    /// `unscale_(optimizer)`: the inverse scale computed in float64 then cast, `found_inf`, and
+    /// `_unscale_grads_`'s copies of both for the device (`found_inf`'s first, as the call reads
+    /// its arguments), the inverse scale's let go with the function's locals; the copy of
+    /// `found_inf` kept.
+    pub fn unscale(&mut self, p: &mut Process) {
+        // Two float64 scalars (8 bytes each, as an int64's: the emulation has no float64).
+        let double = p.empty(&[], Dtype::Int64);
+        let reciprocal = p.empty(&[], Dtype::Int64);
+        drop(double);
+        let inverse = p.empty(&[], Dtype::Float32);
+        drop(reciprocal);
+        let found_inf = p.empty(&[], Dtype::Float32);
+        self.found_inf = Some(p.empty(&[], Dtype::Float32));
+        let inverse_copy = p.empty(&[], Dtype::Float32);
+        drop(inverse_copy);
+        drop(inverse);
+        drop(found_inf);
+    }
+
+    /// `step(optimizer)` around the optimizer's own `step` (`optimizer_step`): a fused optimizer
+    /// is handed `found_inf` summed over the devices (`sum([...])`, a new tensor), dropped once it
+    /// stepped; the others are stepped after a read of it. Then `update()`, which lets the copy of
+    /// `found_inf` go.
+    pub fn step(
+        &mut self,
+        p: &mut Process,
+        fused: bool,
+        optimizer_step: impl FnOnce(&mut Process),
+    ) {
+        let summed = fused.then(|| p.empty(&[], Dtype::Float32));
+        optimizer_step(p);
+        drop(summed);
+        drop(self.found_inf.take());
+    }
 }
 
 /// The elements one block of `_foreach_norm`'s multi-tensor kernel reduces (PyTorch's

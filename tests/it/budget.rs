@@ -298,7 +298,10 @@ fn refusals_name_what_is_wrong() {
         ("--model llama-2-7b --mode full --generated 3", "--generated applies to --mode inference only"),
         ("--model llama-2-7b --mode inference --rank 4", "--rank applies to --mode lora only"),
         ("--model llama-2-7b --mode inference --trainer", "--trainer applies to --mode lora or full only"),
-        ("--model llama-2-7b --mode full --trainer --autocast float16", "--trainer in float16"),
+        (
+            "--model llama-2-7b --mode full --trainer --dtype float16",
+            "the gradient scaler refuses to unscale float16 gradients",
+        ),
         ("--model llama-2-7b --mode full --trainer --optimizer adamw-8bit", "--trainer with --optimizer adamw-8bit is not replayed yet"),
         ("--model llama-2-7b --mode full --trainer --optimizer-impl for-loop", "not for-loop"),
         ("--model llama-3.2-1b --mode qlora --trainer --batch 2 --context 2048", "--trainer with --mode qlora is not replayed yet"),
@@ -895,6 +898,43 @@ fn gradient_accumulation_runs_every_batch_of_a_step_through_the_trainer() {
         .code(USAGE)
         .stderr(contains(
             "--gradient-accumulation must be between 1 and 4096, not 5000",
+        ));
+}
+
+#[test]
+fn the_trainer_under_fp16_scales_its_loss_and_refuses_float16_gradients() {
+    let args = [
+        "budget",
+        "--model",
+        "llama-3.2-1b",
+        "--batch",
+        "1",
+        "--context",
+        "1024",
+        "--trainer",
+    ];
+    mm().args(args)
+        .args([
+            "--mode",
+            "full",
+            "--dtype",
+            "float32",
+            "--autocast",
+            "float16",
+        ])
+        .assert()
+        .success()
+        .stdout(contains("float32 weights under float16 autocast"));
+    mm().args(args)
+        .args(["--mode", "lora", "--dtype", "float16"])
+        .assert()
+        .success();
+    mm().args(args)
+        .args(["--mode", "full", "--dtype", "float16"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains(
+            "the gradient scaler refuses to unscale float16 gradients",
         ));
 }
 

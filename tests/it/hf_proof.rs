@@ -48,7 +48,7 @@ fn what_lives_outside_the_allocator_is_the_most_the_card_runs_held() {
             }
         }
     }
-    assert_eq!(runs, 70);
+    assert_eq!(runs, 74);
     assert_eq!(most, Outside::h200().bytes);
     println!("outside the allocator, the most held: {most:?}");
 }
@@ -167,6 +167,24 @@ fn every_run_of_the_trainer_accumulating_gradients_is_predicted_within_the_margi
     assert_eq!(report.records.len(), 11);
     assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"
         && r.spec["trainer_args"]["gradient_accumulation_steps"].as_u64() > Some(1)));
+    assert_largest_ran_and_next_did_not(&report, 2);
+    check_report(&report);
+}
+
+/// `transformers.Trainer` under `fp16=True` (autocast to float16 and `torch.amp.GradScaler`): the
+/// two runs the replay was derived from (a 2-layer Llama trained fully in float32 and with LoRA of
+/// float16 weights), then runs held out (Qwen2.5 0.5B and Qwen3 4B trained fully in float32, the
+/// latter with the foreach AdamW; LoRA of Llama 3.2 1B and of Mistral 7B with recomputation in
+/// float16) and cards at the planner's largest batch and one more (Llama 3.2 1B full on an RTX
+/// 4090, Qwen2.5 7B LoRA on an L4).
+#[test]
+fn every_run_of_the_trainer_under_fp16_is_predicted_within_the_margin() {
+    let report = Report::recorded_trainer_fp16();
+    assert_eq!(report.records.len(), 10);
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["loop"] == "trainer" && r.spec["trainer_args"]["fp16"] == true));
     assert_largest_ran_and_next_did_not(&report, 2);
     check_report(&report);
 }

@@ -118,6 +118,31 @@ impl Budget {
         ]
     }
 
+    /// The `TrainingArguments` the budget assumes (transformers 5.17's defaults but those the
+    /// workload sets), one process.
+    fn trainer_arguments(&self) -> String {
+        let w = &self.workload;
+        let precision = match (w.autocast, w.dtype) {
+            (Some(crate::dtype::Dtype::Float16), _) | (None, crate::dtype::Dtype::Float16) => {
+                "fp16=True (autocast to float16, its gradient scaler)"
+            }
+            (Some(_), _) | (None, crate::dtype::Dtype::Bfloat16) => "bf16=True",
+            _ => "no mixed precision",
+        };
+        let optim = match w.optimizer_impl {
+            crate::stack::optimizer::OptimizerImpl::Fused => "adamw_torch_fused",
+            _ => "adamw_torch",
+        };
+        format!(
+            "TrainingArguments assumed: per_device_train_batch_size={}, {precision}, \
+             optim=\"{optim}\", max_grad_norm=1.0, gradient_accumulation_steps={}, \
+             gradient_checkpointing={}, one process; the others transformers 5.17's defaults.",
+            w.batch,
+            w.accumulation,
+            if w.checkpointing { "True" } else { "False" }
+        )
+    }
+
     fn notes(&self) -> Vec<String> {
         let mut notes = vec![format!(
             "The run replayed through the allocator model, every allocation and free of the \
@@ -126,10 +151,11 @@ impl Budget {
             self.peak_stage
         )];
         if self.workload.trainer {
+            notes.push(self.trainer_arguments());
             notes.push(
                 "Through transformers' Trainer with batches of equal lengths (every sequence \
                  --context tokens, or packed): a padded batch adds its padding mask and another \
-                 attention kernel, which are not replayed (data/hf-proof-trainer-h200.json)."
+                 attention kernel, which are not replayed (data/hf-proof-trainer*-h200.json)."
                     .into(),
             );
         }

@@ -886,6 +886,11 @@ fn gradient_accumulation_runs_every_batch_of_a_step_through_the_trainer() {
         .success()
         .stdout(contains(
             "transformers Trainer, gradients accumulated over 4 batches",
+        ))
+        .stdout(contains(
+            "TrainingArguments assumed: per_device_train_batch_size=2, bf16=True, \
+             optim=\"adamw_torch_fused\", max_grad_norm=1.0, gradient_accumulation_steps=4, \
+             gradient_checkpointing=False, one process",
         ));
     mm().args(&args[..args.len() - 2])
         .args(["--gradient-accumulation", "4"])
@@ -924,7 +929,10 @@ fn the_trainer_under_fp16_scales_its_loss_and_refuses_float16_gradients() {
         ])
         .assert()
         .success()
-        .stdout(contains("float32 weights under float16 autocast"));
+        .stdout(contains("float32 weights under float16 autocast"))
+        .stdout(contains(
+            "fp16=True (autocast to float16, its gradient scaler)",
+        ));
     mm().args(args)
         .args(["--mode", "lora", "--dtype", "float16"])
         .assert()

@@ -136,6 +136,8 @@ pub struct Reducer {
     /// The trained parameters in `parameters()` order: the leaf their gradient goes to, and its
     /// layout.
     trained: Vec<(usize, Meta)>,
+    /// Their types and bytes, as the buckets are sized.
+    sizes: Vec<TensorBytes>,
     buckets: Vec<Bucket>,
     ready: Vec<usize>,
     rebuilt: bool,
@@ -175,39 +177,36 @@ impl Reducer {
             // `_sync_module_states`: parameters and buffers from rank 0.
             broadcast_coalesced(p, states);
         });
+        let sizes = (trained.iter())
+            .map(|l| TensorBytes {
+                elem: l.meta.elem,
+                bytes: l.meta.shape.iter().product::<u64>() * l.meta.elem.bytes(),
+            })
+            .collect();
         let mut reducer = Reducer {
             ddp,
             trained: (trained.iter())
                 .map(|l| (leaf_key(l), l.meta.clone()))
                 .collect(),
+            sizes,
             buckets: Vec::new(),
             ready: Vec::new(),
             rebuilt: false,
             buffers: states[states.len() - buffers..].to_vec(),
         };
         // One bucket a type, given to the reducer last first.
-        let mut first = buckets_by_size(&reducer.sized(), &[u64::MAX], None);
+        let mut first = buckets_by_size(&reducer.sizes, &[u64::MAX], None);
         first.reverse();
         reducer.make_buckets(p, first);
         reducer
     }
 
-    fn sized(&self) -> Vec<TensorBytes> {
-        (self.trained.iter())
-            .map(|(_, m)| TensorBytes {
-                elem: m.elem,
-                bytes: m.shape.iter().product::<u64>() * m.elem.bytes(),
-            })
-            .collect()
-    }
-
     /// `initialize_buckets`: the old buckets let go, then a flat buffer for each new one.
     fn make_buckets(&mut self, p: &mut Process, assignment: Vec<Vec<usize>>) {
         self.buckets.clear();
-        let sized = self.sized();
         for members in assignment {
-            let elem = sized[members[0]].elem;
-            let bytes: u64 = members.iter().map(|&i| sized[i].bytes).sum();
+            let elem = self.sizes[members[0]].elem;
+            let bytes: u64 = members.iter().map(|&i| self.sizes[i].bytes).sum();
             let flat = p.in_role(Role::Gradients, |p| p.empty(&[bytes / elem.bytes()], elem));
             self.buckets.push(Bucket { flat, members });
         }
@@ -221,8 +220,7 @@ impl Replicated for Reducer {
         if !self.rebuilt && !self.ready.is_empty() {
             self.rebuilt = true;
             let order = std::mem::take(&mut self.ready);
-            let assignment =
-                buckets_by_size(&self.sized(), &self.ddp.rebuilt_limits(), Some(&order));
+            let assignment = buckets_by_size(&self.sizes, &self.ddp.rebuilt_limits(), Some(&order));
             // `sync_bucket_indices`: every index and a terminator, then each bucket's size.
             p.in_role(Role::Activations, |p| {
                 let indices = p.empty(&[self.trained.len() as u64 + 1], Dtype::Int32);

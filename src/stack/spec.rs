@@ -307,15 +307,17 @@ impl TryFrom<Spec> for Run {
             true => Loading::Pretrained,
             false => loading,
         };
+        if let Some(d) = &s.distributed {
+            if d.world_size < 2 || d.rank >= d.world_size {
+                return Err(field(
+                    "distributed",
+                    "a world_size above 1 and a rank below it",
+                ));
+            }
+        }
         let sharding = match &s.distributed {
             None => None,
             Some(d) if d.strategy == "fsdp" => {
-                if d.world_size < 2 || d.rank >= d.world_size {
-                    return Err(field(
-                        "distributed",
-                        "a world_size above 1 and a rank below it",
-                    ));
-                }
                 if !matches!(s.dtype, Dtype::Bfloat16 | Dtype::Float16) {
                     return Err(field(
                         "distributed",
@@ -353,12 +355,6 @@ impl TryFrom<Spec> for Run {
         };
         let ddp = match &s.distributed {
             Some(d) if d.strategy == "ddp" => {
-                if d.world_size < 2 || d.rank >= d.world_size {
-                    return Err(field(
-                        "distributed",
-                        "a world_size above 1 and a rank below it",
-                    ));
-                }
                 if !matches!(s.mode, SpecMode::Full | SpecMode::Lora) || trainer.is_some() {
                     return Err(field(
                         "distributed",
@@ -381,12 +377,6 @@ impl TryFrom<Spec> for Run {
         };
         let tensor_parallel = match &s.distributed {
             Some(d) if tensor_parallel_run => {
-                if d.world_size < 2 || d.rank >= d.world_size {
-                    return Err(field(
-                        "distributed",
-                        "a world_size above 1 and a rank below it",
-                    ));
-                }
                 if s.mode != SpecMode::Inference {
                     return Err(field(
                         "distributed",

@@ -811,7 +811,6 @@ fn gpus_gives_a_rank_of_tensor_parallelism_serving_a_model() {
     let v = json_of(mm().args(args).arg("--json"));
     let s = &v["sharded"];
     let ranks = one_rank_replayed(s, 12, 8, "tensor_parallel");
-    let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
     assert_eq!(bytes(&ranks[0]["need_per_gpu"]), bytes(&s["need_per_gpu"]));
     // A rank holds an eighth of the layers' weights and of the KV cache, the embeddings whole.
     assert!(bytes(&ranks[0]["peak_reserved"]) < bytes(&v["budget"]["peak_reserved"]) / 6);
@@ -946,6 +945,11 @@ fn the_trainer_under_fp16_scales_its_loss_and_refuses_float16_gradients() {
         ));
 }
 
+/// The exact bytes of a figure of the JSON (`{"bytes": …, "gib": …, "gb": …}`).
+fn bytes(figure: &serde_json::Value) -> u64 {
+    figure["bytes"].as_u64().unwrap()
+}
+
 /// The ranks of `budget --gpus --json`'s `sharded`, checked to be rank 0 alone of `gpus` GPUs
 /// spread over `world` ranks by `strategy` (every rank allocating alike).
 fn one_rank_replayed<'a>(
@@ -989,7 +993,6 @@ fn gpus_with_parallel_ddp_gives_rank_0_of_a_replicated_training() {
     let s = &v["sharded"];
     let ranks = one_rank_replayed(s, 4, 4, "ddp");
     // Every rank holds the whole model, and its gradients' buckets besides what one GPU holds.
-    let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
     let (one_gpu, rank) = (
         bytes(&v["budget"]["peak_allocated"]),
         bytes(&ranks[0]["peak_allocated"]),
@@ -1042,7 +1045,6 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
     let ranks = s["ranks"].as_array().unwrap();
     let numbers: Vec<u64> = ranks.iter().map(|r| r["rank"].as_u64().unwrap()).collect();
     assert_eq!(numbers, [0, 7]);
-    let bytes = |x: &serde_json::Value| x["bytes"].as_u64().unwrap();
     let busiest = ranks.iter().map(|r| bytes(&r["need_per_gpu"])).max();
     assert_eq!(busiest, Some(bytes(&s["need_per_gpu"])));
     for r in ranks {

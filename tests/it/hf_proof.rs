@@ -148,11 +148,7 @@ fn every_run_of_the_second_blind_round_is_predicted_within_the_margin() {
 /// next ran out of memory.
 #[test]
 fn every_run_through_the_trainer_is_predicted_within_the_margin() {
-    let report = Report::recorded_trainer();
-    assert_eq!(report.records.len(), 14);
-    assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"));
-    assert_largest_ran_and_next_did_not(&report, 3);
-    check_report(&report);
+    check_trainer_report(&Report::recorded_trainer(), 14, 3, |_| true);
 }
 
 /// `transformers.Trainer` accumulating gradients over several batches: the two runs the replay was
@@ -163,12 +159,9 @@ fn every_run_through_the_trainer_is_predicted_within_the_margin() {
 /// batch a step holds 4; Qwen2.5 7B LoRA on an L4).
 #[test]
 fn every_run_of_the_trainer_accumulating_gradients_is_predicted_within_the_margin() {
-    let report = Report::recorded_trainer_accumulation();
-    assert_eq!(report.records.len(), 11);
-    assert!(report.records.iter().all(|r| r.spec["loop"] == "trainer"
-        && r.spec["trainer_args"]["gradient_accumulation_steps"].as_u64() > Some(1)));
-    assert_largest_ran_and_next_did_not(&report, 2);
-    check_report(&report);
+    check_trainer_report(&Report::recorded_trainer_accumulation(), 11, 2, |args| {
+        args["gradient_accumulation_steps"].as_u64() > Some(1)
+    });
 }
 
 /// `transformers.Trainer` under `fp16=True` (autocast to float16 and `torch.amp.GradScaler`): the
@@ -179,14 +172,9 @@ fn every_run_of_the_trainer_accumulating_gradients_is_predicted_within_the_margi
 /// 4090, Qwen2.5 7B LoRA on an L4).
 #[test]
 fn every_run_of_the_trainer_under_fp16_is_predicted_within_the_margin() {
-    let report = Report::recorded_trainer_fp16();
-    assert_eq!(report.records.len(), 10);
-    assert!(report
-        .records
-        .iter()
-        .all(|r| r.spec["loop"] == "trainer" && r.spec["trainer_args"]["fp16"] == true));
-    assert_largest_ran_and_next_did_not(&report, 2);
-    check_report(&report);
+    check_trainer_report(&Report::recorded_trainer_fp16(), 10, 2, |args| {
+        args["fp16"] == true
+    });
 }
 
 /// Gemma (1), Granite 3 and OLMo 2 at their public widths, none a run their replay came from.
@@ -298,25 +286,48 @@ fn every_rank_of_an_fsdp2_lora_training_is_predicted_within_the_margin() {
 /// allocator than a process on one GPU.
 #[test]
 fn every_rank_of_tensor_parallelism_is_predicted_within_the_margin() {
-    let report = Report::recorded_tp();
-    assert_eq!(report.records.len(), 11);
-    assert_eq!(card_runs(&report), 4);
-    let margin = TP_MARGIN_PPM as f64 / 10_000.0;
-    let mut worst: f64 = 0.0;
-    for rec in &report.records {
-        assert_eq!(rec.spec["distributed"]["strategy"], "tp", "{}", rec.name);
-        let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
-        if rec.kind == "card" {
-            assert_card_verdict_holds(&rec.name, &c);
+    check_rank_report(
+        &Report::recorded_tp(),
+        "tp",
+        11,
+        TP_MARGIN_PPM,
+        |name, c| {
             let held = c.outside.expect("a card run measures what lives outside");
             let one_gpu = Outside::h200().bytes;
             assert!(
                 held.context <= one_gpu.context
                     && held.forward <= one_gpu.forward
                     && held.decode <= one_gpu.decode,
-                "{}: {held:?}",
-                rec.name
+                "{name}: {held:?}"
             );
+        },
+    );
+}
+
+/// Checks a report of `runs` ranks spread by `strategy` (4 of them alone on emulated cards, whose
+/// verdicts hold and which `on_card` checks besides), every stage within `margin_ppm`; prints the
+/// worst error on a rank's peak of `reserved`.
+fn check_rank_report(
+    report: &Report,
+    strategy: &str,
+    runs: usize,
+    margin_ppm: u64,
+    on_card: impl Fn(&str, &RunCheck),
+) {
+    assert_eq!(report.records.len(), runs);
+    assert_eq!(card_runs(report), 4);
+    let margin = margin_ppm as f64 / 10_000.0;
+    let mut worst: f64 = 0.0;
+    for rec in &report.records {
+        assert_eq!(
+            rec.spec["distributed"]["strategy"], strategy,
+            "{}",
+            rec.name
+        );
+        let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
+        if rec.kind == "card" {
+            assert_card_verdict_holds(&rec.name, &c);
+            on_card(&rec.name, &c);
         }
         let r = checked_peak(&rec.name, &c, margin);
         worst = worst.max(r.abs());
@@ -333,21 +344,13 @@ fn every_rank_of_tensor_parallelism_is_predicted_within_the_margin() {
 /// there and one more. Every stage within a rank's margin; every card verdict as replayed.
 #[test]
 fn every_rank_of_ddp_is_predicted_within_the_margin() {
-    let report = Report::recorded_ddp();
-    assert_eq!(report.records.len(), 15);
-    assert_eq!(card_runs(&report), 4);
-    let margin = DDP_MARGIN_PPM as f64 / 10_000.0;
-    let mut worst: f64 = 0.0;
-    for rec in &report.records {
-        assert_eq!(rec.spec["distributed"]["strategy"], "ddp", "{}", rec.name);
-        let c = check(rec).unwrap_or_else(|e| panic!("{}: {e}", rec.name));
-        if rec.kind == "card" {
-            assert_card_verdict_holds(&rec.name, &c);
-        }
-        let r = checked_peak(&rec.name, &c, margin);
-        worst = worst.max(r.abs());
-    }
-    println!("worst error on a rank's peak reserved: {worst:.3} %");
+    check_rank_report(
+        &Report::recorded_ddp(),
+        "ddp",
+        15,
+        DDP_MARGIN_PPM,
+        |_, _| {},
+    );
 }
 
 /// Llama 3.1 8B's widths (2 layers, batch 1 × 1 024) trained under DDP on two real H200 with NCCL,
@@ -530,6 +533,24 @@ fn assert_card_verdict_holds(name: &str, c: &RunCheck) {
         "{name}: {:?}",
         c.card_outcome
     );
+}
+
+/// Checks a report of `runs` runs through `transformers.Trainer`, each with `TrainingArguments`
+/// that `arguments` accepts, `cards` of its cards at the planner's largest batch and one more, as
+/// [`check_report`] does.
+fn check_trainer_report(
+    report: &Report,
+    runs: usize,
+    cards: usize,
+    arguments: impl Fn(&serde_json::Value) -> bool,
+) {
+    assert_eq!(report.records.len(), runs);
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["loop"] == "trainer" && arguments(&r.spec["trainer_args"])));
+    assert_largest_ran_and_next_did_not(report, cards);
+    check_report(report);
 }
 
 /// `report` holds `cards` cards, each run at the planner's largest batch (which ran) and one more

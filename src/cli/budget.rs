@@ -452,8 +452,12 @@ pub struct Largest {
     /// The smallest size searched: 1, or the smallest the workload allows.
     pub first: u64,
     /// The largest size searched: the most the workload allows (`batch × (context + generated)`
-    /// tokens a step and the sizes' own bounds). A row at it may hold more.
+    /// tokens a step and the sizes' own bounds), or for a context the model's window less the
+    /// tokens generated. A row at it may hold more.
     pub limit: u64,
+    /// The model's window (`max_position_embeddings`) where it set the limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
     pub rows: Vec<LargestRow>,
 }
 
@@ -495,6 +499,9 @@ impl std::fmt::Display for Largest {
                     match r.largest {
                         None if self.first > 1 => format!("none fits, {} included", self.first),
                         None => "none fits".into(),
+                        Some(n) if n == self.limit && self.window.is_some() => {
+                            format!("{n} (the whole window)")
+                        }
                         Some(n) if n == self.limit => format!("{n} (the most searched)"),
                         Some(n) => n.to_string(),
                     },
@@ -516,7 +523,17 @@ impl std::fmt::Display for Largest {
                 self.first
             )?;
         }
-        if self.rows.iter().any(|r| r.largest == Some(self.limit)) {
+        let at_limit = self.rows.iter().any(|r| r.largest == Some(self.limit));
+        if let (true, Some(window)) = (at_limit, self.window) {
+            write!(
+                f,
+                "\nThe model's window: {} context tokens and the {} generated make its {window} \
+                 positions (max_position_embeddings); the search stops there (`mesure_memoire \
+                 budget --context` replays a longer one).",
+                self.limit,
+                window - self.limit
+            )?;
+        } else if at_limit {
             write!(
                 f,
                 "\n{} is the most the workload allows: a larger one is refused (`mesure_memoire \
@@ -548,21 +565,30 @@ fn largest(
     if w.allocator == AllocatorSetting::Default {
         allocators.push(AllocatorSetting::ExpandableSegments);
     }
-    let mut search = fit::SizeSearch::new(
-        w,
-        settings,
-        size,
-        crate::budget::workload::MAX_TOKENS,
-        &memories,
-        &allocators,
-    )
-    .map_err(|e| {
-        let what = match size {
-            Size::Batch => "--max-batch",
-            Size::Context => "--max-context",
-        };
-        Failure::from(e).context(format!("{what}: no size of this workload is allowed"))
-    })?;
+    let what = match size {
+        Size::Batch => "--max-batch",
+        Size::Context => "--max-context",
+    };
+    // A context is searched within the model's window, the tokens generated included.
+    let generated = match w.mode {
+        Mode::Inference { generated } => generated,
+        _ => 0,
+    };
+    let window = w.model.window.filter(|_| size == Size::Context);
+    let limit = match window {
+        Some(window) if window <= generated => {
+            return Err(Failure::usage_owned(format!(
+                "{what}: --generated {generated} leaves no context within the model's window of \
+                 {window} positions (max_position_embeddings)"
+            )))
+        }
+        Some(window) => window - generated,
+        None => crate::budget::workload::MAX_TOKENS,
+    };
+    let mut search = fit::SizeSearch::new(w, settings, size, limit, &memories, &allocators)
+        .map_err(|e| {
+            Failure::from(e).context(format!("{what}: no size of this workload is allowed"))
+        })?;
     let asked: Vec<(u64, AllocatorSetting)> = memories
         .iter()
         .flat_map(|&memory| allocators.iter().map(move |&a| (memory, a)))
@@ -592,6 +618,7 @@ fn largest(
     Ok(Largest {
         size,
         first: search.first(),
+        window: window.filter(|&window| limit == window - generated),
         limit,
         rows,
     })

@@ -561,6 +561,7 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         dtype: dtype_of(f)?,
         quantization: quantization_of(f)?,
         vision: None,
+        window: f.optional_size("max_position_embeddings")?,
     })
 }
 

@@ -240,6 +240,10 @@ pub struct Model {
     /// The vision tower beside the text model (`None`: a text-only model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<Vision>,
+    /// The longest sequence its positions are configured for (`max_position_embeddings`), when
+    /// the configuration says it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
 }
 
 impl Model {

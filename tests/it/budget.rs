@@ -324,6 +324,10 @@ fn refusals_name_what_is_wrong() {
             "is above 2^56 B = 64 PiB: no GPU holds it",
         ),
         ("--model llama-2-7b --mode inference --max-batch", "--fit"),
+        (
+            "--model llama-2-7b --mode inference --generated 4096 --fit --max-context",
+            "--max-context: --generated 4096 leaves no context within the model's window of 4096 positions",
+        ),
         // A negative value is the flag's, named.
         ("--model llama-2-7b --mode inference --reserve-gib -1", "--reserve-gib"),
         ("--model llama-2-7b --mode inference --max-gpus 2", "--fit"),
@@ -521,6 +525,45 @@ fn a_lot_larger_than_max_gpus_is_not_tried() {
         "{row}"
     );
     assert!(!row.contains("short by 0.00"), "{row}");
+}
+
+/// `--max-context` searches within the model's window (`max_position_embeddings`), the tokens
+/// generated included: where every card holds the whole window, each row says so.
+#[test]
+fn the_largest_context_is_searched_within_the_models_window() {
+    let args = [
+        "budget",
+        "--model",
+        "qwen2.5-0.5b",
+        "--mode",
+        "inference",
+        "--context",
+        "512",
+        "--generated",
+        "16",
+    ];
+    let largest = &json_of(mm().args(args).args(["--fit", "--max-context", "--json"]))["largest"];
+    assert_eq!(largest["window"], 32768, "{largest}");
+    assert_eq!(largest["limit"], 32768 - 16, "{largest}");
+    let rows = largest["rows"].as_array().unwrap();
+    assert!(rows.iter().any(|r| r["model"] == "h200"), "{largest}");
+    for row in rows {
+        assert_eq!(row["largest"], 32752, "{row}");
+    }
+    let out = mm()
+        .args(args)
+        .args(["--fit", "--max-context"])
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(
+        text.contains("h200                 139.80 GiB  32752 (the whole window)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("32752 context tokens and the 16 generated make its 32768 positions (max_position_embeddings)"),
+        "{text}"
+    );
 }
 
 /// SIGTERM ends a program with the documented 130, leaving no partial file.

@@ -152,10 +152,21 @@ impl Budget {
         )];
         if self.workload.trainer {
             notes.push(self.trainer_arguments());
+        }
+        if self.workload.padded {
             notes.push(
-                "Through transformers' Trainer with batches of equal lengths (every sequence \
-                 --context tokens, or packed): a padded batch adds its padding mask and another \
-                 attention kernel, which are not replayed (data/hf-proof-trainer*-h200.json)."
+                "A padded batch (--padded: rows shorter than --context padded to it): each \
+                 forward builds the causal mask of the padded rows (booleans [batch, 1, queries, \
+                 keys]) and each attention layer adds it as a bias in the weights' type, which a \
+                 training keeps for its backward. Derived from 8 traces recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every stage's peak of reserved \
+                 replayed to the byte; not yet proven on runs held out."
+                    .into(),
+            );
+        } else if self.workload.trainer {
+            notes.push(
+                "Batches of equal lengths (every sequence --context tokens): with rows of \
+                 different lengths, --padded replays the collator's padded batch and its mask."
                     .into(),
             );
         }

@@ -126,6 +126,10 @@ pub struct Workload {
     /// The Trainer's `gradient_accumulation_steps`: the batches each optimizer step runs.
     #[serde(default = "one")]
     pub accumulation: u64,
+    /// Some rows of the batch are shorter than the context, left-padded as a tokenizer pads
+    /// them: `generate` runs under the attention mask built for them.
+    #[serde(default)]
+    pub padded: bool,
 }
 
 fn one() -> u64 {
@@ -200,6 +204,7 @@ impl Workload {
             allocator: AllocatorSetting::Default,
             trainer: false,
             accumulation: 1,
+            padded: false,
         })
     }
 
@@ -304,6 +309,22 @@ impl Workload {
         }
         if self.trainer {
             self.check_trainer()?;
+        }
+        if self.padded {
+            if !matches!(self.mode, Mode::Inference { .. }) && !self.trainer {
+                return Err(WorkloadError::Unsupported(
+                    "--padded training batches come from the Trainer's collator (its attention \
+                     mask): add --trainer"
+                        .into(),
+                ));
+            }
+            if self.batch < 2 || self.context < 2 {
+                return Err(WorkloadError::Unsupported(
+                    "--padded pads the shorter rows of a batch to the longest: a batch of 2 rows or \
+                     more, a context of 2 tokens or more"
+                        .into(),
+                ));
+            }
         }
         if let Some(q) = self.model.quantization.filter(|_| !self.loads_saved_nf4()) {
             let kind = match q {
@@ -534,6 +555,7 @@ impl Workload {
             },
             kernels,
             mask_order: Default::default(),
+            padded: self.padded,
             sharding: None,
             tensor_parallel: None,
             ddp: None,

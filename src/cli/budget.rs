@@ -148,6 +148,10 @@ pub struct BudgetArgs {
     /// float16 or float16 weights under LoRA, gradients clipped, AdamW fused by default.
     #[arg(long)]
     pub trainer: bool,
+    /// The batch is padded: its shorter rows padded to --context, as a tokenizer pads them, the
+    /// attention under the mask built for them (inference, or training with --trainer).
+    #[arg(long)]
+    pub padded: bool,
     /// With --trainer: gradient_accumulation_steps, the batches each optimizer step runs forward
     /// and backward before the clipping and the optimizer's step [default: 1].
     #[arg(long, value_parser = values::positive_u64, requires = "trainer")]
@@ -405,6 +409,7 @@ impl BudgetArgs {
             },
             trainer: self.trainer,
             accumulation: self.gradient_accumulation.unwrap_or(1),
+            padded: self.padded,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

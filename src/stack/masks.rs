@@ -1,7 +1,7 @@
 //! transformers' attention masks (`masking_utils`) for SDPA, as allocations: the 2-D mask as
 //! booleans, the check that lets SDPA run causal without a mask (`fast_all`), the check for
 //! packed sequences in training, and the boolean mask built when a sliding window must be
-//! applied (the window reached), held for the forward's layers of that kind.
+//! applied (the window reached) or rows are padded, held for the forward's layers of that kind.
 
 use super::cache::Cache;
 use super::decoder::Decoder;
@@ -106,13 +106,25 @@ impl Decoder<'_> {
             }
         });
         let must_build = window.is_some_and(|w| kv >= w);
-        let built = if must_build {
-            Some(self.sliding_mask(padding.as_ref(), b, q, kv, window.unwrap_or(0)))
-        } else {
-            if let Some(pm) = &padding {
-                self.fast_all(pm);
+        let built = match &padding {
+            _ if must_build => {
+                Some(self.sliding_mask(padding.as_ref(), b, q, kv, window.unwrap_or(0)))
             }
-            None
+            Some(pm) => {
+                // `_ignore_causal_mask_sdpa`: the mask all ones lets SDPA run causal; a padded
+                // one is checked again for more than one query, then built.
+                self.fast_all(pm);
+                match self.process.padded {
+                    true if window.is_none() => {
+                        if q > 1 {
+                            self.fast_all(pm);
+                        }
+                        Some(self.padded_causal_mask(pm, b, q, kv))
+                    }
+                    _ => None,
+                }
+            }
+            None => None,
         };
         drop(padding);
         built
@@ -127,6 +139,40 @@ impl Decoder<'_> {
         let equal = p.empty(&[], Dtype::Bool);
         drop(sum);
         drop(equal);
+    }
+
+    /// `sdpa_mask` of the causal function and the padding: the index ranges (queries', then
+    /// keys'), the causal `[q, kv]` and the padding's `[b, 1, q, kv]` combined in turn.
+    fn padded_causal_mask(&mut self, _padding: &Tensor, b: u64, q: u64, kv: u64) -> Tensor {
+        let p = &mut *self.process;
+        let batch = p.empty(&[b], Dtype::Int64);
+        let head = p.empty(&[1], Dtype::Int64);
+        let q_range = p.empty(&[q], Dtype::Int64);
+        let q_arange = p.empty(&[q], Dtype::Int64);
+        drop(q_range);
+        let kv_range = p.empty(&[kv], Dtype::Int64);
+        let kv_arange = p.empty(&[kv], Dtype::Int64);
+        drop(kv_range);
+        // and_masks: a true scalar, and with kv_idx <= q_idx.
+        let start = p.empty(&[], Dtype::Bool);
+        let causal_fn = p.empty(&[q, kv], Dtype::Bool);
+        let causal = p.empty(&[q, kv], Dtype::Bool);
+        drop(causal_fn);
+        drop(start);
+        // padding_mask[batch_idx, kv_idx]
+        let index = p.empty(&[b, kv], Dtype::Int64);
+        let index2 = (b > 1).then(|| p.empty(&[b, kv], Dtype::Int64));
+        let padded = p.empty(&[b, kv], Dtype::Bool);
+        drop(index2);
+        drop(index);
+        let full = p.empty(&[b, 1, q, kv], Dtype::Bool);
+        drop(padded);
+        drop(causal);
+        drop(batch);
+        drop(head);
+        drop(q_arange);
+        drop(kv_arange);
+        full
     }
 
     /// `sdpa_mask` with the sliding-window overlay, the causal function and the padding: the

@@ -108,6 +108,8 @@ pub struct Process {
     pub kernels: Kernels,
     /// The order this process's string hashing gives a vision model's masks.
     pub mask_order: super::process::MaskOrder,
+    /// The batch's attention mask holds zeros (padded rows).
+    pub padded: bool,
     /// Whether the code runs on autograd's backward thread (its own cuBLAS handle).
     pub(super) backward_thread: bool,
     /// Per thread (forward, backward): the cuBLAS and cuBLASLt workspaces once made.
@@ -149,6 +151,7 @@ impl Process {
             autograd: Autograd::new(),
             recompute_layer: None,
             mask_order: Default::default(),
+            padded: false,
             autocast: None,
             autocast_cache: Vec::new(),
             kernels,

@@ -60,6 +60,9 @@ pub struct Run {
     pub kernels: Kernels,
     /// The order the process's string hashing gives a vision model's masks.
     pub mask_order: super::process::MaskOrder,
+    /// Some rows of the batch are padded (their attention mask starts with zeros): the
+    /// attention runs under a mask built for them.
+    pub padded: bool,
     /// One rank of an FSDP2 training ([`super::fsdp`]): the model built on `meta`, its
     /// parameters sharded and gathered in `dtype` (built in float32 under mixed precision).
     pub sharding: Option<Sharding>,
@@ -174,6 +177,7 @@ fn emulate(
 ) -> Program {
     let mut p = Process::new(run.kernels);
     p.mask_order = run.mask_order;
+    p.padded = run.padded;
     p.tensor_parallel = run.tensor_parallel;
     let rank_model = run.tensor_parallel.map(|tp| tp.rank_model(&run.model));
     let model = rank_model.as_ref().unwrap_or(&run.model);
@@ -465,6 +469,10 @@ fn emulate(
                             trainer::check_loss(&mut p, &loss);
                             // `tr_loss_step`, held until the next batch's.
                             drop(last_loss.replace(loss));
+                            // The last step's total norm, let go once the step's batches ran.
+                            if micro == args.accumulation {
+                                drop(last_norm.take());
+                            }
                             marks.end(&p);
                         }
                         if args.clip {
@@ -472,8 +480,7 @@ fn emulate(
                             if let Some(scaler) = scaler.as_mut() {
                                 scaler.unscale(&mut p);
                             }
-                            let norm = trainer::clip_grad_norm(&mut p, &gradients(&leaves));
-                            drop(std::mem::replace(&mut last_norm, norm));
+                            last_norm = trainer::clip_grad_norm(&mut p, &gradients(&leaves));
                             marks.end(&p);
                         }
                         marks.begin(&p, &format!("{stage}.optimizer"), Loaded::Backward);

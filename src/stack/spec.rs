@@ -1,7 +1,8 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
-//! checkpointing, steps, loading, quantization, mask_order, and for a Trainer run loop,
-//! trainer_args and lengths; the script's other fields are its own), read as a
+//! checkpointing, steps, loading, quantization, mask_order, for a Trainer run loop
+//! trainer_args and lengths, for `generate` left_padding and its keyword arguments (greedy
+//! only); the script's other fields are its own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
 use super::ddp::Ddp;
@@ -68,6 +69,12 @@ pub struct Spec {
     /// Each sequence's length before the collator pads them (absent: `context` each).
     #[serde(default)]
     pub lengths: Option<Vec<u64>>,
+    /// `generate`'s rows: each row's count of pad tokens on the left, cycling (absent: none).
+    #[serde(default)]
+    pub left_padding: Option<Vec<u64>>,
+    /// The keyword arguments `generate` was called with beyond the greedy default.
+    #[serde(default)]
+    pub generate: Option<serde_json::Map<String, serde_json::Value>>,
     /// This process as one rank of several (`hf_loops.py`'s `distributed`).
     #[serde(default)]
     pub distributed: Option<SpecDistributed>,
@@ -237,15 +244,32 @@ impl TryFrom<Spec> for Run {
             }),
             Some(_) => return Err(field("loop", "absent (by hand) or trainer")),
         };
-        if s.lengths
-            .as_ref()
-            .is_some_and(|l| l.iter().any(|&n| n != s.context))
+        // The collator pads each batch to its longest row: the context, as every recorded batch
+        // held a row that long.
+        let lengths = s.lengths.as_deref().unwrap_or_default();
+        if lengths.iter().any(|&n| n == 0 || n > s.context)
+            || !(lengths.is_empty() || lengths.contains(&s.context))
         {
             return Err(field(
                 "lengths",
-                "padded batches are not emulated: every length is the context",
+                "from 1 to the context, the context among them (each batch padded to it)",
             ));
         }
+        if !lengths.is_empty() && trainer.is_none() {
+            return Err(field("lengths", "given to the Trainer's collator only"));
+        }
+        if let Some(kwargs) = s.generate.as_ref().filter(|k| !k.is_empty()) {
+            let names: Vec<&str> = kwargs.keys().map(String::as_str).collect();
+            return Err(field(
+                "generate",
+                &format!("greedy decoding is emulated, not {}", names.join(", ")),
+            ));
+        }
+        // `hf_loops.py` pads generate's rows by the counts in turn, each at most the context
+        // less one.
+        let pads = s.left_padding.as_deref().unwrap_or_default();
+        let left_padded = (pads.iter().zip(0..s.batch)).any(|(&p, _)| p.min(s.context - 1) > 0);
+        let padded = left_padded || lengths.iter().any(|&n| n < s.context);
         let optimizer = match (s.optimizer, s.trainer_args.optim.as_deref(), trainer) {
             (SpecOptimizer::AdamW, _, None) => Optimizer::AdamW(s.optimizer_impl),
             (SpecOptimizer::AdamW8bit, _, None) => Optimizer::AdamW8bit,
@@ -414,6 +438,7 @@ impl TryFrom<Spec> for Run {
             loading,
             kernels: Kernels::for_gpu(crate::allocator::ComputeCapability::new(9, 0)),
             mask_order,
+            padded,
             sharding,
             tensor_parallel,
             ddp,

@@ -324,6 +324,8 @@ fn refusals_name_what_is_wrong() {
             "is above 2^56 B = 64 PiB: no GPU holds it",
         ),
         ("--model llama-2-7b --mode inference --max-batch", "--fit"),
+        ("--model llama-2-7b --mode lora --padded", "--padded training batches come from the Trainer's collator"),
+        ("--model llama-2-7b --mode inference --padded --batch 1", "--padded pads the shorter rows of a batch"),
         (
             "--model llama-2-7b --mode inference --generated 4096 --fit --max-context",
             "--max-context: --generated 4096 leaves no context within the model's window of 4096 positions",
@@ -564,6 +566,46 @@ fn the_largest_context_is_searched_within_the_models_window() {
         text.contains("32752 context tokens and the 16 generated make its 32768 positions (max_position_embeddings)"),
         "{text}"
     );
+}
+
+/// A padded batch (`--padded`) adds its mask: served, the causal mask of the padded rows at each
+/// forward and each layer's bias; trained through the Trainer, every layer's bias kept for the
+/// backward. The budget says what it assumed and where the rule comes from.
+#[test]
+fn a_padded_batch_adds_its_attention_mask_and_says_so() {
+    let budget = |args: &[&str], padded: &[&str]| {
+        let mut cmd = mm();
+        cmd.args([
+            "budget",
+            "--model",
+            "llama-3.2-1b",
+            "--context",
+            "2048",
+            "--batch",
+            "4",
+        ])
+        .args(args)
+        .args(padded);
+        cmd
+    };
+    let serve = ["--mode", "inference", "--generated", "16"];
+    let train = ["--mode", "lora", "--trainer"];
+    // Served, at least the mask: [4, 1, 2048, 2048] booleans, 16 MiB. Trained, at least each of
+    // the 16 layers' bias, kept for the backward: [4, 1, 2048, 2048] in bfloat16, 32 MiB.
+    for (args, more) in [(&serve[..], 16 << 20), (&train[..], 16 * (32 << 20))] {
+        let peak = |padded: &[&str]| {
+            let b = &json_of(budget(args, padded).arg("--json"))["budget"];
+            (bytes(&b["peak_allocated"]), b["workload"]["padded"].clone())
+        };
+        let (plain, no) = peak(&[]);
+        let (padded, yes) = peak(&["--padded"]);
+        assert_eq!((no, yes), (false.into(), true.into()));
+        assert!(padded >= plain + more, "{args:?}: {plain} then {padded}");
+        let out = budget(args, &["--padded"]).assert().success();
+        let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+        assert!(text.contains("A padded batch (--padded"), "{text}");
+        assert!(text.contains("not yet proven on runs held out"), "{text}");
+    }
 }
 
 /// SIGTERM ends a program with the documented 130, leaving no partial file.

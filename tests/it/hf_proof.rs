@@ -639,3 +639,78 @@ fn check_report(report: &Report) {
     println!("{}", summary.join("\n"));
     println!("worst error on a run's peak reserved: {worst_reserved:.3} %");
 }
+
+/// Padded batches as derived: eight runs recorded on the H200 with every allocation
+/// (`docs/gpu-runs/2026-12-04-h200-records`): a left-padded `generate`, and seven runs through the
+/// Trainer whose collator padded rows of 29 and 33 tokens to 40 (LoRA with and without
+/// recomputation, full training with AdamW foreach, float32 weights under bf16 and under fp16
+/// with its scaler, gradient accumulation, Qwen2's biased projections), each replayed as the
+/// budget replays it: every stage's peak of `reserved` to the byte, and of `allocated` to the
+/// byte but in the run with recomputation (one small block, 512 B, held longer by the GPU). And
+/// the prefill of a ninth run, at Llama 3.1 8B's widths.
+#[test]
+fn padded_batches_replay_the_runs_they_were_derived_from_to_the_byte() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/gpu-runs/2026-12-04-h200-records");
+    let names = [
+        "generate-small-llama-greedy-padded",
+        "trainer-small-llama-lora-bf16",
+        "trainer-small-llama-lora-bf16-checkpointing",
+        "trainer-small-llama-full-adamw-torch",
+        "trainer-small-llama-full-fp32-bf16",
+        "trainer-small-llama-full-fp32-fp16",
+        "trainer-small-llama-full-bf16-accumulation",
+        "trainer-small-qwen2-lora",
+    ];
+    // And the prefill of a sampled `generate` at Llama 3.1 8B's widths, left-padded by 0, 100,
+    // 300 and 0 tokens (its sampling, in the decode, is not replayed).
+    let prefill = "generate-medium-llama-3.1-8b-sample-padded";
+    for name in names.into_iter().chain([prefill]) {
+        let file = std::fs::File::open(dir.join(format!("{name}.json.gz"))).unwrap();
+        let mut raw: serde_json::Value =
+            serde_json::from_reader(flate2::read::GzDecoder::new(file)).unwrap();
+        if name == prefill {
+            raw["spec"].as_object_mut().unwrap().remove("generate");
+            let stages = raw["stages"].as_array_mut().unwrap();
+            stages.retain(|s| s["stage"] != "decode");
+        }
+        assert!(
+            raw["spec"]["left_padding"].is_array()
+                || raw["spec"]["lengths"] == serde_json::json!([40, 29, 33]),
+            "{name}: a padded batch"
+        );
+        let rec: iteragpu_lab::budget::proof::Record = serde_json::from_value(serde_json::json!({
+            "name": name,
+            "kind": "grid",
+            "expect": null,
+            "spec": raw["spec"],
+            "outcome": raw["outcome"],
+            "card": null,
+            "stages": raw["stages"],
+        }))
+        .unwrap();
+        let c = check(&rec).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(c.stages.len(), rec.stages.len(), "{name}");
+        // With recomputation, one block of 512 B (at most) is held across a forward and its
+        // backward that the replay lets go earlier.
+        let slack = if name.ends_with("checkpointing") {
+            512
+        } else {
+            0
+        };
+        for s in &c.stages {
+            assert_eq!(
+                s.predicted_reserved, s.measured_reserved,
+                "{name} {}",
+                s.stage
+            );
+            assert!(
+                s.predicted_allocated.abs_diff(s.measured_allocated) <= slack,
+                "{name} {}: allocated {} against {}",
+                s.stage,
+                s.predicted_allocated,
+                s.measured_allocated
+            );
+        }
+    }
+}

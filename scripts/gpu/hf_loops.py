@@ -15,7 +15,8 @@ in the process that runs it (scripts/gpu/hf-run.py calls `loop_of(SPEC)`):
   - `tp`: `from_pretrained(..., tp_plan="auto")` of a checkpoint on disk, then `generate`;
 - `loop` = `trainer` or `sft`: `transformers.Trainer` or TRL's `SFTTrainer` with the arguments of
   `trainer_args` over a tokenized dataset (right padding to the longest of each batch, sequence
-  lengths cycling through `lengths`, else all `context` long), stages marked by a subclass;
+  lengths cycling through `lengths`, else all `context` long; with `sequential_batches` the
+  batches taken in the dataset's order rather than shuffled), stages marked by a subclass;
 - inference with `generate` (keyword arguments of `generate` as called: sampling, beams, a cache
   implementation) and `left_padding` (each row's count of pad tokens on the left, cycling).
 
@@ -341,6 +342,15 @@ def trainer(spec, stages, record, h):
             stages.begin(name("clip"))
             return super()._clip_grad_norm(model)
 
+    if spec.get("sequential_batches"):
+        # Each batch the rows in order: a padded batch holds the lengths it was planned with.
+        assert hasattr(Trainer, "_get_train_sampler"), "Trainer picks its sampler elsewhere"
+
+        class InOrder:
+            def _get_train_sampler(self, *_, **__):
+                return torch.utils.data.SequentialSampler(self.train_dataset)
+
+        Marked = type("MarkedInOrder", (Marked, InOrder), {})  # noqa: N806
     if spec["loop"] == "sft":
         from trl import SFTConfig, SFTTrainer
         data = sft_dataset(rows)

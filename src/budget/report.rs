@@ -118,6 +118,21 @@ impl Budget {
         ]
     }
 
+    /// The Trainer's `optim` the workload stands for.
+    fn trainer_optim(&self) -> &'static str {
+        let w = &self.workload;
+        match (&w.mode, w.optimizer_impl) {
+            (
+                crate::budget::Mode::Full {
+                    optimizer: crate::budget::Optimizer::Adamw8bit,
+                },
+                _,
+            ) => "adamw_8bit",
+            (_, crate::stack::optimizer::OptimizerImpl::Fused) => "adamw_torch_fused",
+            _ => "adamw_torch",
+        }
+    }
+
     /// The `TrainingArguments` the budget assumes (transformers 5.17's defaults but those the
     /// workload sets), one process.
     fn trainer_arguments(&self) -> String {
@@ -129,10 +144,7 @@ impl Budget {
             (Some(_), _) | (None, crate::dtype::Dtype::Bfloat16) => "bf16=True",
             _ => "no mixed precision",
         };
-        let optim = match w.optimizer_impl {
-            crate::stack::optimizer::OptimizerImpl::Fused => "adamw_torch_fused",
-            _ => "adamw_torch",
-        };
+        let optim = self.trainer_optim();
         format!(
             "TrainingArguments assumed: per_device_train_batch_size={}, {precision}, \
              optim=\"{optim}\", max_grad_norm=1.0, gradient_accumulation_steps={}, \
@@ -152,13 +164,22 @@ impl Budget {
         )];
         if self.workload.trainer {
             notes.push(self.trainer_arguments());
+            if self.trainer_optim() == "adamw_8bit" {
+                notes.push(
+                    "optim=\"adamw_8bit\": bitsandbytes' 8-bit AdamW, the embeddings' weight kept in \
+                     float32 as the Trainer registers it (optim_bits=32). Derived from a trace \
+                     recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's \
+                     peaks replayed to the byte; not yet proven on runs held out."
+                        .into(),
+                );
+            }
         }
         if self.workload.padded {
             notes.push(
                 "A padded batch (--padded: rows shorter than --context padded to it): each \
                  forward builds the causal mask of the padded rows (booleans [batch, 1, queries, \
                  keys]) and each attention layer adds it as a bias in the weights' type, which a \
-                 training keeps for its backward. Derived from 8 traces recorded on the H200 \
+                 training keeps for its backward. Derived from 9 traces recorded on the H200 \
                  (docs/gpu-runs/2026-12-04-h200-records), every stage's peak of reserved \
                  replayed to the byte; not yet proven on runs held out."
                     .into(),

@@ -6,7 +6,7 @@
 
 use super::settings::{BudgetSettings, MARGIN_PPM};
 use super::workload::{AllocatorSetting, Mode, Optimizer, WeightFormat, Workload};
-use crate::model::Attention;
+use crate::model::{Attention, TensorRole};
 use crate::replay::{Replayed, Role};
 use crate::stack::bitsandbytes;
 use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
@@ -314,13 +314,22 @@ fn trained_terms(w: &Workload, t: &mut Terms) {
                     format!(
                         "{} parameters × 2 × 1 B ({}: two 8-bit moments, a float32 scale per \
                          {BLOCK_8BIT} elements of each; float32 moments for a parameter under \
-                         {} elements; two quantization maps of {QMAP_BYTES} B){}",
+                         {} elements{}; two quantization maps of {QMAP_BYTES} B){}",
                         grouped(trained),
                         optimizer.name(),
                         grouped(MIN_8BIT_ELEMENTS),
+                        if w.trainer {
+                            " and for the embeddings' weight (the Trainer's optim_bits=32)"
+                        } else {
+                            ""
+                        },
                         untrained("parameters")
                     ),
-                    adamw_8bit_state_bytes(text_parameters(w).iter().map(|t| t.elements())),
+                    adamw_8bit_state_bytes(
+                        text_parameters(w)
+                            .iter()
+                            .map(|t| (t.elements(), w.trainer && t.role == TensorRole::Embedding)),
+                    ),
                 ),
             };
             t.exact(

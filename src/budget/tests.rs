@@ -557,10 +557,30 @@ fn qlora_and_8_bit_adamw_count_what_the_replay_holds() {
     );
     let b = budget(&w, &BudgetSettings::h200());
     let states = crate::stack::optimizer::adamw_8bit_state_bytes(
-        w.model.parameters().iter().map(|t| t.elements()),
+        w.model.parameters().iter().map(|t| (t.elements(), false)),
     );
     assert_eq!(term(&b, "optimizer_states").bytes.0, states);
     assert!(term(&b, "optimizer_states").at_peak.0 >= states);
+    // Through the Trainer, the embeddings' weight (tied: the LM head's too) keeps float32 moments.
+    let trained = Workload {
+        trainer: true,
+        optimizer_impl: crate::stack::optimizer::OptimizerImpl::Fused,
+        ..w.clone()
+    };
+    let b = budget(&trained.validated().unwrap(), &BudgetSettings::h200());
+    let embedding = w.model.vocab * w.model.hidden;
+    let states_32 = crate::stack::optimizer::adamw_8bit_state_bytes(
+        w.model
+            .parameters()
+            .iter()
+            .map(|t| (t.elements(), t.elements() == embedding)),
+    );
+    assert_eq!(
+        states_32 - states,
+        2 * 4 * embedding - (2 * embedding + 2 * 4 * embedding.div_ceil(256))
+    );
+    assert_eq!(term(&b, "optimizer_states").bytes.0, states_32);
+    assert!(term(&b, "optimizer_states").at_peak.0 >= states_32);
 }
 
 #[test]

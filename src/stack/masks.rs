@@ -110,19 +110,22 @@ impl Decoder<'_> {
             _ if must_build => {
                 Some(self.sliding_mask(padding.as_ref(), b, q, kv, window.unwrap_or(0)))
             }
-            Some(pm) => {
-                // `_ignore_causal_mask_sdpa`: the mask all ones lets SDPA run causal; a padded
-                // one is checked again for more than one query, then built.
+            // `_ignore_causal_mask_sdpa`: the mask all ones lets SDPA run causal.
+            Some(pm) if !self.process.padded => {
                 self.fast_all(pm);
-                match self.process.padded {
-                    true if window.is_none() => {
-                        if q > 1 {
-                            self.fast_all(pm);
-                        }
-                        Some(self.padded_causal_mask(pm, b, q, kv))
-                    }
-                    _ => None,
+                None
+            }
+            // A padded one is checked again for more than one query, then built.
+            Some(pm) => {
+                self.fast_all(pm);
+                if q > 1 {
+                    self.fast_all(pm);
                 }
+                Some(match window {
+                    None => self.padded_causal_mask(pm, b, q, kv),
+                    // A window not reached yet: the same mask function as past it.
+                    Some(w) => self.sliding_mask(Some(pm), b, q, kv, w),
+                })
             }
             None => None,
         };

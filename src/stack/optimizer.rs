@@ -65,9 +65,9 @@ pub const BLOCK_8BIT: u64 = 256;
 pub const QMAP_BYTES: u64 = 256 * 4;
 
 /// The tensors `AdamW8bit` makes for a parameter of `elements`, in the order it makes them:
-/// (bytes, type).
-fn adamw_8bit_states(elements: u64) -> [(u64, Dtype); 4] {
-    if elements < MIN_8BIT_ELEMENTS {
+/// (elements, type); float32 moments for a small one or one `kept_32bit`.
+fn adamw_8bit_states(elements: u64, kept_32bit: bool) -> [(u64, Dtype); 4] {
+    if kept_32bit || elements < MIN_8BIT_ELEMENTS {
         [
             (elements, Dtype::Float32),
             (elements, Dtype::Float32),
@@ -85,15 +85,16 @@ fn adamw_8bit_states(elements: u64) -> [(u64, Dtype); 4] {
     }
 }
 
-/// The bytes of `AdamW8bit`'s states for parameters of these element counts (maps included).
-pub fn adamw_8bit_state_bytes(elements: impl IntoIterator<Item = u64>) -> u64 {
+/// The bytes of `AdamW8bit`'s states for parameters of these element counts, each with whether
+/// it is kept in 32 bits (maps included).
+pub fn adamw_8bit_state_bytes(elements: impl IntoIterator<Item = (u64, bool)>) -> u64 {
     let mut maps = 0;
     let mut total = 0;
-    for n in elements {
-        if n >= MIN_8BIT_ELEMENTS {
+    for (n, kept_32bit) in elements {
+        if !kept_32bit && n >= MIN_8BIT_ELEMENTS {
             maps = 2 * QMAP_BYTES;
         }
-        total += adamw_8bit_states(n)
+        total += adamw_8bit_states(n, kept_32bit)
             .iter()
             .map(|(count, elem)| count * elem.bytes())
             .sum::<u64>();
@@ -109,6 +110,9 @@ pub struct OptimizerState {
     states: Vec<Vec<Tensor>>,
     /// AdamW8bit's quantization maps on the device.
     maps: Vec<Tensor>,
+    /// AdamW8bit's parameters given float32 moments whatever their size (the Trainer registers
+    /// every `nn.Embedding`'s weight so: `optim_bits=32`).
+    kept_32bit: Vec<Tensor>,
 }
 
 impl OptimizerState {
@@ -117,7 +121,13 @@ impl OptimizerState {
             optimizer,
             states: Vec::new(),
             maps: Vec::new(),
+            kept_32bit: Vec::new(),
         }
+    }
+
+    /// The parameters AdamW8bit gives float32 moments whatever their size.
+    pub fn keep_32bit(&mut self, params: Vec<Tensor>) {
+        self.kept_32bit = params;
     }
 
     /// `step()` over its parameter groups (each in its order), whose gradients exist: per
@@ -163,12 +173,13 @@ impl OptimizerState {
     fn init_8bit(&mut self, p: &mut Process, params: &[Tensor]) {
         p.in_role(Role::OptimizerStates, |p| {
             for w in params {
-                if w.numel() >= MIN_8BIT_ELEMENTS && self.maps.is_empty() {
+                let kept = self.kept_32bit.iter().any(|k| k.shares_storage(w));
+                if !kept && w.numel() >= MIN_8BIT_ELEMENTS && self.maps.is_empty() {
                     // `name2qmap["dynamic"]` and `["udynamic"]` moved to the device.
                     self.maps.push(p.empty(&[256], Dtype::Float32));
                     self.maps.push(p.empty(&[256], Dtype::Float32));
                 }
-                let states = adamw_8bit_states(w.numel())
+                let states = adamw_8bit_states(w.numel(), kept)
                     .iter()
                     .filter(|(count, _)| *count > 0)
                     .map(|&(count, elem)| p.empty(&[count], elem))
@@ -210,12 +221,14 @@ mod tests {
     fn eight_bit_states_follow_bitsandbytes_rules() {
         // 4 096 elements: 8-bit moments and 16 scales each; 4 095: float32 moments; 10^6
         // elements: 3 907 blocks (the last one partial); the two maps once.
-        let bytes = adamw_8bit_state_bytes([4096, 4095, 1_000_000]);
+        let bytes = adamw_8bit_state_bytes([(4096, false), (4095, false), (1_000_000, false)]);
         assert_eq!(
             bytes,
             (2 * 4096 + 2 * 4 * 16) + 2 * 4 * 4095 + (2 * 1_000_000 + 2 * 4 * 3907) + 2 * 1024
         );
         // No parameter large enough: no maps.
-        assert_eq!(adamw_8bit_state_bytes([100]), 800);
+        assert_eq!(adamw_8bit_state_bytes([(100, false)]), 800);
+        // One kept in 32 bits (the Trainer's embeddings): float32 moments, and no maps for it.
+        assert_eq!(adamw_8bit_state_bytes([(1_000_000, true)]), 8_000_000);
     }
 }

@@ -319,6 +319,15 @@ fn emulate(
             // its `found_inf`).
             let fused = *optimizer == Optimizer::AdamW(super::optimizer::OptimizerImpl::Fused);
             let mut optimizer = OptimizerState::new(*optimizer);
+            // The Trainer has bitsandbytes optimize every `nn.Embedding`'s weight in 32 bits.
+            if trainer.is_some() {
+                let embeddings = (run.model.parameters().iter())
+                    .filter(|t| t.role == TensorRole::Embedding)
+                    .filter_map(|t| names.iter().position(|n| *n == t.name))
+                    .map(|i| trained[i].clone())
+                    .collect();
+                optimizer.keep_32bit(embeddings);
+            }
             let steps = *steps;
             // The model's forward of `batch` and its loss (the Trainer's: summed over its count,
             // under its mixed precision, the outputs converted to float32).

@@ -277,10 +277,11 @@ impl TryFrom<Spec> for Run {
                 Optimizer::AdamW(OptimizerImpl::Fused)
             }
             (_, Some("adamw_torch"), Some(_)) => Optimizer::AdamW(OptimizerImpl::Foreach),
+            (_, Some("adamw_8bit"), Some(_)) => Optimizer::AdamW8bit,
             (_, Some(_), Some(_)) => {
                 return Err(field(
                     "trainer_args",
-                    "optim: adamw_torch_fused or adamw_torch",
+                    "optim: adamw_torch_fused, adamw_torch or adamw_8bit",
                 ))
             }
         };

@@ -302,7 +302,6 @@ fn refusals_name_what_is_wrong() {
             "--model llama-2-7b --mode full --trainer --dtype float16",
             "the gradient scaler refuses to unscale float16 gradients",
         ),
-        ("--model llama-2-7b --mode full --trainer --optimizer adamw-8bit", "--trainer with --optimizer adamw-8bit is not replayed yet"),
         ("--model llama-2-7b --mode full --trainer --optimizer-impl for-loop", "not for-loop"),
         ("--model llama-3.2-1b --mode qlora --trainer --batch 2 --context 2048", "--trainer with --mode qlora is not replayed yet"),
         (

@@ -640,14 +640,15 @@ fn check_report(report: &Report) {
     println!("worst error on a run's peak reserved: {worst_reserved:.3} %");
 }
 
-/// Padded batches as derived: eight runs recorded on the H200 with every allocation
-/// (`docs/gpu-runs/2026-12-04-h200-records`): a left-padded `generate`, and seven runs through the
+/// Padded batches as derived: nine runs recorded on the H200 with every allocation
+/// (`docs/gpu-runs/2026-12-04-h200-records`): a left-padded `generate`, and eight runs through the
 /// Trainer whose collator padded rows of 29 and 33 tokens to 40 (LoRA with and without
-/// recomputation, full training with AdamW foreach, float32 weights under bf16 and under fp16
-/// with its scaler, gradient accumulation, Qwen2's biased projections), each replayed as the
+/// recomputation, full training with AdamW foreach and with bitsandbytes' 8-bit AdamW, float32
+/// weights under bf16 and under fp16 with its scaler, gradient accumulation, Qwen2's biased
+/// projections), each replayed as the
 /// budget replays it: every stage's peak of `reserved` to the byte, and of `allocated` to the
 /// byte but in the run with recomputation (one small block, 512 B, held longer by the GPU). And
-/// the prefill of a ninth run, at Llama 3.1 8B's widths.
+/// the prefill of three more.
 #[test]
 fn padded_batches_replay_the_runs_they_were_derived_from_to_the_byte() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -661,15 +662,21 @@ fn padded_batches_replay_the_runs_they_were_derived_from_to_the_byte() {
         "trainer-small-llama-full-fp32-fp16",
         "trainer-small-llama-full-bf16-accumulation",
         "trainer-small-qwen2-lora",
+        "trainer-small-llama-full-adamw-8bit",
     ];
-    // And the prefill of a sampled `generate` at Llama 3.1 8B's widths, left-padded by 0, 100,
-    // 300 and 0 tokens (its sampling, in the decode, is not replayed).
-    let prefill = "generate-medium-llama-3.1-8b-sample-padded";
-    for name in names.into_iter().chain([prefill]) {
+    // And the prefill of three sampled `generate` runs (their sampling, in the decode, is not
+    // replayed): at Llama 3.1 8B's widths, left-padded by 0, 100, 300 and 0 tokens; a 2-layer
+    // Gemma 2 whose sliding window (24) the prompt passes; a 2-layer Llama.
+    let prefills = [
+        "generate-medium-llama-3.1-8b-sample-padded",
+        "generate-small-gemma2-sample-padded",
+        "generate-small-llama-sample-padded",
+    ];
+    for name in names.into_iter().chain(prefills) {
         let file = std::fs::File::open(dir.join(format!("{name}.json.gz"))).unwrap();
         let mut raw: serde_json::Value =
             serde_json::from_reader(flate2::read::GzDecoder::new(file)).unwrap();
-        if name == prefill {
+        if prefills.contains(&name) {
             raw["spec"].as_object_mut().unwrap().remove("generate");
             let stages = raw["stages"].as_array_mut().unwrap();
             stages.retain(|s| s["stage"] != "decode");

@@ -5,7 +5,7 @@
 
 use super::cache::Cache;
 use super::decoder::Decoder;
-use super::process::MaskOrder;
+use super::process::{MaskOrder, Process};
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
 use crate::model::ModelType;
@@ -122,7 +122,7 @@ impl Decoder<'_> {
                     self.fast_all(pm);
                 }
                 Some(match window {
-                    None => self.padded_causal_mask(pm, b, q, kv),
+                    None => self.padded_causal_mask(b, q, kv),
                     // A window not reached yet: the same mask function as past it.
                     Some(w) => self.sliding_mask(Some(pm), b, q, kv, w),
                 })
@@ -146,7 +146,7 @@ impl Decoder<'_> {
 
     /// `sdpa_mask` of the causal function and the padding: the index ranges (queries', then
     /// keys'), the causal `[q, kv]` and the padding's `[b, 1, q, kv]` combined in turn.
-    fn padded_causal_mask(&mut self, _padding: &Tensor, b: u64, q: u64, kv: u64) -> Tensor {
+    fn padded_causal_mask(&mut self, b: u64, q: u64, kv: u64) -> Tensor {
         let p = &mut *self.process;
         let batch = p.empty(&[b], Dtype::Int64);
         let head = p.empty(&[1], Dtype::Int64);
@@ -162,15 +162,7 @@ impl Decoder<'_> {
         let causal = p.empty(&[q, kv], Dtype::Bool);
         drop(causal_fn);
         drop(start);
-        // padding_mask[batch_idx, kv_idx]
-        let index = p.empty(&[b, kv], Dtype::Int64);
-        let index2 = (b > 1).then(|| p.empty(&[b, kv], Dtype::Int64));
-        let padded = p.empty(&[b, kv], Dtype::Bool);
-        drop(index2);
-        drop(index);
-        let full = p.empty(&[b, 1, q, kv], Dtype::Bool);
-        drop(padded);
-        drop(causal);
+        let full = and_padding(p, causal, b, q, kv);
         drop(batch);
         drop(head);
         drop(q_arange);
@@ -216,18 +208,7 @@ impl Decoder<'_> {
         drop(r2);
         drop(outer);
         let out = match padding {
-            Some(_) => {
-                // padding_mask[batch_idx, kv_idx]
-                let index = p.empty(&[b, kv], Dtype::Int64);
-                let index2 = (b > 1).then(|| p.empty(&[b, kv], Dtype::Int64));
-                let padded = p.empty(&[b, kv], Dtype::Bool);
-                drop(index2);
-                drop(index);
-                let full = p.empty(&[b, 1, q, kv], Dtype::Bool);
-                drop(padded);
-                drop(combined);
-                full
-            }
+            Some(_) => and_padding(p, combined, b, q, kv),
             None => combined.restrided(smallvec![b, 1, q, kv], smallvec![0, q * kv, kv, 1]),
         };
         drop(batch);
@@ -236,4 +217,18 @@ impl Decoder<'_> {
         drop(q_arange);
         out
     }
+}
+
+/// The padding's mask function and-ed last: `padding_mask[batch_idx, kv_idx]` gathered as
+/// `[b, kv]` booleans, then `combined` (`[q, kv]`) and it as the `[b, 1, q, kv]` mask.
+fn and_padding(p: &mut Process, combined: Tensor, b: u64, q: u64, kv: u64) -> Tensor {
+    let index = p.empty(&[b, kv], Dtype::Int64);
+    let index2 = (b > 1).then(|| p.empty(&[b, kv], Dtype::Int64));
+    let padded = p.empty(&[b, kv], Dtype::Bool);
+    drop(index2);
+    drop(index);
+    let full = p.empty(&[b, 1, q, kv], Dtype::Bool);
+    drop(padded);
+    drop(combined);
+    full
 }

@@ -6,10 +6,11 @@
 
 use super::settings::{BudgetSettings, MARGIN_PPM};
 use super::workload::{AllocatorSetting, Mode, Optimizer, WeightFormat, Workload};
-use crate::model::{Attention, TensorRole};
+use crate::model::Attention;
 use crate::replay::{Replayed, Role};
 use crate::stack::bitsandbytes;
 use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
+use crate::stack::trainer::optimized_in_32_bits;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
 
@@ -328,7 +329,7 @@ fn trained_terms(w: &Workload, t: &mut Terms) {
                     adamw_8bit_state_bytes(
                         text_parameters(w)
                             .iter()
-                            .map(|t| (t.elements(), w.trainer && t.role == TensorRole::Embedding)),
+                            .map(|t| (t.elements(), w.trainer && optimized_in_32_bits(t.role))),
                     ),
                 ),
             };

@@ -126,8 +126,9 @@ pub struct Workload {
     /// The Trainer's `gradient_accumulation_steps`: the batches each optimizer step runs.
     #[serde(default = "one")]
     pub accumulation: u64,
-    /// Some rows of the batch are shorter than the context, left-padded as a tokenizer pads
-    /// them: `generate` runs under the attention mask built for them.
+    /// Some rows of the batch are shorter than the context, padded to it as a tokenizer pads
+    /// them (`generate`'s on the left, the Trainer collator's on the right): the attention runs
+    /// under the mask built for them.
     #[serde(default)]
     pub padded: bool,
 }
@@ -208,13 +209,18 @@ impl Workload {
         })
     }
 
+    /// The tokens `generate` makes after the prompt (none in training).
+    pub fn generated(&self) -> u64 {
+        match self.mode {
+            Mode::Inference { generated } => generated,
+            _ => 0,
+        }
+    }
+
     /// Checks the sizes and refuses what the emulated stack does not run.
     pub fn validated(self) -> Result<Self, WorkloadError> {
         self.model.check_bounds()?;
-        let generated = match self.mode {
-            Mode::Inference { generated } => generated,
-            _ => 0,
-        };
+        let generated = self.generated();
         for (field, value, min, max) in [
             ("batch", self.batch, 1, MAX_TOKENS),
             ("context", self.context, 1, MAX_TOKENS),

@@ -575,10 +575,7 @@ fn largest(
         Size::Context => "--max-context",
     };
     // A context is searched within the model's window, the tokens generated included.
-    let generated = match w.mode {
-        Mode::Inference { generated } => generated,
-        _ => 0,
-    };
+    let generated = w.generated();
     let window = w.model.window.filter(|_| size == Size::Context);
     let limit = match window {
         Some(window) if window <= generated => {

@@ -251,6 +251,8 @@ fn emulate(
             let mut trained: Vec<Tensor> = Vec::new();
             let mut names: Vec<String> = Vec::new();
             let mut leaves = Vec::new();
+            // Those the Trainer has bitsandbytes optimize in 32 bits.
+            let mut kept_32bit = Vec::new();
             if run.sharding.is_some() {
                 // FSDP2's unsharded parameters carry their leaves; the optimizer steps the shards.
             } else if lora.is_none() {
@@ -261,6 +263,9 @@ fn emulate(
                         weights
                             .by_name
                             .insert("lm_head.weight".into(), param.clone());
+                    }
+                    if trainer.is_some() && trainer::optimized_in_32_bits(t.role) {
+                        kept_32bit.push(param.clone());
                     }
                     trained.push(param);
                     names.push(t.name.clone());
@@ -319,15 +324,7 @@ fn emulate(
             // its `found_inf`).
             let fused = *optimizer == Optimizer::AdamW(super::optimizer::OptimizerImpl::Fused);
             let mut optimizer = OptimizerState::new(*optimizer);
-            // The Trainer has bitsandbytes optimize every `nn.Embedding`'s weight in 32 bits.
-            if trainer.is_some() {
-                let embeddings = (run.model.parameters().iter())
-                    .filter(|t| t.role == TensorRole::Embedding)
-                    .filter_map(|t| names.iter().position(|n| *n == t.name))
-                    .map(|i| trained[i].clone())
-                    .collect();
-                optimizer.keep_32bit(embeddings);
-            }
+            optimizer.keep_32bit(kept_32bit);
             let steps = *steps;
             // The model's forward of `batch` and its loss (the Trainer's: summed over its count,
             // under its mixed precision, the outputs converted to float32).

@@ -16,6 +16,7 @@
 use super::process::Process;
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
+use crate::model::TensorRole;
 use crate::replay::program::Role;
 
 /// The Trainer's arguments that change what a step allocates (the others as transformers 5.17
@@ -220,6 +221,12 @@ pub fn clip_grad_norm(p: &mut Process, grads: &[Tensor]) -> Option<Tensor> {
     drop(coefficient);
     drop(clamped);
     Some(total)
+}
+
+/// Whether the Trainer has bitsandbytes give the parameter of `role` float32 moments whatever
+/// its optimizer's bits: it registers every `nn.Embedding`'s weight so (`optim_bits=32`).
+pub fn optimized_in_32_bits(role: TensorRole) -> bool {
+    role == TensorRole::Embedding
 }
 
 /// Whether the Trainer's optimizer applies weight decay to the parameter named `name`

@@ -50,7 +50,11 @@ impl Budget {
                 grouped(w.context)
             ),
             Mode::Lora { rank, .. } => format!(
-                "LoRA rank {rank}, batch {}, sequence {}",
+                "LoRA rank {rank}{}, batch {}, sequence {}",
+                match w.lora_dropout.filter(|p| !p.is_zero()) {
+                    Some(p) => format!(" with dropout {p}"),
+                    None => String::new(),
+                },
                 w.batch,
                 grouped(w.context)
             ),
@@ -65,7 +69,9 @@ impl Budget {
             ),
         };
         let mut extras = Vec::new();
-        if w.trainer {
+        if w.sft {
+            extras.push("TRL SFTTrainer".to_string());
+        } else if w.trainer {
             extras.push("transformers Trainer".to_string());
         }
         if w.accumulation > 1 {
@@ -147,7 +153,8 @@ impl Budget {
         let optim = self.trainer_optim();
         format!(
             "TrainingArguments assumed: per_device_train_batch_size={}, {precision}, \
-             optim=\"{optim}\", max_grad_norm=1.0, gradient_accumulation_steps={}, \
+             optim=\"{optim}\", max_grad_norm=1.0 (0 allocates the same: the Trainer still \
+             computes the gradients' norm for its logs), gradient_accumulation_steps={}, \
              gradient_checkpointing={}, one process; the others transformers 5.17's defaults.",
             w.batch,
             w.accumulation,
@@ -162,6 +169,18 @@ impl Budget {
              outside the allocator) in the {} stage.",
             self.peak_stage
         )];
+        if self.workload.sft {
+            notes.push(
+                "TRL's SFTTrainer (--sft, TRL 1.16 on the Trainer): its fused LM head gathers the \
+                 positions with a label and scores them in tiles of 4 096 positions by 32 768 \
+                 vocabulary entries, with float32 accumulators of the gradients, instead of \
+                 making the logits; every position of every row counted as labelled (batch × \
+                 (sequence - 1), the most there can be). Derived from 2 traces recorded on the \
+                 H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to \
+                 the byte; not yet proven on runs held out."
+                    .into(),
+            );
+        }
         if self.workload.trainer {
             notes.push(self.trainer_arguments());
             if self.trainer_optim() == "adamw_8bit" {
@@ -173,6 +192,16 @@ impl Budget {
                         .into(),
                 );
             }
+        }
+        if self.workload.lora_dropout.is_some_and(|p| !p.is_zero()) {
+            notes.push(
+                "LoRA dropout (--lora-dropout): each adapter's input, cast to float32, goes \
+                 through dropout, whose boolean mask is kept for the backward where the input \
+                 needs a gradient. Derived from a Trainer run recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to the \
+                 byte; not yet proven on runs held out."
+                    .into(),
+            );
         }
         if self.workload.padded {
             notes.push(

@@ -131,6 +131,15 @@ pub struct Workload {
     /// under the mask built for them.
     #[serde(default)]
     pub padded: bool,
+    /// PEFT's `lora_dropout` (LoRA): above 0, an `nn.Dropout` runs on each adapter's input and
+    /// its mask is kept for the backward; 0 or none, an `nn.Identity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_dropout: Option<rust_decimal::Decimal>,
+    /// Through TRL's `SFTTrainer` on the Trainer (`trainer` set too): its fused LM head, which
+    /// scores the positions with a label in tiles rather than making the logits, and the metrics
+    /// it logs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sft: bool,
 }
 
 fn one() -> u64 {
@@ -206,6 +215,8 @@ impl Workload {
             trainer: false,
             accumulation: 1,
             padded: false,
+            lora_dropout: None,
+            sft: false,
         })
     }
 
@@ -313,6 +324,11 @@ impl Workload {
                 "--gradient-accumulation is replayed through the Trainer: add --trainer".into(),
             ));
         }
+        if self.sft && !self.trainer {
+            return Err(WorkloadError::Unsupported(
+                "--sft runs TRL's SFTTrainer on the Trainer: the workload needs trainer set".into(),
+            ));
+        }
         if self.trainer {
             self.check_trainer()?;
         }
@@ -330,6 +346,18 @@ impl Workload {
                      more, a context of 2 tokens or more"
                         .into(),
                 ));
+            }
+        }
+        if let Some(p) = self.lora_dropout {
+            if !matches!(self.mode, Mode::Lora { .. }) {
+                return Err(WorkloadError::Unsupported(
+                    "--lora-dropout applies to --mode lora or qlora only".into(),
+                ));
+            }
+            if p.is_sign_negative() || p >= rust_decimal::Decimal::ONE {
+                return Err(WorkloadError::Unsupported(format!(
+                    "--lora-dropout is a probability from 0 to below 1, not {p}"
+                )));
             }
         }
         if let Some(q) = self.model.quantization.filter(|_| !self.loads_saved_nf4()) {
@@ -400,6 +428,12 @@ impl Workload {
                  float16 for a full training",
             );
         }
+        if self.sft && self.autocast.is_some() {
+            return unsupported(
+                "--sft over float32 weights under --autocast is not replayed yet: TRL's fused head \
+                 then casts its tiles, which no trace shows",
+            );
+        }
         if self.optimizer_impl == OptimizerImpl::ForLoop {
             return unsupported(
                 "--trainer's AdamW is fused (adamw_torch_fused) or foreach (adamw_torch), not for-loop",
@@ -427,6 +461,7 @@ impl Workload {
                 _ => None,
             }),
             accumulation: self.accumulation,
+            sft: self.sft,
         })
     }
 
@@ -522,6 +557,7 @@ impl Workload {
                 lora: Some(Lora {
                     rank: *rank,
                     targets: targets.clone(),
+                    dropout: self.lora_dropout.is_some_and(|p| !p.is_zero()),
                 }),
                 optimizer: crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl),
                 checkpointing: self.checkpointing,
@@ -559,6 +595,7 @@ impl Workload {
             sharding: None,
             tensor_parallel: None,
             ddp: None,
+            labelled: Vec::new(),
         }
     }
 }

@@ -128,6 +128,10 @@ pub struct BudgetArgs {
     /// their short forms q, k, v, o, gate, up, down (lora) [default: q,v].
     #[arg(long, value_delimiter = ',')]
     pub targets: Option<Vec<String>>,
+    /// PEFT's lora_dropout, from 0 to below 1 (lora): above 0, each adapter's input goes
+    /// through dropout, its mask kept for the backward [default: 0].
+    #[arg(long, value_parser = values::probability)]
+    pub lora_dropout: Option<rust_decimal::Decimal>,
     /// The optimizer of full training: adamw (torch.optim.AdamW) or adamw-8bit
     /// (bitsandbytes.optim.AdamW8bit) [default: adamw].
     #[arg(long)]
@@ -148,13 +152,18 @@ pub struct BudgetArgs {
     /// float16 or float16 weights under LoRA, gradients clipped, AdamW fused by default.
     #[arg(long)]
     pub trainer: bool,
+    /// The steps as TRL's SFTTrainer runs them on the Trainer (lora or full; implies --trainer):
+    /// its fused LM head, which scores the positions with a label in tiles of 4 096 × 32 768
+    /// rather than making the logits, and the entropy and token accuracy it logs.
+    #[arg(long)]
+    pub sft: bool,
     /// The batch is padded: its shorter rows padded to --context, as a tokenizer pads them, the
     /// attention under the mask built for them (inference, or training with --trainer).
     #[arg(long)]
     pub padded: bool,
     /// With --trainer: gradient_accumulation_steps, the batches each optimizer step runs forward
     /// and backward before the clipping and the optimizer's step [default: 1].
-    #[arg(long, value_parser = values::positive_u64, requires = "trainer")]
+    #[arg(long, value_parser = values::positive_u64)]
     pub gradient_accumulation: Option<u64>,
     /// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
     #[arg(long)]
@@ -306,6 +315,11 @@ impl BudgetArgs {
             (self.rank.is_some() && !lora, "--rank", "lora"),
             (self.targets.is_some() && !lora, "--targets", "lora"),
             (
+                self.lora_dropout.is_some() && !lora,
+                "--lora-dropout",
+                "lora",
+            ),
+            (
                 self.optimizer.is_some() && mode != ModeArg::Full,
                 "--optimizer",
                 "full",
@@ -326,6 +340,7 @@ impl BudgetArgs {
                 "lora or full",
             ),
             (self.trainer && !trains, "--trainer", "lora or full"),
+            (self.sft && !trains, "--sft", "lora or full"),
         ];
         if let Some((_, flag, modes)) = misplaced.iter().find(|(wrong, _, _)| *wrong) {
             return Err(Failure::usage_owned(format!(
@@ -397,7 +412,7 @@ impl BudgetArgs {
             context: self.context.expect("clap requires --context"),
             checkpointing: self.checkpointing,
             // The Trainer's default optimizer is `adamw_torch_fused`.
-            optimizer_impl: (self.optimizer_impl).unwrap_or(match self.trainer {
+            optimizer_impl: (self.optimizer_impl).unwrap_or(match self.trainer || self.sft {
                 true => OptimizerImpl::Fused,
                 false => OptimizerImpl::Foreach,
             }),
@@ -407,9 +422,11 @@ impl BudgetArgs {
             } else {
                 AllocatorSetting::Default
             },
-            trainer: self.trainer,
+            trainer: self.trainer || self.sft,
             accumulation: self.gradient_accumulation.unwrap_or(1),
             padded: self.padded,
+            lora_dropout: self.lora_dropout,
+            sft: self.sft,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

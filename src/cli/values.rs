@@ -80,6 +80,17 @@ pub fn gib(s: &str) -> Result<PlainDecimal, String> {
     })
 }
 
+/// A probability from 0 to below 1, written as a plain decimal (0.05).
+pub fn probability(s: &str) -> Result<rust_decimal::Decimal, String> {
+    let p = (s.parse::<PlainDecimal>().ok())
+        .and_then(|p| p.to_decimal())
+        .filter(|p| *p < rust_decimal::Decimal::ONE)
+        .ok_or_else(|| {
+            format!("must be a probability from 0 to below 1 such as 0.05; got `{s}`")
+        })?;
+    Ok(p.normalize())
+}
+
 /// An element type: float32, float16 or bfloat16.
 pub fn dtype(s: &str) -> Result<crate::measure::Dtype, String> {
     crate::dtype::Dtype::float(s)

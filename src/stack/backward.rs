@@ -129,7 +129,7 @@ impl Backward for Process {
                     }
                 }
             }
-            Rule::Scale | Rule::Neg => {
+            Rule::Scale | Rule::Neg | Rule::Dropout => {
                 out[0] = Some(self.empty(&inputs[0].shape, grad.elem));
             }
             Rule::Add => {
@@ -262,6 +262,48 @@ impl Backward for Process {
             Rule::SumDim1 => {
                 let meta = &inputs[0];
                 out[0] = Some(grad.restrided(meta.shape.clone(), smallvec![meta.shape[2], 0, 1]));
+            }
+            Rule::SumAll => {
+                let meta = &inputs[0];
+                let strides = meta.shape.iter().map(|_| 0).collect();
+                out[0] = Some(grad.restrided(meta.shape.clone(), strides));
+            }
+            Rule::MaskedScatter => {
+                // `grad.masked_select(mask)`: the mask's positions, the gradient's values there.
+                let mask = &node.saved[0];
+                let n = inputs[0].shape[0];
+                let positions = self.nonzero(mask, n);
+                out[0] = Some(self.empty(&[n], grad.elem));
+                drop(positions);
+            }
+            Rule::IndexMask => {
+                // zeros, then `index_put_(mask.nonzero() split by dimension, grad,
+                // accumulate=True)`: each dimension's positions times its stride, summed into
+                // one linear index (two int64 temporaries), two more checks of them, the positions
+                // let go; then the linear index sorted with its order (three int64 temporaries
+                // and a byte of cub's) before the rows are added.
+                let mask = &node.saved[0];
+                let n = grad.shape[0];
+                let zeros = self.empty(&inputs[0].shape, grad.elem);
+                let positions = self.nonzero(mask, n);
+                let index = || self.empty(&[n], Dtype::Int64);
+                let strided = index();
+                let linear = index();
+                drop(strided);
+                let (low, high) = (index(), index());
+                drop(low);
+                drop(high);
+                drop(positions);
+                let (sorted, order, keys) = (index(), index(), index());
+                drop(self.empty(&[1], Dtype::Uint8));
+                drop(keys);
+                drop(order);
+                drop(sorted);
+                drop(linear);
+                out[0] = Some(zeros);
+            }
+            Rule::ChunkedLogProb { .. } => {
+                out = super::sft::chunked_log_prob_backward(self, node, want(0), want(1));
             }
             Rule::DivInPlace => {
                 for i in [1, 0] {

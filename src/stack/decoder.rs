@@ -24,6 +24,8 @@ pub enum ExpertsPath {
 pub struct Adapter {
     pub a: Tensor,
     pub b: Tensor,
+    /// PEFT's `lora_dropout` is above 0: its `nn.Dropout` runs on the adapter's input.
+    pub dropout: bool,
 }
 
 /// `parts` joined into one name (a tensor's or a module's), without the cost of `format!`.
@@ -224,26 +226,23 @@ impl Decoder<'_> {
             let out = self.process.linear_4bit(x, q, b.as_ref());
             return match weights.adapters.get(prefix) {
                 None => out,
-                Some(adapter) => self.lora_4bit(out, x, &adapter.a, &adapter.b),
+                Some(adapter) => self.lora_4bit(out, x, adapter),
             };
         }
         let w = self.weights.get(&joined(&[prefix, ".weight"])).clone();
         let out = self.p().linear(x, &w, b.as_ref());
-        match self.weights.adapters.get(prefix) {
+        match weights.adapters.get(prefix) {
             None => out,
-            Some(adapter) => {
-                let (a, bm) = (adapter.a.clone(), adapter.b.clone());
-                self.lora(out, x, &a, &bm)
-            }
+            Some(adapter) => self.lora(out, x, adapter),
         }
     }
 
     /// PEFT's `Linear4bit.forward` after the base layer: the result cloned, the adapter's
     /// output cast back to the base's dtype, then added.
-    fn lora_4bit(&mut self, base: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    fn lora_4bit(&mut self, base: Tensor, x: &Tensor, adapter: &Adapter) -> Tensor {
         let result = self.process.clone_contiguous(&base);
         drop(base);
-        let (xa, scaled) = self.adapter(x, a, b);
+        let (xa, scaled) = self.adapter(x, adapter);
         let p = &mut *self.process;
         let back = p.to(&scaled, result.elem);
         drop(scaled);
@@ -255,12 +254,14 @@ impl Decoder<'_> {
     }
 
     /// An adapter's output: `x` cast to the adapters' float32 (returned too: it goes when the
-    /// layer's forward returns), then `B(A(x)) * scaling`.
-    fn adapter(&mut self, x: &Tensor, a: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+    /// layer's forward returns), then `B(A(dropout(x))) * scaling`.
+    fn adapter(&mut self, x: &Tensor, adapter: &Adapter) -> (Tensor, Tensor) {
         let p = &mut *self.process;
-        let xa = p.to(x, a.elem);
-        let down = p.linear(&xa, a, None);
-        let up = p.linear(&down, b, None);
+        let xa = p.to(x, adapter.a.elem);
+        let dropped = adapter.dropout.then(|| p.dropout(&xa));
+        let down = p.linear(dropped.as_ref().unwrap_or(&xa), &adapter.a, None);
+        drop(dropped);
+        let up = p.linear(&down, &adapter.b, None);
         drop(down);
         let scaled = p.scale(&up);
         drop(up);
@@ -311,9 +312,9 @@ impl Decoder<'_> {
 
     /// PEFT's `Linear.forward` after the base layer: `x` cast to the adapters' float32,
     /// `B(A(x)) * scaling` added, the sum cast back to the base's dtype.
-    fn lora(&mut self, result: Tensor, x: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    fn lora(&mut self, result: Tensor, x: &Tensor, adapter: &Adapter) -> Tensor {
         let base = result.elem;
-        let (xa, scaled) = self.adapter(x, a, b);
+        let (xa, scaled) = self.adapter(x, adapter);
         let p = &mut *self.process;
         let sum = p.add(&result, &scaled);
         drop(scaled);
@@ -764,17 +765,15 @@ impl Decoder<'_> {
         hidden
     }
 
-    /// `XForCausalLM.forward` of `inputs`.
-    pub fn forward(&mut self, inputs: Inputs) -> Output {
-        let Inputs {
-            ids,
-            mask,
-            positions,
-            mut cache,
-            keep_last,
-            labels,
-            items,
-        } = inputs;
+    /// The model without its head (`model.model`): the embeddings, the layers, the final norm;
+    /// its locals let go as it returns, the last hidden state returned.
+    pub fn backbone(
+        &mut self,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+        positions: Option<&Tensor>,
+        mut cache: Option<&mut Cache>,
+    ) -> Tensor {
         let m = self.model;
         let embed = self
             .weights
@@ -866,11 +865,40 @@ impl Decoder<'_> {
         drop(masks);
         drop(local);
         drop(global);
-        let head = if m.tied_embeddings {
+        normed
+    }
+
+    /// The output head's weight (TRL's fused head projects with it).
+    pub(super) fn head_weight(&self) -> Tensor {
+        self.weights
+            .get(&joined(&[&self.head_module(), ".weight"]))
+            .clone()
+    }
+
+    /// The output head's module: the embeddings' when they are tied.
+    fn head_module(&self) -> String {
+        let m = self.model;
+        if m.tied_embeddings {
             joined(&[m.text_prefix(), "embed_tokens"])
         } else {
             "lm_head".to_string()
-        };
+        }
+    }
+
+    /// `XForCausalLM.forward` of `inputs`.
+    pub fn forward(&mut self, inputs: Inputs) -> Output {
+        let Inputs {
+            ids,
+            mask,
+            positions,
+            cache,
+            keep_last,
+            labels,
+            items,
+        } = inputs;
+        let normed = self.backbone(ids, mask, positions, cache);
+        let m = self.model;
+        let head = self.head_module();
         let last = if keep_last {
             let t = normed.shape[1];
             self.process.slice(&normed, 1, t - 1, t)

@@ -325,6 +325,7 @@ impl Fsdp {
                                 Adapter {
                                     a,
                                     b: unsharded.clone(),
+                                    dropout: lora.is_some_and(|l| l.dropout),
                                 },
                             );
                         }

@@ -36,6 +36,9 @@ pub enum Loading {
 pub struct Lora {
     pub rank: u64,
     pub targets: Vec<String>,
+    /// `lora_dropout` is above 0 (PEFT then puts an `nn.Dropout` before each adapter, else an
+    /// `nn.Identity`).
+    pub dropout: bool,
 }
 
 /// What `caching_allocator_warmup` finds unused in the cache before loading: the 2 MiB segment
@@ -169,7 +172,14 @@ pub(super) fn adapters(
         for (name, a, b) in first {
             let a32 = if e == Dtype::Float32 { a } else { cast(p, a) };
             let b32 = if e == Dtype::Float32 { b } else { cast(p, b) };
-            out.insert(name, Adapter { a: a32, b: b32 });
+            out.insert(
+                name,
+                Adapter {
+                    a: a32,
+                    b: b32,
+                    dropout: lora.dropout,
+                },
+            );
         }
         out
     })

@@ -13,7 +13,7 @@
 //!   tensor parallelism's rank serving a model ([`tensor_parallel`]), `generate`
 //!   ([`generate`]), the weights' loading and PEFT's adapters ([`loading`]), bitsandbytes' 4-bit
 //!   weights ([`bitsandbytes`]), the optimizers ([`optimizer`]), `transformers.Trainer` around a
-//!   training step ([`trainer`]), alike layers written again
+//!   training step ([`trainer`]) and TRL's `SFTTrainer` on it ([`sft`]), alike layers written again
 //!   rather than run ([`repeat`]), a whole run ([`run`]) and the proof scripts' specification
 //!   of one ([`spec`]).
 
@@ -35,6 +35,7 @@ pub mod process;
 pub mod reduce;
 pub mod repeat;
 pub mod run;
+pub mod sft;
 pub mod spec;
 pub mod tape;
 pub mod tensor;

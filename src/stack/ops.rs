@@ -9,6 +9,15 @@ use super::tensor::{Meta, Rule};
 use crate::dtype::Dtype;
 use crate::replay::program::Role;
 
+/// The temporary storage cub's device-wide reduction asks for when `nonzero` counts a mask.
+const CUB_REDUCE_TEMPORARY: u64 = 1;
+/// The temporary storage of cub's selection in `nonzero`, and of its scan in `masked_scatter`,
+/// as the H200 allocated them for masks of 117 to 2 046 elements (one tile state each, aligned;
+/// `docs/gpu-runs/2026-12-04-h200-records/sft-*`). A mask of many more elements takes a few bytes
+/// more per tile of cub's (in the small pool).
+const CUB_SELECT_TEMPORARY: u64 = 1023;
+const CUB_SCAN_TEMPORARY: u64 = 1279;
+
 impl Process {
     // --- Views (no allocation) -------------------------------------------------------------
 
@@ -181,6 +190,17 @@ impl Process {
         let mut out = self.elementwise(&a.shape, a.elem, &[a]);
         let held = self.saved_if(&[a], &[a]);
         self.record(Rule::Scale, &[a], held, &mut out);
+        out
+    }
+
+    /// `nn.Dropout` in training (`native_dropout`): its boolean mask, then the output; the node
+    /// keeps the mask for the backward, which an input needing no gradient lets go at once.
+    pub fn dropout(&mut self, a: &Tensor) -> Tensor {
+        let mask = self.empty(&a.shape, Dtype::Bool);
+        let mut out = self.elementwise(&a.shape, a.elem, &[a]);
+        let saved = self.saved_if(&[a], &[&mask]);
+        drop(mask);
+        self.record(Rule::Dropout, &[a], saved, &mut out);
         out
     }
 
@@ -510,6 +530,71 @@ impl Process {
                 &mut out,
             );
         }
+        out
+    }
+
+    /// `x.sum()` of every element.
+    pub fn sum_all(&mut self, x: &Tensor) -> Tensor {
+        let mut out = self.empty(&[], x.elem);
+        self.record(Rule::SumAll, &[x], vec![], &mut out);
+        out
+    }
+
+    /// The sum of every element of a boolean or integer `x`: its int64 result, then `x` cast to
+    /// int64 for the reduction (let go as it returns).
+    pub fn count(&mut self, x: &Tensor) -> Tensor {
+        let out = self.empty(&[], Dtype::Int64);
+        if x.elem != Dtype::Int64 {
+            drop(self.empty(&x.shape, Dtype::Int64));
+        }
+        out
+    }
+
+    /// `a / b` for a `b` that needs no gradient (a count): the node keeps `b` and divides the
+    /// gradient by it.
+    pub fn div(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
+        let mut out = self.elementwise(&a.shape, a.elem.promote(b.elem), &[a]);
+        let saved = self.saved_if(&[a], &[b]);
+        self.record(Rule::Scale, &[a], saved, &mut out);
+        out
+    }
+
+    /// `mask.nonzero()` of a boolean `mask` holding `count` true elements, as PyTorch 2.11's
+    /// CUDA kernel makes it: the count on the device (cub's reduction: a one-byte temporary),
+    /// the `[count, dims]` int64 output, then cub's selection with its temporary storage.
+    pub fn nonzero(&mut self, mask: &Tensor, count: u64) -> Tensor {
+        let counted = self.empty(&[], Dtype::Int32);
+        drop(self.empty(&[CUB_REDUCE_TEMPORARY], Dtype::Uint8));
+        let out = self.empty(&[count, mask.shape.len() as u64], Dtype::Int64);
+        drop(self.empty(&[CUB_SELECT_TEMPORARY], Dtype::Uint8));
+        drop(counted);
+        out
+    }
+
+    /// `x[mask]` with a boolean `mask` of `x`'s leading dimensions holding `count` true
+    /// elements: the mask's nonzero positions, the selected rows, the positions let go.
+    pub fn index_mask(&mut self, x: &Tensor, mask: &Tensor, count: u64) -> Tensor {
+        let positions = self.nonzero(mask, count);
+        let mut shape: Dims = smallvec::smallvec![count];
+        shape.extend_from_slice(&x.shape[mask.shape.len()..]);
+        let mut out = self.empty(&shape, x.elem);
+        drop(positions);
+        let saved = self.saved_if(&[x], &[mask]);
+        self.record(Rule::IndexMask, &[x], saved, &mut out);
+        out
+    }
+
+    /// `x.new_zeros(mask.shape).masked_scatter(mask, x)` out of place: the zeros, the result,
+    /// the mask's int64 prefix sum with cub's scan temporary, then the zeros let go.
+    pub fn masked_scatter(&mut self, mask: &Tensor, x: &Tensor) -> Tensor {
+        let zeros = self.empty(&mask.shape, x.elem);
+        let mut out = self.empty(&mask.shape, x.elem);
+        let prefix = self.empty(&[mask.numel()], Dtype::Int64);
+        drop(self.empty(&[CUB_SCAN_TEMPORARY], Dtype::Uint8));
+        drop(prefix);
+        drop(zeros);
+        let saved = self.saved_if(&[x], &[mask]);
+        self.record(Rule::MaskedScatter, &[x], saved, &mut out);
         out
     }
 

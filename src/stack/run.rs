@@ -12,6 +12,7 @@ use super::generate::{self, Stages};
 use super::loading::{self, Loading, Lora};
 use super::optimizer::{Optimizer, OptimizerState};
 use super::process::{Kernels, Process};
+use super::sft;
 use super::tensor::Tensor;
 use super::tensor_parallel::TensorParallel;
 use super::trainer::{self, Batch, Batches, GradScaler, TrainerArgs};
@@ -70,6 +71,10 @@ pub struct Run {
     pub tensor_parallel: Option<TensorParallel>,
     /// One rank of a DDP training, the model whole on every rank ([`super::ddp`]).
     pub ddp: Option<Ddp>,
+    /// For TRL's SFTTrainer, which projects only the positions whose next token has a label:
+    /// how many each batch has, in the order the Trainer draws them (beyond them: every position
+    /// but each row's last).
+    pub labelled: Vec<u64>,
 }
 
 /// Where the stages begin and end, marked on the tape.
@@ -328,57 +333,69 @@ fn emulate(
             let steps = *steps;
             // The model's forward of `batch` and its loss (the Trainer's: summed over its count,
             // under its mixed precision, the outputs converted to float32).
-            let forward =
-                |p: &mut Process, batch: &Batch, items: &Tensor, trainer: Option<&TrainerArgs>| {
-                    let mut d = Decoder {
-                        model: &run.model,
-                        weights: &weights,
-                        process: p,
-                        checkpointing: *checkpointing,
-                        experts_path: super::decoder::ExpertsPath::Grouped,
-                        layer_kinds: None,
-                    };
-                    // The model builds a DynamicCache in training too, unless checkpointing turns
-                    // `use_cache` off (the Trainer turns it off).
-                    let mut cache = (!*checkpointing && trainer.is_none()).then(|| {
-                        let windows: Vec<_> = run.model.layers.iter().map(|l| l.window).collect();
-                        super::cache::Cache::new(&windows)
-                    });
-                    // The Trainer's mixed precision: autocast around the forward (it casts float32
-                    // weights, and adapters, which peft keeps in float32 under a half-precision model).
-                    let mixed = trainer.and_then(|t| t.mixed);
-                    d.process.autocast = run.autocast.or(mixed);
-                    d.process.with_fsdp(|fsdp, p| fsdp.pre_forward(p, 0, None));
-                    if let Some(mut reducer) = d.process.ddp.take() {
-                        reducer.pre_forward(d.process);
-                        d.process.ddp = Some(reducer);
-                    }
-                    let mut out = d.forward(Inputs {
-                        ids: &batch.ids,
-                        mask: trainer.map(|_| &batch.mask),
-                        positions: None,
-                        cache: cache.as_mut(),
-                        keep_last: false,
-                        labels: Some(&batch.labels),
-                        items: trainer.map(|_| items),
-                    });
-                    d.process.end_autocast();
-                    if let Some(loss) = out.loss.take() {
-                        let sharded = d
-                            .process
-                            .with_fsdp(|fsdp, p| fsdp.post_forward(p, 0, &loss));
-                        out.loss = Some(sharded.flatten().unwrap_or(loss));
-                    }
-                    let loss = out.loss.expect("labels give a loss");
-                    // accelerate's `convert_outputs_to_fp32` around the model's forward.
-                    let converted = trainer
-                        .is_some_and(|t| t.mixed.is_some())
-                        .then(|| d.process.to(&out.logits, Dtype::Float32));
-                    drop(out.logits);
-                    drop(converted);
-                    drop(cache);
-                    loss
+            let forward = |p: &mut Process,
+                           batch: &Batch,
+                           items: &Tensor,
+                           trainer: Option<&TrainerArgs>,
+                           labelled: u64| {
+                let mut d = Decoder {
+                    model: &run.model,
+                    weights: &weights,
+                    process: p,
+                    checkpointing: *checkpointing,
+                    experts_path: super::decoder::ExpertsPath::Grouped,
+                    layer_kinds: None,
                 };
+                // The model builds a DynamicCache in training too, unless checkpointing turns
+                // `use_cache` off (the Trainer turns it off).
+                let mut cache = (!*checkpointing && trainer.is_none()).then(|| {
+                    let windows: Vec<_> = run.model.layers.iter().map(|l| l.window).collect();
+                    super::cache::Cache::new(&windows)
+                });
+                // The Trainer's mixed precision: autocast around the forward (it casts float32
+                // weights, and adapters, which peft keeps in float32 under a half-precision model).
+                let mixed = trainer.and_then(|t| t.mixed);
+                d.process.autocast = run.autocast.or(mixed);
+                d.process.with_fsdp(|fsdp, p| fsdp.pre_forward(p, 0, None));
+                if let Some(mut reducer) = d.process.ddp.take() {
+                    reducer.pre_forward(d.process);
+                    d.process.ddp = Some(reducer);
+                }
+                if trainer.is_some_and(|t| t.sft) {
+                    // TRL's fused head in the model's forward, then its `compute_loss`.
+                    let hidden = d.backbone(&batch.ids, Some(&batch.mask), None, None);
+                    let weight = d.head_weight();
+                    let fused =
+                        sft::fused_forward(d.process, hidden, &weight, &batch.labels, labelled);
+                    d.process.end_autocast();
+                    return sft::compute_loss(d.process, fused, &batch.mask);
+                }
+                let mut out = d.forward(Inputs {
+                    ids: &batch.ids,
+                    mask: trainer.map(|_| &batch.mask),
+                    positions: None,
+                    cache: cache.as_mut(),
+                    keep_last: false,
+                    labels: Some(&batch.labels),
+                    items: trainer.map(|_| items),
+                });
+                d.process.end_autocast();
+                if let Some(loss) = out.loss.take() {
+                    let sharded = d
+                        .process
+                        .with_fsdp(|fsdp, p| fsdp.post_forward(p, 0, &loss));
+                    out.loss = Some(sharded.flatten().unwrap_or(loss));
+                }
+                let loss = out.loss.expect("labels give a loss");
+                // accelerate's `convert_outputs_to_fp32` around the model's forward.
+                let converted = trainer
+                    .is_some_and(|t| t.mixed.is_some())
+                    .then(|| d.process.to(&out.logits, Dtype::Float32));
+                drop(out.logits);
+                drop(converted);
+                drop(cache);
+                loss
+            };
             // The optimizer's parameter groups: one, or the Trainer's two (the parameters with
             // weight decay, then the others).
             let groups: Vec<Vec<usize>> = match trainer {
@@ -431,7 +448,7 @@ fn emulate(
                     marks.end(&p);
                     for step in 1..=steps {
                         marks.begin(&p, &format!("step{step}.forward"), Loaded::Forward);
-                        let loss = forward(&mut p, &batch, &batch.ids, None);
+                        let loss = forward(&mut p, &batch, &batch.ids, None, 0);
                         marks.end(&p);
                         marks.begin(&p, &format!("step{step}.backward"), Loaded::Backward);
                         p.backward(&loss);
@@ -449,6 +466,8 @@ fn emulate(
                     let mut batches = Batches::load(&mut p, args.accumulation, b, t);
                     marks.end(&p);
                     let (mut last_loss, mut last_norm) = (None, None);
+                    // The batches drawn so far (each one's labelled positions, for TRL's head).
+                    let mut drawn = 0;
                     let mut scaler = (args.mixed == Some(Dtype::Float16)).then(GradScaler::default);
                     for step in 1..=steps {
                         // Stages named as `hf_loops.py` marks them: `step1.micro2.backward` when
@@ -460,9 +479,13 @@ fn emulate(
                                 _ => format!("step{step}.micro{micro}"),
                             };
                             marks.begin(&p, &format!("{stage}.forward"), Loaded::Forward);
-                            let loss = forward(&mut p, batch, &batches.items, Some(args));
-                            // `loss *= num_processes` (average_tokens_across_devices).
-                            let loss = p.scale_(&loss);
+                            let labelled =
+                                (run.labelled.get(drawn).copied()).unwrap_or(b * (t - 1));
+                            drawn += 1;
+                            let loss = forward(&mut p, batch, &batches.items, Some(args), labelled);
+                            // `loss *= num_processes` (average_tokens_across_devices), in
+                            // the Trainer's `compute_loss` (the SFTTrainer's multiplies in its own).
+                            let loss = if args.sft { loss } else { p.scale_(&loss) };
                             marks.end(&p);
                             marks.begin(&p, &format!("{stage}.backward"), Loaded::Backward);
                             // accelerate's `loss / gradient_accumulation_steps`, then under fp16
@@ -478,6 +501,11 @@ fn emulate(
                             // The last step's total norm, let go once the step's batches ran.
                             if micro == args.accumulation {
                                 drop(last_norm.take());
+                                if !args.clip {
+                                    // `_get_grad_norm`: the norm logged, its stage the backward's.
+                                    last_norm =
+                                        trainer::clip_grad_norm(&mut p, &gradients(&leaves));
+                                }
                             }
                             marks.end(&p);
                         }

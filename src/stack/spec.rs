@@ -60,7 +60,8 @@ pub struct Spec {
     /// The order the recorded process iterated `set(layer_types)` in.
     #[serde(default)]
     pub mask_order: Option<Vec<String>>,
-    /// `trainer`: the steps through `transformers.Trainer`; absent, written by hand.
+    /// `trainer`: the steps through `transformers.Trainer`; `sft`: through TRL's `SFTTrainer`;
+    /// absent, written by hand.
     #[serde(default, rename = "loop")]
     pub training_loop: Option<String>,
     /// The Trainer's arguments the run gave (the others its defaults).
@@ -69,6 +70,11 @@ pub struct Spec {
     /// Each sequence's length before the collator pads them (absent: `context` each).
     #[serde(default)]
     pub lengths: Option<Vec<u64>>,
+    /// TRL's SFTTrainer (`loop` `sft`): the positions with a label in each batch it drew, in
+    /// order (the Trainer's sampler chose the rows: read from the run's trace); absent, every
+    /// position but each row's last.
+    #[serde(default)]
+    pub labelled: Vec<u64>,
     /// `generate`'s rows: each row's count of pad tokens on the left, cycling (absent: none).
     #[serde(default)]
     pub left_padding: Option<Vec<u64>>,
@@ -150,6 +156,9 @@ pub enum SpecMode {
 pub struct SpecLora {
     pub rank: u64,
     pub targets: Vec<String>,
+    /// `LoraConfig.lora_dropout`.
+    #[serde(default)]
+    pub dropout: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -218,7 +227,8 @@ impl TryFrom<Spec> for Run {
         };
         let trainer = match s.training_loop.as_deref() {
             None => None,
-            Some("trainer") => Some(TrainerArgs {
+            Some(name @ ("trainer" | "sft")) => Some(TrainerArgs {
+                sft: name == "sft",
                 clip: s.trainer_args.max_grad_norm.is_none_or(|n| n > 0.0),
                 mixed: match (s.trainer_args.bf16, s.trainer_args.fp16) {
                     (true, _) => Some(Dtype::Bfloat16),
@@ -242,7 +252,7 @@ impl TryFrom<Spec> for Run {
                     }
                 },
             }),
-            Some(_) => return Err(field("loop", "absent (by hand) or trainer")),
+            Some(_) => return Err(field("loop", "absent (by hand), trainer or sft")),
         };
         // The collator pads each batch to its longest row: the context, as every recorded batch
         // held a row that long.
@@ -253,6 +263,22 @@ impl TryFrom<Spec> for Run {
             return Err(field(
                 "lengths",
                 "from 1 to the context, the context among them (each batch padded to it)",
+            ));
+        }
+        let sft = trainer.is_some_and(|t| t.sft);
+        if !s.labelled.is_empty() && !sft {
+            return Err(field("labelled", "given to TRL's SFTTrainer only"));
+        }
+        if (s.labelled.iter()).any(|&n| n == 0 || n > s.batch * (s.context - 1)) {
+            return Err(field(
+                "labelled",
+                "from 1 to batch × (context - 1) positions in each batch",
+            ));
+        }
+        if sft && s.autocast.is_some() {
+            return Err(field(
+                "autocast",
+                "TRL's fused head over float32 weights under autocast is not emulated",
             ));
         }
         if !lengths.is_empty() && trainer.is_none() {
@@ -290,9 +316,13 @@ impl TryFrom<Spec> for Run {
             if l.rank == 0 {
                 return Err(field("lora", "rank: not a whole number above 0"));
             }
+            if !(0.0..1.0).contains(&l.dropout) {
+                return Err(field("lora", "dropout: a probability from 0 to below 1"));
+            }
             Ok(Lora {
                 rank: l.rank,
                 targets: l.targets,
+                dropout: l.dropout > 0.0,
             })
         };
         let train = |lora| Work::Train {
@@ -443,6 +473,7 @@ impl TryFrom<Spec> for Run {
             sharding,
             tensor_parallel,
             ddp,
+            labelled: s.labelled,
         })
     }
 }

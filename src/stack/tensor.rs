@@ -197,6 +197,8 @@ pub enum Rule {
     Mul,
     /// `a * scalar` or `a / scalar`.
     Scale,
+    /// `dropout(a)` in training (saves its boolean mask): the gradient times the mask, scaled.
+    Dropout,
     /// `a + b` (or `a - b`): gradients pass through (reduced where broadcast).
     Add,
     /// `a + scalar`: passes through.
@@ -246,6 +248,17 @@ pub enum Rule {
     Topk,
     /// `a /= b` in place (saves a copy of `a` and `b`).
     DivInPlace,
+    /// `x.sum()` of every element: the gradient expanded back (a view).
+    SumAll,
+    /// `x[mask]` with a boolean mask over its leading dimensions (saves the mask): the gradient
+    /// put back, accumulating, into zeros of the input's shape at the mask's nonzero positions.
+    IndexMask,
+    /// `zeros.masked_scatter(mask, x)` (saves the mask): `x`'s gradient is the gradient at the
+    /// mask's positions (`masked_select`, through the mask's nonzero positions).
+    MaskedScatter,
+    /// TRL's `_ChunkedLogProbFunction` over `[hidden, weight]` (saves the hidden rows, the
+    /// targets, the log-normalizers and the entropy): the gradients recomputed tile by tile.
+    ChunkedLogProb { compute: Dtype },
     /// `chunk(2, dim=-1)` or `split([first, rest], dim=-1)`: one node for both parts; their
     /// gradients concatenated back.
     Split,
@@ -338,7 +351,7 @@ impl Rule {
     /// Outputs of the node (gradients it receives).
     pub fn outputs(&self) -> usize {
         match self {
-            Rule::Split => 2,
+            Rule::Split | Rule::ChunkedLogProb { .. } => 2,
             _ => 1,
         }
     }

@@ -10,8 +10,9 @@
 //! optimizer's step; the loss summed, divided by that count and multiplied in place by the number
 //! of processes; accelerate's division by the accumulation steps; with bf16 or fp16 mixed
 //! precision, the model's outputs converted to float32; under fp16 the gradient scaler; the
-//! check of the loss for NaN and infinity; and `clip_grad_norm_` (foreach) when `max_grad_norm` >
-//! 0; the optimizer's two parameter groups (with weight decay, then without).
+//! check of the loss for NaN and infinity; `clip_grad_norm_` (foreach) every step, to clip the
+//! gradients when `max_grad_norm` > 0, else to log their norm; the optimizer's two parameter
+//! groups (with weight decay, then without).
 
 use super::process::Process;
 use super::tensor::Tensor;
@@ -23,13 +24,18 @@ use crate::replay::program::Role;
 /// defaults them: `optim="adamw_torch_fused"`, `use_cache=False`, one process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrainerArgs {
-    /// `max_grad_norm` > 0 (1.0 by default): the gradients clipped every step.
+    /// `max_grad_norm` > 0 (1.0 by default): the gradients clipped every step (`_clip_grad_norm`,
+    /// a `stepN.clip` stage). At 0 the Trainer still computes their norm for its logs, through
+    /// the same `clip_grad_norm_` (`_get_grad_norm`), at the end of the backward.
     pub clip: bool,
     /// `bf16=True` (or `fp16=True`): accelerate's mixed precision, the forward under autocast
     /// and its outputs converted to float32.
     pub mixed: Option<Dtype>,
     /// `gradient_accumulation_steps`: the batches each optimizer step runs forward and backward.
     pub accumulation: u64,
+    /// TRL's `SFTTrainer` (its defaults: the fused LM head, [`super::sft`]) rather than the
+    /// Trainer's own loss.
+    pub sft: bool,
 }
 
 /// The most batches an optimizer step accumulates over that a replay runs (each is a forward and

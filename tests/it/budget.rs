@@ -607,6 +607,110 @@ fn a_padded_batch_adds_its_attention_mask_and_says_so() {
     }
 }
 
+/// `--sft`: TRL's fused head never makes the `[batch, sequence, vocabulary]` logits the Trainer's
+/// loss makes (and converts to float32), said in the title and a note; refused where it is not
+/// replayed, naming the flag.
+#[test]
+fn the_sft_trainer_makes_no_logits_and_says_so() {
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args([
+            "budget",
+            "--model",
+            "llama-3.2-1b",
+            "--context",
+            "1024",
+            "--batch",
+            "4",
+        ])
+        .args(more);
+        cmd
+    };
+    let peak =
+        |more: &[&str]| bytes(&json_of(budget(more).arg("--json"))["budget"]["peak_allocated"]);
+    for mode in ["lora", "full"] {
+        let (trainer, sft) = (
+            peak(&["--mode", mode, "--trainer"]),
+            peak(&["--mode", mode, "--sft"]),
+        );
+        // At least one float32 copy of the logits: 4 × 1 024 × 128 256 × 4 B.
+        let logits = 4 * 1024 * 128_256 * 4;
+        assert!(
+            sft + logits <= trainer,
+            "{mode}: {sft} against the Trainer's {trainer}"
+        );
+    }
+    let out = budget(&["--mode", "lora", "--sft"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(text.contains(", TRL SFTTrainer"), "{text}");
+    assert!(text.contains("TRL's SFTTrainer (--sft"), "{text}");
+    assert!(text.contains("TrainingArguments assumed"), "{text}");
+    let sft = &json_of(budget(&["--mode", "lora", "--sft"]).arg("--json"))["budget"]["workload"];
+    assert_eq!((&sft["sft"], &sft["trainer"]), (&true.into(), &true.into()));
+    for (more, says) in [
+        (
+            &["--mode", "inference", "--sft"][..],
+            "--sft applies to --mode lora or full",
+        ),
+        (
+            &["--mode", "full", "--autocast", "bfloat16", "--sft"][..],
+            "--sft over float32",
+        ),
+    ] {
+        let out = budget(more).assert().code(64);
+        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+        assert!(err.contains(says), "{more:?}: {err}");
+    }
+}
+
+/// `--lora-dropout`: each adapter's dropout mask (a byte an element of its input) kept for the
+/// backward, said in the title and a note; refused outside LoRA and outside [0, 1).
+#[test]
+fn lora_dropout_keeps_its_masks_and_says_so() {
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--model", "llama-3.2-1b", "--mode", "lora"])
+            .args(["--context", "2048", "--batch", "4", "--targets", "q,k,v,o"])
+            .args(more);
+        cmd
+    };
+    let peak =
+        |more: &[&str]| bytes(&json_of(budget(more).arg("--json"))["budget"]["peak_allocated"]);
+    let (plain, dropped) = (peak(&[]), peak(&["--lora-dropout", "0.05"]));
+    // The masks of the 61 adapted inputs that need a gradient (all but the first layer's q, k
+    // and v; each adapter has its own), [4, 2048, 2048] booleans, 16 MiB each.
+    assert!(dropped >= plain + 61 * (16 << 20), "{plain} then {dropped}");
+    assert_eq!(
+        peak(&["--lora-dropout", "0"]),
+        plain,
+        "a dropout of 0 is PEFT's nn.Identity"
+    );
+    let out = budget(&["--lora-dropout", "0.050"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(text.contains("LoRA rank 16 with dropout 0.05,"), "{text}");
+    assert!(text.contains("LoRA dropout (--lora-dropout)"), "{text}");
+    let mut full = mm();
+    full.args([
+        "budget",
+        "--model",
+        "llama-3.2-1b",
+        "--mode",
+        "full",
+        "--context",
+        "2048",
+    ])
+    .args(["--lora-dropout", "0.1"]);
+    for (mut cmd, says) in [
+        (budget(&["--lora-dropout", "1"]), "--lora-dropout"),
+        (budget(&["--lora-dropout", "-0.1"]), "--lora-dropout"),
+        (full, "--lora-dropout applies to --mode lora"),
+    ] {
+        let out = cmd.assert().code(64);
+        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+        assert!(err.contains(says), "{err}");
+    }
+}
+
 /// SIGTERM ends a program with the documented 130, leaving no partial file.
 #[test]
 fn sigterm_ends_with_130_and_no_partial_file() {
@@ -972,8 +1076,9 @@ fn gradient_accumulation_runs_every_batch_of_a_step_through_the_trainer() {
         ))
         .stdout(contains(
             "TrainingArguments assumed: per_device_train_batch_size=2, bf16=True, \
-             optim=\"adamw_torch_fused\", max_grad_norm=1.0, gradient_accumulation_steps=4, \
-             gradient_checkpointing=False, one process",
+             optim=\"adamw_torch_fused\", max_grad_norm=1.0 (0 allocates the same: the \
+             Trainer still computes the gradients' norm for its logs), \
+             gradient_accumulation_steps=4, gradient_checkpointing=False, one process",
         ));
     mm().args(&args[..args.len() - 2])
         .args(["--gradient-accumulation", "4"])

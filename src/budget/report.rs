@@ -45,9 +45,15 @@ impl Budget {
         };
         let mode = match &w.mode {
             Mode::Inference { generated } => format!(
-                "generate, batch {}, {} prompt + {generated} new tokens",
+                "generate, batch {}, {} prompt + {generated} new tokens{}",
                 w.batch,
-                grouped(w.context)
+                grouped(w.context),
+                match w.repetition_penalty {
+                    Some(p) if p != rust_decimal::Decimal::ONE => {
+                        format!(", repetition penalty {p}")
+                    }
+                    _ => String::new(),
+                }
             ),
             Mode::Lora { rank, .. } => format!(
                 "LoRA rank {rank}{}, batch {}, sequence {}",
@@ -192,6 +198,16 @@ impl Budget {
                         .into(),
                 );
             }
+        }
+        if (self.workload.repetition_penalty).is_some_and(|p| p != rust_decimal::Decimal::ONE) {
+            notes.push(
+                "A repetition penalty (--repetition-penalty): for every token, the logits of the \
+                 tokens seen so far gathered, penalized and scattered into a float32 copy of the \
+                 logits, held until the next token's. Derived from a run recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; not yet \
+                 proven on runs held out."
+                    .into(),
+            );
         }
         if self.workload.lora_dropout.is_some_and(|p| !p.is_zero()) {
             notes.push(

@@ -140,6 +140,10 @@ pub struct Workload {
     /// it logs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sft: bool,
+    /// `generate`'s `repetition_penalty` (inference): other than 1, its logits processor runs on
+    /// every token's logits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<rust_decimal::Decimal>,
 }
 
 fn one() -> u64 {
@@ -217,6 +221,7 @@ impl Workload {
             padded: false,
             lora_dropout: None,
             sft: false,
+            repetition_penalty: None,
         })
     }
 
@@ -347,6 +352,19 @@ impl Workload {
                         .into(),
                 ));
             }
+        }
+        match self.repetition_penalty {
+            Some(_) if !matches!(self.mode, Mode::Inference { .. }) => {
+                return Err(WorkloadError::Unsupported(
+                    "--repetition-penalty applies to --mode inference only".into(),
+                ))
+            }
+            Some(p) if p.is_sign_negative() || p.is_zero() => {
+                return Err(WorkloadError::Unsupported(format!(
+                    "--repetition-penalty is a number above 0, not {p}"
+                )))
+            }
+            _ => {}
         }
         if let Some(p) = self.lora_dropout {
             if !matches!(self.mode, Mode::Lora { .. }) {
@@ -552,6 +570,8 @@ impl Workload {
         let work = match &self.mode {
             Mode::Inference { generated } => Work::Generate {
                 generated: (*generated).max(1),
+                repetition_penalty: (self.repetition_penalty)
+                    .is_some_and(|p| p != rust_decimal::Decimal::ONE),
             },
             Mode::Lora { rank, targets } => Work::Train {
                 lora: Some(Lora {

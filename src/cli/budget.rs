@@ -121,6 +121,14 @@ pub struct BudgetArgs {
     /// Tokens `generate` adds after the prompt (inference) [default: 1].
     #[arg(long, value_parser = values::positive_u64)]
     pub generated: Option<u64>,
+    /// generate's max_length instead of --generated: the prompt and the new tokens together
+    /// (inference).
+    #[arg(long, value_parser = values::positive_u64, conflicts_with = "generated")]
+    pub max_length: Option<u64>,
+    /// generate's repetition_penalty (inference): other than 1, its logits processor runs on
+    /// every token's logits [default: none].
+    #[arg(long, value_parser = values::positive_decimal)]
+    pub repetition_penalty: Option<rust_decimal::Decimal>,
     /// LoRA rank (lora) [default: 16].
     #[arg(long, value_parser = values::positive_u64)]
     pub rank: Option<u64>,
@@ -312,6 +320,16 @@ impl BudgetArgs {
                 "--generated",
                 "inference",
             ),
+            (
+                self.max_length.is_some() && trains,
+                "--max-length",
+                "inference",
+            ),
+            (
+                self.repetition_penalty.is_some() && trains,
+                "--repetition-penalty",
+                "inference",
+            ),
             (self.rank.is_some() && !lora, "--rank", "lora"),
             (self.targets.is_some() && !lora, "--targets", "lora"),
             (
@@ -377,7 +395,17 @@ impl BudgetArgs {
         };
         let mode = match mode_arg {
             ModeArg::Inference => Mode::Inference {
-                generated: self.generated.unwrap_or(1),
+                generated: match (self.max_length, self.context) {
+                    (Some(n), Some(c)) if n > c => n - c,
+                    (Some(n), _) => {
+                        return Err(Failure::usage_owned(format!(
+                            "--max-length {n} leaves no token to generate after the {} of \
+                             --context: give more than the context",
+                            self.context.unwrap_or(0)
+                        )))
+                    }
+                    (None, _) => self.generated.unwrap_or(1),
+                },
             },
             ModeArg::Lora | ModeArg::Qlora => {
                 let mut targets: Vec<String> = self
@@ -427,6 +455,7 @@ impl BudgetArgs {
             padded: self.padded,
             lora_dropout: self.lora_dropout,
             sft: self.sft,
+            repetition_penalty: self.repetition_penalty,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

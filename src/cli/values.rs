@@ -80,6 +80,15 @@ pub fn gib(s: &str) -> Result<PlainDecimal, String> {
     })
 }
 
+/// A number above 0 written as a plain decimal (1.2).
+pub fn positive_decimal(s: &str) -> Result<rust_decimal::Decimal, String> {
+    (s.parse::<PlainDecimal>().ok())
+        .filter(|p| !p.is_zero())
+        .and_then(|p| p.to_decimal())
+        .map(|p| p.normalize())
+        .ok_or_else(|| format!("must be a number above 0 such as 1.2; got `{s}`"))
+}
+
 /// A probability from 0 to below 1, written as a plain decimal (0.05).
 pub fn probability(s: &str) -> Result<rust_decimal::Decimal, String> {
     let p = (s.parse::<PlainDecimal>().ok())

@@ -1,7 +1,8 @@
 //! `model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False)` as
 //! transformers 5.17 runs it with its default `DynamicCache`: the positions made from the mask,
 //! the prefill (the last position's logits), then each new token's forward, the float32 copy of
-//! its logits, the greedy choice and the ids, mask and positions grown by one.
+//! its logits (processed by the repetition penalty where one is asked for), the greedy choice
+//! and the ids, mask and positions grown by one.
 
 use super::cache::Cache;
 use super::decoder::{Decoder, Inputs};
@@ -14,15 +15,25 @@ pub trait Stages {
     fn prefill_done(&mut self, decoder: &mut Decoder);
 }
 
-/// Runs `generate` for `new_tokens` tokens after the prompt `ids` (`[b, t]` int64) and its
-/// attention `mask`.
+/// What `generate` is asked for beyond the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// `max_new_tokens` (or `max_length` less the prompt).
+    pub new_tokens: u64,
+    /// `repetition_penalty` other than 1: `RepetitionPenaltyLogitsProcessor` on every token's
+    /// logits.
+    pub repetition_penalty: bool,
+}
+
+/// Runs `generate` after the prompt `ids` (`[b, t]` int64) and its attention `mask`.
 pub fn generate(
     d: &mut Decoder,
     ids: &Tensor,
     mask: &Tensor,
-    new_tokens: u64,
+    options: Options,
     stages: &mut dyn Stages,
 ) {
+    let new_tokens = options.new_tokens;
     let (b, t) = (ids.shape[0], ids.shape[1]);
     let windows: Vec<Option<u64>> = d.model.layers.iter().map(|l| l.window).collect();
     let mut cache = Cache::new(&windows);
@@ -50,6 +61,8 @@ pub fn generate(
     let mut mask = mask.clone();
     let mut next_logits: Option<Tensor> = None;
     let mut next_tokens: Option<Tensor> = None;
+    // The logits processors' output (`next_token_scores`) where one makes a new tensor.
+    let mut scores: Option<Tensor> = None;
     // The last step's inputs (`model_inputs`), held until the next step's are made.
     let mut inputs: Option<(Tensor, Tensor, Tensor)> = None;
     for (step, length) in (0..new_tokens).zip(t..) {
@@ -103,6 +116,21 @@ pub fn generate(
         // next_token_logits = logits[:, -1].to(float32, copy=True)
         let vocab = out.logits.size(-1);
         next_logits = Some(p.empty(&[b, vocab], Dtype::Float32));
+        if options.repetition_penalty {
+            // The logits of the tokens seen so far gathered, penalized (`torch.where(score < 0,
+            // score * penalty, score / penalty)`), scattered into a copy of the logits: the
+            // processed scores, held until the next token's replace them. (The proof script marks
+            // the prefill's end in a processor of its own, which runs after it.)
+            let seen = p.empty(&[b, length], Dtype::Float32);
+            let negative = p.empty(&[b, length], Dtype::Bool);
+            let multiplied = p.empty(&[b, length], Dtype::Float32);
+            let divided = p.empty(&[b, length], Dtype::Float32);
+            let penalized = p.empty(&[b, length], Dtype::Float32);
+            drop((negative, multiplied, divided, seen));
+            let last = scores.replace(p.empty(&[b, vocab], Dtype::Float32));
+            drop(penalized);
+            drop(last);
+        }
         if step == 0 {
             stages.prefill_done(d);
             // `_optimize_model_for_decode`: on a GPU, experts run as batched products.
@@ -134,6 +162,7 @@ pub fn generate(
     drop(next_tokens);
     drop(prompt_positions);
     drop(next_logits);
+    drop(scores);
     drop(positions);
     drop(mask);
     drop(ids);

@@ -24,8 +24,12 @@ use crate::replay::stream::{self, Plan, Replays};
 /// What the run does after loading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
-    /// `generate` of `generated` tokens after a prompt of `context`.
-    Generate { generated: u64 },
+    /// `generate` of `generated` tokens after a prompt of `context`, greedy, with
+    /// `repetition_penalty` (its logits processor) or without.
+    Generate {
+        generated: u64,
+        repetition_penalty: bool,
+    },
     /// `steps` training steps on sequences of `context`.
     Train {
         lora: Option<Lora>,
@@ -208,7 +212,10 @@ fn emulate(
     marks.end(&p);
     let (b, t) = (run.batch, run.context);
     match &run.work {
-        Work::Generate { generated } => {
+        Work::Generate {
+            generated,
+            repetition_penalty,
+        } => {
             p.autograd.enabled = false;
             marks.begin(&p, "inputs", Loaded::Context);
             let (ids, mask) = p.in_role(Role::Inputs, |p| {
@@ -233,7 +240,11 @@ fn emulate(
                     )
                 }),
             };
-            generate::generate(&mut d, &ids, &mask, *generated, &mut marks);
+            let options = generate::Options {
+                new_tokens: *generated,
+                repetition_penalty: *repetition_penalty,
+            };
+            generate::generate(&mut d, &ids, &mask, options, &mut marks);
             marks.end(&p);
             drop(ids);
             drop(mask);

@@ -1,8 +1,9 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
 //! checkpointing, steps, loading, quantization, mask_order, for a Trainer run loop
-//! trainer_args and lengths, for `generate` left_padding and its keyword arguments (greedy
-//! only); the script's other fields are its own), read as a
+//! trainer_args and lengths, for `generate` left_padding and its keyword arguments (greedy,
+//! with max_length, max_new_tokens or repetition_penalty); the script's other fields are its
+//! own), read as a
 //! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
 
 use super::ddp::Ddp;
@@ -284,13 +285,40 @@ impl TryFrom<Spec> for Run {
         if !lengths.is_empty() && trainer.is_none() {
             return Err(field("lengths", "given to the Trainer's collator only"));
         }
-        if let Some(kwargs) = s.generate.as_ref().filter(|k| !k.is_empty()) {
-            let names: Vec<&str> = kwargs.keys().map(String::as_str).collect();
+        // `generate`'s keyword arguments: greedy decoding, its length and a repetition penalty.
+        let kwargs = s.generate.clone().unwrap_or_default();
+        let unknown: Vec<&str> = (kwargs.keys().map(String::as_str))
+            .filter(|k| !matches!(*k, "max_length" | "max_new_tokens" | "repetition_penalty"))
+            .collect();
+        if !unknown.is_empty() {
             return Err(field(
                 "generate",
-                &format!("greedy decoding is emulated, not {}", names.join(", ")),
+                &format!(
+                    "greedy decoding is emulated (with max_length, max_new_tokens or \
+                     repetition_penalty), not {}",
+                    unknown.join(", ")
+                ),
             ));
         }
+        let whole = |key: &str| kwargs.get(key).map(|v| v.as_u64().filter(|&n| n > 0));
+        let generated = match (whole("max_new_tokens"), whole("max_length")) {
+            (Some(Some(n)), None) => Some(n),
+            (None, Some(Some(n))) if n > s.context => Some(n - s.context),
+            (None, None) => s.generated,
+            _ => {
+                return Err(field(
+                    "generate",
+                    "max_new_tokens a whole number above 0, or max_length above the context",
+                ))
+            }
+        };
+        let repetition_penalty = match kwargs.get("repetition_penalty") {
+            None => false,
+            Some(v) => match v.as_f64() {
+                Some(p) if p > 0.0 && p.is_finite() => p != 1.0,
+                _ => return Err(field("generate", "repetition_penalty a number above 0")),
+            },
+        };
         // `hf_loops.py` pads generate's rows by the counts in turn, each at most the context
         // less one.
         let pads = s.left_padding.as_deref().unwrap_or_default();
@@ -334,10 +362,10 @@ impl TryFrom<Spec> for Run {
         };
         let work = match s.mode {
             SpecMode::Inference => Work::Generate {
-                generated: s
-                    .generated
+                generated: generated
                     .filter(|&n| n > 0)
                     .ok_or_else(|| field("generated", "not a whole number above 0"))?,
+                repetition_penalty,
             },
             SpecMode::Full => train(None),
             SpecMode::Lora | SpecMode::Qlora => train(Some(lora()?)),

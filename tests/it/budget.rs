@@ -607,6 +607,81 @@ fn a_padded_batch_adds_its_attention_mask_and_says_so() {
     }
 }
 
+/// `--max-length` stands for `--generated` (the prompt and the new tokens together), and
+/// `--repetition-penalty` adds its processor's float32 copy of the logits, said in the title and
+/// a note; refused outside serving or where nothing would be generated.
+#[test]
+fn generate_takes_max_length_and_a_repetition_penalty() {
+    // A short prompt and a long generation for many rows: the run is fullest in a decode step.
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--model", "llama-3.2-1b", "--mode", "inference"])
+            .args(["--context", "16", "--batch", "64"])
+            .args(more);
+        cmd
+    };
+    let figures = |more: &[&str]| {
+        let b = &json_of(budget(more).arg("--json"))["budget"];
+        (bytes(&b["peak_allocated"]), bytes(&b["peak_reserved"]))
+    };
+    assert_eq!(
+        figures(&["--max-length", "272"]),
+        figures(&["--generated", "256"])
+    );
+    let (plain, penalized) = (
+        figures(&["--generated", "256"]).0,
+        figures(&["--generated", "256", "--repetition-penalty", "1.1"]).0,
+    );
+    // At least the processed scores, held from token to token: 64 × 128 256 float32.
+    assert!(
+        penalized >= plain + 64 * 128_256 * 4,
+        "{plain} then {penalized}"
+    );
+    assert_eq!(
+        figures(&["--generated", "256", "--repetition-penalty", "1"]).0,
+        plain,
+        "a penalty of 1 is no processor"
+    );
+    let out = budget(&["--generated", "256", "--repetition-penalty", "1.10"])
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(
+        text.contains("256 new tokens, repetition penalty 1.1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("A repetition penalty (--repetition-penalty)"),
+        "{text}"
+    );
+    let mut full = mm();
+    full.args([
+        "budget",
+        "--model",
+        "llama-3.2-1b",
+        "--mode",
+        "full",
+        "--context",
+        "1024",
+    ])
+    .args(["--repetition-penalty", "1.1"]);
+    for (mut cmd, says) in [
+        (
+            budget(&["--max-length", "16"]),
+            "--max-length 16 leaves no token",
+        ),
+        (
+            budget(&["--repetition-penalty", "0"]),
+            "--repetition-penalty",
+        ),
+        (full, "--repetition-penalty applies to --mode inference"),
+    ] {
+        let out = cmd.assert().code(64);
+        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+        assert!(err.contains(says), "{err}");
+    }
+}
+
 /// `--sft`: TRL's fused head never makes the `[batch, sequence, vocabulary]` logits the Trainer's
 /// loss makes (and converts to float32), said in the title and a note; refused where it is not
 /// replayed, naming the flag.

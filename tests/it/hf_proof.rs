@@ -743,6 +743,20 @@ fn replays_within(name: &str, raw: &serde_json::Value, allocated_slack: u64, res
     }
 }
 
+/// `generate` with `repetition_penalty` (its logits processor on every token's logits) and with
+/// `max_length` for `max_new_tokens`.
+#[test]
+fn generate_with_a_repetition_penalty_or_a_max_length_replays_the_runs_it_was_derived_from() {
+    for (name, kwarg) in [
+        ("generate-small-llama-repetition", "repetition_penalty"),
+        ("generate-small-llama-max-length", "max_length"),
+    ] {
+        let raw = recorded(name, false);
+        assert!(raw["spec"]["generate"][kwarg].is_number(), "{name}");
+        replays_to_the_byte(name, &raw, 0);
+    }
+}
+
 /// TRL's SFTTrainer with its defaults (full training and LoRA of a small Llama, LoRA at Llama 3.1
 /// 8B's widths): its fused LM head and logged metrics, each batch's labelled positions (which
 /// the Trainer's sampler chose) read from the trace.

@@ -642,18 +642,11 @@ fn generate_takes_max_length_and_a_repetition_penalty() {
         plain,
         "a penalty of 1 is no processor"
     );
-    let out = budget(&["--generated", "256", "--repetition-penalty", "1.10"])
+    budget(&["--generated", "256", "--repetition-penalty", "1.10"])
         .assert()
-        .success();
-    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    assert!(
-        text.contains("256 new tokens, repetition penalty 1.1"),
-        "{text}"
-    );
-    assert!(
-        text.contains("A repetition penalty (--repetition-penalty)"),
-        "{text}"
-    );
+        .success()
+        .stdout(contains("256 new tokens, repetition penalty 1.1"))
+        .stdout(contains("A repetition penalty (--repetition-penalty)"));
     let mut full = mm();
     full.args([
         "budget",
@@ -663,8 +656,8 @@ fn generate_takes_max_length_and_a_repetition_penalty() {
         "full",
         "--context",
         "1024",
-    ])
-    .args(["--repetition-penalty", "1.1"]);
+    ]);
+    full.args(["--repetition-penalty", "1.1"]);
     for (mut cmd, says) in [
         (
             budget(&["--max-length", "16"]),
@@ -676,9 +669,7 @@ fn generate_takes_max_length_and_a_repetition_penalty() {
         ),
         (full, "--repetition-penalty applies to --mode inference"),
     ] {
-        let out = cmd.assert().code(64);
-        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
-        assert!(err.contains(says), "{err}");
+        cmd.assert().code(USAGE).stderr(contains(says));
     }
 }
 
@@ -732,9 +723,7 @@ fn the_sft_trainer_makes_no_logits_and_says_so() {
             "--sft over float32",
         ),
     ] {
-        let out = budget(more).assert().code(64);
-        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
-        assert!(err.contains(says), "{more:?}: {err}");
+        budget(more).assert().code(USAGE).stderr(contains(says));
     }
 }
 
@@ -760,10 +749,11 @@ fn lora_dropout_keeps_its_masks_and_says_so() {
         plain,
         "a dropout of 0 is PEFT's nn.Identity"
     );
-    let out = budget(&["--lora-dropout", "0.050"]).assert().success();
-    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    assert!(text.contains("LoRA rank 16 with dropout 0.05,"), "{text}");
-    assert!(text.contains("LoRA dropout (--lora-dropout)"), "{text}");
+    budget(&["--lora-dropout", "0.050"])
+        .assert()
+        .success()
+        .stdout(contains("LoRA rank 16 with dropout 0.05,"))
+        .stdout(contains("LoRA dropout (--lora-dropout)"));
     let mut full = mm();
     full.args([
         "budget",
@@ -773,16 +763,14 @@ fn lora_dropout_keeps_its_masks_and_says_so() {
         "full",
         "--context",
         "2048",
-    ])
-    .args(["--lora-dropout", "0.1"]);
+    ]);
+    full.args(["--lora-dropout", "0.1"]);
     for (mut cmd, says) in [
         (budget(&["--lora-dropout", "1"]), "--lora-dropout"),
         (budget(&["--lora-dropout", "-0.1"]), "--lora-dropout"),
         (full, "--lora-dropout applies to --mode lora"),
     ] {
-        let out = cmd.assert().code(64);
-        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
-        assert!(err.contains(says), "{err}");
+        cmd.assert().code(USAGE).stderr(contains(says));
     }
 }
 

@@ -48,16 +48,14 @@ impl Budget {
                 "generate, batch {}, {} prompt + {generated} new tokens{}",
                 w.batch,
                 grouped(w.context),
-                match w.repetition_penalty {
-                    Some(p) if p != rust_decimal::Decimal::ONE => {
-                        format!(", repetition penalty {p}")
-                    }
-                    _ => String::new(),
+                match w.applied_repetition_penalty() {
+                    Some(p) => format!(", repetition penalty {p}"),
+                    None => String::new(),
                 }
             ),
             Mode::Lora { rank, .. } => format!(
                 "LoRA rank {rank}{}, batch {}, sequence {}",
-                match w.lora_dropout.filter(|p| !p.is_zero()) {
+                match w.applied_lora_dropout() {
                     Some(p) => format!(" with dropout {p}"),
                     None => String::new(),
                 },
@@ -199,7 +197,7 @@ impl Budget {
                 );
             }
         }
-        if (self.workload.repetition_penalty).is_some_and(|p| p != rust_decimal::Decimal::ONE) {
+        if self.workload.applied_repetition_penalty().is_some() {
             notes.push(
                 "A repetition penalty (--repetition-penalty): for every token, the logits of the \
                  tokens seen so far gathered, penalized and scattered into a float32 copy of the \
@@ -209,7 +207,7 @@ impl Budget {
                     .into(),
             );
         }
-        if self.workload.lora_dropout.is_some_and(|p| !p.is_zero()) {
+        if self.workload.applied_lora_dropout().is_some() {
             notes.push(
                 "LoRA dropout (--lora-dropout): each adapter's input, cast to float32, goes \
                  through dropout, whose boolean mask is kept for the backward where the input \

@@ -225,6 +225,17 @@ impl Workload {
         })
     }
 
+    /// The repetition penalty `generate` applies: one other than 1 (at 1 it runs no processor).
+    pub fn applied_repetition_penalty(&self) -> Option<rust_decimal::Decimal> {
+        self.repetition_penalty
+            .filter(|p| *p != rust_decimal::Decimal::ONE)
+    }
+
+    /// PEFT's dropout probability where it runs a dropout (above 0; at 0 an `nn.Identity`).
+    pub fn applied_lora_dropout(&self) -> Option<rust_decimal::Decimal> {
+        self.lora_dropout.filter(|p| !p.is_zero())
+    }
+
     /// The tokens `generate` makes after the prompt (none in training).
     pub fn generated(&self) -> u64 {
         match self.mode {
@@ -570,14 +581,13 @@ impl Workload {
         let work = match &self.mode {
             Mode::Inference { generated } => Work::Generate {
                 generated: (*generated).max(1),
-                repetition_penalty: (self.repetition_penalty)
-                    .is_some_and(|p| p != rust_decimal::Decimal::ONE),
+                repetition_penalty: self.applied_repetition_penalty().is_some(),
             },
             Mode::Lora { rank, targets } => Work::Train {
                 lora: Some(Lora {
                     rank: *rank,
                     targets: targets.clone(),
-                    dropout: self.lora_dropout.is_some_and(|p| !p.is_zero()),
+                    dropout: self.applied_lora_dropout().is_some(),
                 }),
                 optimizer: crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl),
                 checkpointing: self.checkpointing,

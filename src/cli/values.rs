@@ -82,22 +82,22 @@ pub fn gib(s: &str) -> Result<PlainDecimal, String> {
 
 /// A number above 0 written as a plain decimal (1.2).
 pub fn positive_decimal(s: &str) -> Result<rust_decimal::Decimal, String> {
-    (s.parse::<PlainDecimal>().ok())
+    plain_decimal(s)
         .filter(|p| !p.is_zero())
-        .and_then(|p| p.to_decimal())
-        .map(|p| p.normalize())
         .ok_or_else(|| format!("must be a number above 0 such as 1.2; got `{s}`"))
 }
 
 /// A probability from 0 to below 1, written as a plain decimal (0.05).
 pub fn probability(s: &str) -> Result<rust_decimal::Decimal, String> {
-    let p = (s.parse::<PlainDecimal>().ok())
-        .and_then(|p| p.to_decimal())
+    plain_decimal(s)
         .filter(|p| *p < rust_decimal::Decimal::ONE)
-        .ok_or_else(|| {
-            format!("must be a probability from 0 to below 1 such as 0.05; got `{s}`")
-        })?;
-    Ok(p.normalize())
+        .ok_or_else(|| format!("must be a probability from 0 to below 1 such as 0.05; got `{s}`"))
+}
+
+/// A plain decimal (no sign or exponent) as a `Decimal`, its trailing zeros dropped.
+fn plain_decimal(s: &str) -> Option<rust_decimal::Decimal> {
+    let p = s.parse::<PlainDecimal>().ok()?.to_decimal()?;
+    Some(p.normalize())
 }
 
 /// An element type: float32, float16 or bfloat16.

@@ -48,7 +48,11 @@ impl BudgetFile {
         }
         let cc = crate::allocator::workspace::KNOWN_ARCHITECTURES
             .into_iter()
-            .find(|&cc| Kernels::for_gpu(cc) == b.kernels)
+            .find(|&cc| {
+                let multiprocessors = b.kernels.reduction_grid.multiprocessors;
+                multiprocessors > 0
+                    && Kernels::for_gpu(cc).with_multiprocessors(multiprocessors) == b.kernels
+            })
             .ok_or_else(|| {
                 invalid(
                     "kernels: not the workspaces of an architecture PyTorch 2.11 runs on".into(),
@@ -64,7 +68,10 @@ impl BudgetFile {
                 "terms: a reserve of {reserve} B, above 2^50 B (1 PiB)"
             )));
         }
-        let settings = BudgetSettings::for_gpu(cc, reserve);
+        let settings = BudgetSettings {
+            kernels: b.kernels,
+            ..BudgetSettings::for_gpu(cc, reserve)
+        };
         if b.outside != settings.outside {
             return Err(invalid(
                 "outside: not the measurement of what lives outside the allocator that this \

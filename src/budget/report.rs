@@ -166,6 +166,36 @@ impl Budget {
         )
     }
 
+    /// How bitsandbytes multiplies by the 4-bit weights on the GPU the budget assumes, and what
+    /// of it is proven.
+    fn nf4_products(&self) -> String {
+        let w = &self.workload;
+        let k = self.kernels;
+        let derived = match w.mode {
+            Mode::Inference { .. } => Some(
+                "Serving a checkpoint saved in NF4: derived from 2 traces recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to the \
+                 byte; not yet proven on runs held out.",
+            ),
+            _ if w.batch * w.context <= crate::stack::bitsandbytes::DEQUANTIZING_ROWS => Some(
+                "QLoRA of 1 536 tokens a step or fewer (the choice made in each forward): derived \
+                 from bitsandbytes' dispatch, not yet proven on runs held out.",
+            ),
+            _ => None,
+        };
+        format!(
+            "bitsandbytes' 4-bit products (bitsandbytes 0.50): each layer's kernel chosen as \
+             `gemm_4bit` chooses it on a GPU of compute capability {} with {} multiprocessors \
+             (--compute-capability, --multiprocessors): its own kernel at few rows for the \
+             layer's shape (its output the only allocation), else the weight dequantized to {} \
+             for the product and freed after it; above 1 536 rows, always dequantized.{}",
+            k.compute_capability,
+            k.reduction_grid.multiprocessors,
+            w.dtype,
+            derived.map(|d| format!(" {d}")).unwrap_or_default()
+        )
+    }
+
     fn notes(&self) -> Vec<String> {
         let mut notes = vec![format!(
             "The run replayed through the allocator model, every allocation and free of the \
@@ -196,6 +226,9 @@ impl Budget {
                         .into(),
                 );
             }
+        }
+        if self.workload.weights == WeightFormat::Nf4 {
+            notes.push(self.nf4_products());
         }
         if self.workload.applied_repetition_penalty().is_some() {
             notes.push(

@@ -403,20 +403,25 @@ impl Workload {
                  would be wrong; remove quantization_config to budget the model unquantized",
                 match q {
                     crate::model::Quantization::Bnb4 { double_quant: true } => {
-                        "replayed only for QLoRA (--mode qlora): serving it runs bitsandbytes' \
-                         own kernels"
+                        "replayed for serving (--mode inference) and QLoRA (--mode qlora)"
                     }
                     _ => "not replayed yet",
                 }
             )));
         }
-        if self.weights == WeightFormat::Nf4 && !matches!(self.mode, Mode::Lora { .. }) {
+        let serves_nf4 = matches!(self.mode, Mode::Inference { .. }) && self.loads_saved_nf4();
+        if self.weights == WeightFormat::Nf4
+            && !matches!(self.mode, Mode::Lora { .. })
+            && !serves_nf4
+        {
             return Err(WorkloadError::Unsupported(
-                "NF4 weights are QLoRA's: --mode qlora".into(),
+                "NF4 weights quantized as they load are QLoRA's (--mode qlora); a checkpoint \
+                 saved in NF4 is also served (--mode inference)"
+                    .into(),
             ));
         }
         if self.weights == WeightFormat::Nf4 {
-            self.check_qlora()?;
+            self.check_nf4()?;
         }
         if self.dtype == Dtype::Float32 && self.autocast.is_none() {
             // SDPA in float32 runs the memory-efficient kernel, whose buffers are not emulated.
@@ -494,11 +499,10 @@ impl Workload {
         })
     }
 
-    /// What QLoRA's replay covers: dense layers (experts' weights and latent attention are not
-    /// proven), no autocast, and products that bitsandbytes dequantizes on every GPU (more than
-    /// 1 536 tokens a step, or layers whose input width is not a multiple of 64).
-    fn check_qlora(&self) -> Result<(), WorkloadError> {
-        let unsupported = |m: String| Err(WorkloadError::Unsupported(m));
+    /// What the replay of bitsandbytes' 4-bit weights covers: dense layers (experts' weights and
+    /// latent attention are not proven), no autocast, no vision tower.
+    fn check_nf4(&self) -> Result<(), WorkloadError> {
+        let unsupported = |m: &str| Err(WorkloadError::Unsupported(m.into()));
         if self
             .model
             .layers
@@ -506,38 +510,21 @@ impl Workload {
             .any(|l| matches!(l.mlp, crate::model::Mlp::Experts))
         {
             return unsupported(
-                "QLoRA of a mixture of experts is not replayed: transformers' bitsandbytes \
-                 loading of expert weights is not proven"
-                    .into(),
+                "NF4 weights of a mixture of experts are not replayed: transformers' bitsandbytes \
+                 loading of expert weights is not proven",
             );
         }
         if !matches!(self.model.attention, Attention::Standard { .. }) {
-            return unsupported("QLoRA with latent attention is not replayed: not proven".into());
+            return unsupported("NF4 weights with latent attention are not replayed: not proven");
         }
         if self.model.vision.is_some() {
             return unsupported(
-                "QLoRA of a model with a vision tower (Gemma 3) is not replayed: which of its \
-                 layers bitsandbytes quantizes is not proven"
-                    .into(),
+                "NF4 weights of a model with a vision tower (Gemma 3) are not replayed: which of \
+                 its layers bitsandbytes quantizes is not proven",
             );
         }
         if self.autocast.is_some() {
-            return unsupported("--autocast with --mode qlora is not replayed".into());
-        }
-        let rows = self.batch * self.context;
-        let kernel_chosen = self.model.parameters().into_iter().find(|t| {
-            crate::stack::bitsandbytes::quantizes(t)
-                && !crate::stack::bitsandbytes::dequantizes(rows, t.shape[1])
-        });
-        if let Some(t) = kernel_chosen {
-            return unsupported(format!(
-                "QLoRA with {} tokens a step (batch × sequence): for `{}` bitsandbytes then \
-                 picks its own 4-bit kernel or dequantizes by a heuristic of the GPU's SMs, \
-                 which is not emulated; the replay covers more than {} tokens a step",
-                crate::units::grouped(rows),
-                t.name,
-                crate::units::grouped(crate::stack::bitsandbytes::DEQUANTIZING_ROWS),
-            ));
+            return unsupported("--autocast with NF4 weights is not replayed");
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::budget::{
 use crate::catalog::Catalog;
 use crate::measure::Dtype;
 use crate::model::folder::Checkpoint;
-use crate::model::Model;
+use crate::model::{Model, Quantization};
 use crate::stack::optimizer::OptimizerImpl;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -179,9 +179,14 @@ pub struct BudgetArgs {
     /// A reserve in GiB (a hypothesis, not a measurement).
     #[arg(long, value_parser = values::gib, default_value = "0")]
     pub reserve_gib: crate::decimal::PlainDecimal,
-    /// The GPU architecture, for the cuBLAS workspaces (9.0: H100, H200).
+    /// The GPU architecture, for the cuBLAS workspaces and bitsandbytes' choice of 4-bit kernel
+    /// (9.0: H100, H200).
     #[arg(long, default_value = "9.0", value_parser = values::compute_capability)]
     pub compute_capability: ComputeCapability,
+    /// The GPU's streaming multiprocessors, for bitsandbytes' choice of 4-bit kernel and what a
+    /// long reduction stages (132: H100 SXM, H200).
+    #[arg(long, default_value = "132", value_parser = values::positive_u64)]
+    pub multiprocessors: u64,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -426,16 +431,21 @@ impl BudgetArgs {
                 optimizer: self.optimizer.unwrap_or(Optimizer::Adamw),
             },
         };
+        // QLoRA quantizes as it loads (or loads a checkpoint saved in NF4); a checkpoint saved in
+        // NF4 is served as saved.
+        let weights = match (mode_arg, model.quantization) {
+            (ModeArg::Qlora, _) => WeightFormat::Nf4,
+            (ModeArg::Inference, Some(Quantization::Bnb4 { double_quant: true })) => {
+                WeightFormat::Nf4
+            }
+            _ => WeightFormat::Dense,
+        };
         let workload = Workload {
             source,
             model,
             mode,
             dtype,
-            weights: if mode_arg == ModeArg::Qlora {
-                WeightFormat::Nf4
-            } else {
-                WeightFormat::Dense
-            },
+            weights,
             batch: self.batch,
             context: self.context.expect("clap requires --context"),
             checkpointing: self.checkpointing,
@@ -492,7 +502,11 @@ impl BudgetArgs {
                     self.reserve_gib
                 ))
             })?;
-        Ok(BudgetSettings::for_gpu(self.compute_capability, reserve))
+        let settings = BudgetSettings::for_gpu(self.compute_capability, reserve);
+        Ok(BudgetSettings {
+            kernels: settings.kernels.with_multiprocessors(self.multiprocessors),
+            ..settings
+        })
     }
 }
 

@@ -22,16 +22,23 @@ pub struct Kernels {
     /// The resident threads that size a long reduction's grid (and so what it stages).
     #[serde(default = "h200_grid")]
     pub reduction_grid: super::reduce::ReductionGrid,
+    /// The GPU's architecture, which bitsandbytes' choice of 4-bit kernel reads.
+    #[serde(default = "h200_architecture")]
+    pub compute_capability: crate::allocator::ComputeCapability,
 }
 
 fn h200_grid() -> super::reduce::ReductionGrid {
     super::reduce::ReductionGrid::H200
 }
 
+fn h200_architecture() -> crate::allocator::ComputeCapability {
+    crate::allocator::ComputeCapability::new(9, 0)
+}
+
 impl Kernels {
-    /// PyTorch 2.11's defaults on a GPU of compute capability `cc`, reductions on the H200's grid
-    /// (the GPU the proofs ran on; a card's own count of multiprocessors changes only what a
-    /// long reduction stages for an instant).
+    /// PyTorch 2.11's defaults on a GPU of compute capability `cc` with the H200's 132
+    /// multiprocessors (the GPU the proofs ran on; [`Kernels::with_multiprocessors`] names
+    /// another count).
     pub fn for_gpu(cc: crate::allocator::ComputeCapability) -> Kernels {
         let w = crate::allocator::Workspaces::for_gpu(cc, &Default::default())
             .expect("the default settings are valid");
@@ -39,6 +46,19 @@ impl Kernels {
             cublas_workspace: w.cublas_bytes,
             cublaslt_workspace: w.cublaslt_bytes.unwrap_or(0),
             reduction_grid: super::reduce::ReductionGrid::H200,
+            compute_capability: cc,
+        }
+    }
+
+    /// The same GPU with `multiprocessors` streaming multiprocessors (as many resident threads
+    /// each as the H200's), which size long reductions' grids and bitsandbytes' choice of kernel.
+    pub fn with_multiprocessors(self, multiprocessors: u64) -> Kernels {
+        Kernels {
+            reduction_grid: super::reduce::ReductionGrid {
+                multiprocessors,
+                ..self.reduction_grid
+            },
+            ..self
         }
     }
 }

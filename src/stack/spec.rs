@@ -373,13 +373,14 @@ impl TryFrom<Spec> for Run {
         // QLoRA's script saves a checkpoint and loads it quantized.
         let saved_nf4 = s.quantization.as_ref().is_some_and(|q| q.method == "bnb4");
         let loading = match (s.mode, s.loading) {
-            (SpecMode::Qlora, SpecLoading::Prequantized) if saved_nf4 => Loading::PrequantizedNf4,
-            (_, SpecLoading::Prequantized) => {
-                return Err(field(
-                    "loading",
-                    "`prequantized` is emulated for QLoRA of a checkpoint saved in NF4 (bnb4)",
-                ))
+            (SpecMode::Qlora | SpecMode::Inference, SpecLoading::Prequantized) if saved_nf4 => {
+                Loading::PrequantizedNf4
             }
+            (_, SpecLoading::Prequantized) => return Err(field(
+                "loading",
+                "`prequantized` is emulated for QLoRA and serving of a checkpoint saved in NF4 \
+                     (bnb4)",
+            )),
             (SpecMode::Qlora, _) => Loading::PretrainedNf4,
             (_, SpecLoading::FromConfig) => Loading::FromConfig,
             (_, SpecLoading::Pretrained) => Loading::Pretrained,

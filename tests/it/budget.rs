@@ -116,7 +116,7 @@ fn preset_config(name: &str) -> serde_json::Value {
 }
 
 /// A checkpoint saved in NF4 with double quantization: QLoRA of it is replayed loading the
-/// saved tensors (its weights stage never holds a 16-bit copy); serving it is refused (below).
+/// saved tensors (its weights stage never holds a 16-bit copy).
 #[test]
 fn a_checkpoint_saved_in_nf4_is_loaded_as_saved_for_qlora() {
     let dir = tempfile::tempdir().unwrap();
@@ -172,16 +172,82 @@ fn a_checkpoint_saved_in_nf4_is_loaded_as_saved_for_qlora() {
     assert!(staged["peak_allocated"]["bytes"].as_u64() > held(&quantizing));
 }
 
+/// Serving a checkpoint saved in NF4: its weights as saved, each product by the kernel
+/// bitsandbytes picks on the GPU the flags name.
+#[test]
+fn a_checkpoint_saved_in_nf4_is_served_as_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = preset_config("llama-3.1-8b");
+    let dense_config = config.to_string();
+    config["quantization_config"] = serde_json::json!({
+        "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": true, "bnb_4bit_compute_dtype": "bfloat16"
+    });
+    let serve = |config: &str, gpu: &[&str]| -> serde_json::Value {
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let out = mm()
+            .args(["budget", "--config"])
+            .arg(dir.path())
+            .args(["--mode", "inference", "--batch", "8", "--context", "2048"])
+            .args(["--generated", "16", "--json"])
+            .args(gpu)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let peak = |b: &serde_json::Value, stage: &str| {
+        (b["budget"]["stages"].as_array().unwrap().iter())
+            .find(|s| s["stage"] == stage)
+            .unwrap()["peak_allocated"]["bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let h200 = serve(&config.to_string(), &[]);
+    let dense = serve(&dense_config, &[]);
+    // The weights in 4 bits and their scales against 16 bits, the head and embeddings as they are.
+    assert!(peak(&h200, "weights") < peak(&dense, "weights") / 2);
+    // Decoding 8 rows, the H200 dequantizes the attention's and down_proj's weights; an L4
+    // (8.9, 58 SMs) runs bitsandbytes' kernel on every layer, which makes only its output.
+    let l4 = serve(
+        &config.to_string(),
+        &["--compute-capability", "8.9", "--multiprocessors", "58"],
+    );
+    assert!(peak(&l4, "decode") < peak(&h200, "decode"));
+    assert_eq!(
+        l4["budget"]["kernels"]["reduction_grid"]["multiprocessors"],
+        58
+    );
+    // The text names the weights as saved and the GPU the kernels were chosen for.
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args([
+            "--mode",
+            "inference",
+            "--context",
+            "2048",
+            "--multiprocessors",
+            "58",
+        ])
+        .assert()
+        .success()
+        .stdout(contains(
+            "NF4 weights as the checkpoint saved them, bfloat16 compute",
+        ))
+        .stdout(contains("compute capability 9.0 with 58 multiprocessors"))
+        .stdout(contains("not yet proven on runs held out"));
+}
+
 #[test]
 fn a_quantized_config_is_refused_not_budgeted_dense() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = preset_config("llama-2-13b");
     for (q, refusal) in [
-        // Saved in NF4: its QLoRA is replayed, serving it is not.
+        // Saved in 4 bits without double quantization.
         (
-            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true,
-                               "bnb_4bit_use_double_quant": true}),
-            "(bitsandbytes 4-bit) is replayed only for QLoRA (--mode qlora)",
+            serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true}),
+            "(bitsandbytes 4-bit) is not replayed yet",
         ),
         (
             serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
@@ -285,11 +351,7 @@ fn a_model_folder_is_read_with_its_checkpoint_headers() {
 fn refusals_name_what_is_wrong() {
     let cases: &[(&str, &str)] = &[
         ("--model llama-9 --mode inference", "unknown model preset \"llama-9\"; known: llama-2-7b"),
-        (
-            "--model llama-2-7b --mode qlora",
-            "QLoRA with 8 tokens a step (batch × sequence): for `model.layers.0.self_attn.q_proj.weight` bitsandbytes then picks its own 4-bit kernel",
-        ),
-        ("--model mixtral-8x7b --mode qlora --batch 2 --context 1024", "QLoRA of a mixture of experts is not replayed"),
+        ("--model mixtral-8x7b --mode qlora --batch 2 --context 1024", "NF4 weights of a mixture of experts are not replayed"),
         (
             "--layers 2 --hidden 64 --heads 6 --kv-heads 4 --intermediate 128 --vocab 10 --mode full",
             "invalid shape flags: `hidden_size` (64) must be a multiple of `num_attention_heads` (6)",

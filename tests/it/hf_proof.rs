@@ -820,3 +820,22 @@ fn lora_dropout_replays_the_run_it_was_derived_from_to_the_byte() {
     assert_eq!(raw["spec"]["lora"]["dropout"], 0.1, "{name}");
     replays_to_the_byte(name, &raw, 0);
 }
+
+/// Serving a checkpoint saved in NF4 (bitsandbytes 4-bit with double quantization, loaded by
+/// `from_pretrained`), greedy `generate`: a 2-layer Llama of 320 wide whose prefill (120 rows)
+/// dequantizes every weight and whose decode (3 rows) runs bitsandbytes' own kernel, and two
+/// layers at Llama 3.1 8B's widths (2 048 rows dequantized, then 2 by the kernel): every stage's
+/// peaks to the byte. (In the 8B's decode, cuDNN's attention over 1 025 keys with no mask takes a
+/// workspace for an instant, 266 368 B, that the replay does not make; it is not at a peak.)
+#[test]
+fn serving_a_checkpoint_saved_in_nf4_replays_the_runs_it_was_derived_from() {
+    for name in [
+        "prequantized-small-llama-bnb4-inference",
+        "prequantized-medium-llama-3.1-8b-bnb4-inference",
+    ] {
+        let raw = recorded(name, false);
+        assert_eq!(raw["spec"]["loading"], "prequantized", "{name}");
+        assert_eq!(raw["spec"]["mode"], "inference", "{name}");
+        replays_to_the_byte(name, &raw, 0);
+    }
+}

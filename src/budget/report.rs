@@ -45,11 +45,15 @@ impl Budget {
         };
         let mode = match &w.mode {
             Mode::Inference { generated } => format!(
-                "generate, batch {}, {} prompt + {generated} new tokens{}",
+                "generate, batch {}, {} prompt + {generated} new tokens{}{}",
                 w.batch,
                 grouped(w.context),
                 match w.applied_repetition_penalty() {
                     Some(p) => format!(", repetition penalty {p}"),
+                    None => String::new(),
+                },
+                match &w.sample {
+                    Some(s) => format!(", sampling ({})", s.warper_values()),
                     None => String::new(),
                 }
             ),
@@ -239,6 +243,21 @@ impl Budget {
                  proven on runs held out."
                     .into(),
             );
+        }
+        if let Some(s) = &self.workload.sample {
+            notes.push(format!(
+                "Sampling (--sample: {}): at every token the warpers' outputs (float32 copies of \
+                 the scores), top-k's selection, top-p's sort of the whole vocabulary and its \
+                 cumulative softmax, then the probabilities and multinomial's draw; the sort's \
+                 and top-k's temporaries as PyTorch 2.11 and cub take them (their tiles cub's on \
+                 sm90, the reductions' grids {} multiprocessors' (--multiprocessors)). Derived \
+                 from 4 traces recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), \
+                 every stage's peaks replayed to the byte: 3 and 4 rows; one row and 128 rows or \
+                 more take other paths, derived from PyTorch's source; not yet proven on runs \
+                 held out.",
+                s.warper_values(),
+                self.kernels.reduction_grid.multiprocessors
+            ));
         }
         if self.workload.applied_lora_dropout().is_some() {
             notes.push(

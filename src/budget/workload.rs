@@ -144,6 +144,51 @@ pub struct Workload {
     /// every token's logits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repetition_penalty: Option<rust_decimal::Decimal>,
+    /// `generate(do_sample=True, ...)` (inference): the softmax's draw after the warpers the
+    /// values given turn on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<SampleArgs>,
+}
+
+/// The sampling values given to `generate`; one not given is transformers' default
+/// (`temperature` 1, `top_k` 50, `top_p` 1).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<rust_decimal::Decimal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<rust_decimal::Decimal>,
+}
+
+impl SampleArgs {
+    /// `temperature 0.7, top_k 50, top_p 0.9`: the values the warpers run with (`no warper`).
+    pub fn warper_values(&self) -> String {
+        let w = self.warpers();
+        let parts = [
+            w.temperature
+                .then(|| format!("temperature {}", self.temperature.unwrap_or_default())),
+            (w.top_k > 0).then(|| format!("top_k {}", w.top_k)),
+            w.top_p
+                .then(|| format!("top_p {}", self.top_p.unwrap_or_default())),
+        ];
+        let given: Vec<String> = parts.into_iter().flatten().collect();
+        match given.is_empty() {
+            true => "no warper".into(),
+            false => given.join(", "),
+        }
+    }
+
+    /// The warpers these values turn on, as `_get_logits_processor` picks them.
+    pub fn warpers(&self) -> crate::stack::sampling::Sampling {
+        use rust_decimal::Decimal;
+        crate::stack::sampling::Sampling {
+            temperature: self.temperature.is_some_and(|t| t != Decimal::ONE),
+            top_k: self.top_k.unwrap_or(50),
+            top_p: self.top_p.is_some_and(|p| p < Decimal::ONE),
+        }
+    }
 }
 
 fn one() -> u64 {
@@ -222,6 +267,7 @@ impl Workload {
             lora_dropout: None,
             sft: false,
             repetition_penalty: None,
+            sample: None,
         })
     }
 
@@ -376,6 +422,29 @@ impl Workload {
                 )))
             }
             _ => {}
+        }
+        if let Some(s) = &self.sample {
+            use rust_decimal::Decimal;
+            let refuse = |m: String| Err(WorkloadError::Unsupported(m));
+            if !matches!(self.mode, Mode::Inference { .. }) {
+                return refuse("--sample applies to --mode inference only".into());
+            }
+            match (s.temperature, s.top_k, s.top_p) {
+                (Some(t), _, _) if t <= Decimal::ZERO => {
+                    return refuse(format!("--temperature is a number above 0, not {t}"))
+                }
+                (_, Some(k), _) if k > crate::stack::sampling::MAX_TOP_K => {
+                    return refuse(format!(
+                        "--top-k {k}: up to {} is emulated (PyTorch sorts more with a full sort \
+                         and a gather)",
+                        crate::stack::sampling::MAX_TOP_K
+                    ))
+                }
+                (_, _, Some(p)) if p <= Decimal::ZERO || p > Decimal::ONE => {
+                    return refuse(format!("--top-p is a number above 0, up to 1, not {p}"))
+                }
+                _ => {}
+            }
         }
         if let Some(p) = self.lora_dropout {
             if !matches!(self.mode, Mode::Lora { .. }) {
@@ -569,6 +638,7 @@ impl Workload {
             Mode::Inference { generated } => Work::Generate {
                 generated: (*generated).max(1),
                 repetition_penalty: self.applied_repetition_penalty().is_some(),
+                sampling: self.sample.as_ref().map(SampleArgs::warpers),
             },
             Mode::Lora { rank, targets } => Work::Train {
                 lora: Some(Lora {

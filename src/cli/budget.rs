@@ -129,6 +129,21 @@ pub struct BudgetArgs {
     /// every token's logits [default: none].
     #[arg(long, value_parser = values::positive_decimal)]
     pub repetition_penalty: Option<rust_decimal::Decimal>,
+    /// generate's do_sample=True (inference): the token drawn from the softmax after the
+    /// warpers --temperature, --top-k and --top-p turn on (transformers' defaults otherwise:
+    /// temperature 1, top_k 50, top_p 1) rather than chosen greedily.
+    #[arg(long)]
+    pub sample: bool,
+    /// Sampling's temperature (with --sample): other than 1, the scores divided [default: 1].
+    #[arg(long, requires = "sample", value_parser = values::positive_decimal)]
+    pub temperature: Option<rust_decimal::Decimal>,
+    /// Sampling's top_k (with --sample): the k best tokens kept, 0 for none [default: 50].
+    #[arg(long, requires = "sample", value_parser = values::count_u64)]
+    pub top_k: Option<u64>,
+    /// Sampling's top_p (with --sample): below 1, the scores sorted and the smallest set holding
+    /// that share of the probability kept [default: 1].
+    #[arg(long, requires = "sample", value_parser = values::top_p)]
+    pub top_p: Option<rust_decimal::Decimal>,
     /// LoRA rank (lora) [default: 16].
     #[arg(long, value_parser = values::positive_u64)]
     pub rank: Option<u64>,
@@ -335,6 +350,7 @@ impl BudgetArgs {
                 "--repetition-penalty",
                 "inference",
             ),
+            (self.sample && trains, "--sample", "inference"),
             (self.rank.is_some() && !lora, "--rank", "lora"),
             (self.targets.is_some() && !lora, "--targets", "lora"),
             (
@@ -466,6 +482,11 @@ impl BudgetArgs {
             lora_dropout: self.lora_dropout,
             sft: self.sft,
             repetition_penalty: self.repetition_penalty,
+            sample: self.sample.then_some(crate::budget::workload::SampleArgs {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+            }),
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

@@ -94,6 +94,13 @@ pub fn probability(s: &str) -> Result<rust_decimal::Decimal, String> {
         .ok_or_else(|| format!("must be a probability from 0 to below 1 such as 0.05; got `{s}`"))
 }
 
+/// A share above 0 and up to 1, written as a plain decimal (0.9).
+pub fn top_p(s: &str) -> Result<rust_decimal::Decimal, String> {
+    plain_decimal(s)
+        .filter(|p| !p.is_zero() && *p <= rust_decimal::Decimal::ONE)
+        .ok_or_else(|| format!("must be a number above 0 and up to 1 such as 0.9; got `{s}`"))
+}
+
 /// A plain decimal (no sign or exponent) as a `Decimal`, its trailing zeros dropped.
 fn plain_decimal(s: &str) -> Option<rust_decimal::Decimal> {
     let p = s.parse::<PlainDecimal>().ok()?.to_decimal()?;

@@ -1,11 +1,13 @@
-//! `model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False)` as
-//! transformers 5.17 runs it with its default `DynamicCache`: the positions made from the mask,
-//! the prefill (the last position's logits), then each new token's forward, the float32 copy of
-//! its logits (processed by the repetition penalty where one is asked for), the greedy choice
-//! and the ids, mask and positions grown by one.
+//! `model.generate(ids, attention_mask=mask, max_new_tokens=n)` as transformers 5.17 runs it
+//! with its default `DynamicCache`: the positions made from the mask, the prefill (the last
+//! position's logits), then each new token's forward, the float32 copy of its logits (processed
+//! by the repetition penalty where one is asked for, then by sampling's warpers), the greedy
+//! choice or the draw from the softmax (`do_sample`, [`super::sampling`]), and the ids, mask and
+//! positions grown by one.
 
 use super::cache::Cache;
 use super::decoder::{Decoder, Inputs};
+use super::sampling::{self, Sampling};
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
 
@@ -23,6 +25,8 @@ pub struct Options {
     /// `repetition_penalty` other than 1: `RepetitionPenaltyLogitsProcessor` on every token's
     /// logits.
     pub repetition_penalty: bool,
+    /// `do_sample=True`: the warpers it runs (greedy decoding where none).
+    pub sampling: Option<Sampling>,
 }
 
 /// Runs `generate` after the prompt `ids` (`[b, t]` int64) and its attention `mask`.
@@ -63,6 +67,8 @@ pub fn generate(
     let mut next_tokens: Option<Tensor> = None;
     // The logits processors' output (`next_token_scores`) where one makes a new tensor.
     let mut scores: Option<Tensor> = None;
+    // Sampling's probabilities.
+    let mut probs: Option<Tensor> = None;
     // The last step's inputs (`model_inputs`), held until the next step's are made.
     let mut inputs: Option<(Tensor, Tensor, Tensor)> = None;
     for (step, length) in (0..new_tokens).zip(t..) {
@@ -116,28 +122,43 @@ pub fn generate(
         // next_token_logits = logits[:, -1].to(float32, copy=True)
         let vocab = out.logits.size(-1);
         next_logits = Some(p.empty(&[b, vocab], Dtype::Float32));
+        // The logits processors, each output replacing the chain's last (let go once the next
+        // returns); the last becomes the step's scores, the previous step's let go.
+        let mut processed: Option<Tensor> = None;
         if options.repetition_penalty {
             // The logits of the tokens seen so far gathered, penalized (`torch.where(score < 0,
-            // score * penalty, score / penalty)`), scattered into a copy of the logits: the
-            // processed scores, held until the next token's replace them. (The proof script marks
-            // the prefill's end in a processor of its own, which runs after it.)
+            // score * penalty, score / penalty)`), scattered into a copy of the logits.
             let seen = p.empty(&[b, length], Dtype::Float32);
             let negative = p.empty(&[b, length], Dtype::Bool);
             let multiplied = p.empty(&[b, length], Dtype::Float32);
             let divided = p.empty(&[b, length], Dtype::Float32);
             let penalized = p.empty(&[b, length], Dtype::Float32);
             drop((negative, multiplied, divided, seen));
-            let last = scores.replace(p.empty(&[b, vocab], Dtype::Float32));
+            processed = Some(p.empty(&[b, vocab], Dtype::Float32));
             drop(penalized);
-            drop(last);
         }
         if step == 0 {
+            // The proof script marks the prefill's end in a processor of its own, after
+            // transformers' processors and before sampling's warpers.
             stages.prefill_done(d);
             // `_optimize_model_for_decode`: on a GPU, experts run as batched products.
             d.experts_path = super::decoder::ExpertsPath::Batched;
         }
         let p = &mut *d.process;
-        next_tokens = Some(p.empty(&[b], Dtype::Int64));
+        if let Some(s) = options.sampling {
+            sampling::warp(p, s, b, vocab, &mut processed);
+        }
+        if let Some(new) = processed {
+            drop(scores.replace(new));
+        }
+        next_tokens = Some(match options.sampling {
+            // probs = softmax(scores), held to the next step's; multinomial(probs, 1).squeeze(1)
+            Some(_) => {
+                drop(probs.replace(p.empty(&[b, vocab], Dtype::Float32)));
+                sampling::multinomial(p, b, vocab)
+            }
+            None => p.empty(&[b], Dtype::Int64),
+        });
         ids = p.empty(&[b, length + 1], Dtype::Int64);
         // unfinished & ~stopping_criteria(ids): max length reached, per sequence.
         let full = p.empty(&[b], Dtype::Bool);
@@ -163,6 +184,7 @@ pub fn generate(
     drop(prompt_positions);
     drop(next_logits);
     drop(scores);
+    drop(probs);
     drop(positions);
     drop(mask);
     drop(ids);

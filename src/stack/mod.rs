@@ -35,6 +35,7 @@ pub mod process;
 pub mod reduce;
 pub mod repeat;
 pub mod run;
+pub mod sampling;
 pub mod sft;
 pub mod spec;
 pub mod tape;

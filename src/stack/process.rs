@@ -388,9 +388,14 @@ impl Process {
     /// The staging of `reduction` of `elem` values, allocated and given back (after the
     /// reduction's output, as the kernel's launch does).
     pub fn reduction_staging(&mut self, reduction: super::reduce::Reduction, elem: Dtype) {
-        let grid = self.kernels.reduction_grid;
         let bytes = super::reduce::accumulator_bytes(elem);
-        if let Some(s) = reduction.staging(bytes, grid) {
+        self.reduction_staging_bytes(reduction, bytes);
+    }
+
+    /// The staging of `reduction` with accumulators of `acc_bytes` (an argmax's value and index).
+    pub fn reduction_staging_bytes(&mut self, reduction: super::reduce::Reduction, acc_bytes: u64) {
+        let grid = self.kernels.reduction_grid;
+        if let Some(s) = reduction.staging(acc_bytes, grid) {
             self.tape.with_role(Role::Workspaces, || {
                 let buffer = self.tape.empty(&[s.buffer], Dtype::Uint8);
                 let semaphores = self.tape.empty(&[s.semaphores], Dtype::Uint8);

@@ -24,11 +24,12 @@ use crate::replay::stream::{self, Plan, Replays};
 /// What the run does after loading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
-    /// `generate` of `generated` tokens after a prompt of `context`, greedy, with
-    /// `repetition_penalty` (its logits processor) or without.
+    /// `generate` of `generated` tokens after a prompt of `context`, with `repetition_penalty`
+    /// (its logits processor) or without, greedy or `sampling`.
     Generate {
         generated: u64,
         repetition_penalty: bool,
+        sampling: Option<super::sampling::Sampling>,
     },
     /// `steps` training steps on sequences of `context`.
     Train {
@@ -215,6 +216,7 @@ fn emulate(
         Work::Generate {
             generated,
             repetition_penalty,
+            sampling,
         } => {
             p.autograd.enabled = false;
             marks.begin(&p, "inputs", Loaded::Context);
@@ -243,6 +245,7 @@ fn emulate(
             let options = generate::Options {
                 new_tokens: *generated,
                 repetition_penalty: *repetition_penalty,
+                sampling: *sampling,
             };
             generate::generate(&mut d, &ids, &mask, options, &mut marks);
             marks.end(&p);

@@ -1,10 +1,10 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
 //! checkpointing, steps, loading, quantization, mask_order, for a Trainer run loop
-//! trainer_args and lengths, for `generate` left_padding and its keyword arguments (greedy,
-//! with max_length, max_new_tokens or repetition_penalty); the script's other fields are its
-//! own), read as a
-//! serde type and turned into the [`Run`] the emulation makes, with the H200's kernels.
+//! trainer_args and lengths, for `generate` left_padding and its keyword arguments
+//! (max_length, max_new_tokens, repetition_penalty, do_sample, temperature, top_k, top_p); the
+//! script's other fields are its own), read as a serde type and turned into the [`Run`] the
+//! emulation makes, with the H200's kernels.
 
 use super::ddp::Ddp;
 use super::fsdp::Sharding;
@@ -285,17 +285,26 @@ impl TryFrom<Spec> for Run {
         if !lengths.is_empty() && trainer.is_none() {
             return Err(field("lengths", "given to the Trainer's collator only"));
         }
-        // `generate`'s keyword arguments: greedy decoding, its length and a repetition penalty.
+        // `generate`'s keyword arguments: its length, a repetition penalty, sampling.
         let kwargs = s.generate.clone().unwrap_or_default();
+        const KNOWN: [&str; 7] = [
+            "max_length",
+            "max_new_tokens",
+            "repetition_penalty",
+            "do_sample",
+            "temperature",
+            "top_k",
+            "top_p",
+        ];
         let unknown: Vec<&str> = (kwargs.keys().map(String::as_str))
-            .filter(|k| !matches!(*k, "max_length" | "max_new_tokens" | "repetition_penalty"))
+            .filter(|k| !KNOWN.contains(k))
             .collect();
         if !unknown.is_empty() {
             return Err(field(
                 "generate",
                 &format!(
-                    "greedy decoding is emulated (with max_length, max_new_tokens or \
-                     repetition_penalty), not {}",
+                    "emulated with {}, not {}",
+                    KNOWN.join(", "),
                     unknown.join(", ")
                 ),
             ));
@@ -318,6 +327,32 @@ impl TryFrom<Spec> for Run {
                 Some(p) if p > 0.0 && p.is_finite() => p != 1.0,
                 _ => return Err(field("generate", "repetition_penalty a number above 0")),
             },
+        };
+        let number = |key: &str| {
+            kwargs
+                .get(key)
+                .map(|v| v.as_f64().filter(|x| x.is_finite()))
+        };
+        let sampling = match kwargs.get("do_sample").map(|v| v.as_bool()) {
+            None | Some(Some(false)) => None,
+            Some(Some(true)) => Some(crate::stack::sampling::Sampling {
+                temperature: match number("temperature") {
+                    None => false,
+                    Some(Some(t)) if t > 0.0 => t != 1.0,
+                    _ => return Err(field("generate", "temperature a number above 0")),
+                },
+                top_k: match kwargs.get("top_k").map(|v| v.as_u64()) {
+                    None => 50,
+                    Some(Some(k)) if k <= crate::stack::sampling::MAX_TOP_K => k,
+                    _ => return Err(field("generate", "top_k a whole number up to 4096")),
+                },
+                top_p: match number("top_p") {
+                    None => false,
+                    Some(Some(p)) if p > 0.0 && p <= 1.0 => p < 1.0,
+                    _ => return Err(field("generate", "top_p a number above 0, up to 1")),
+                },
+            }),
+            Some(None) => return Err(field("generate", "do_sample true or false")),
         };
         // `hf_loops.py` pads generate's rows by the counts in turn, each at most the context
         // less one.
@@ -366,6 +401,7 @@ impl TryFrom<Spec> for Run {
                     .filter(|&n| n > 0)
                     .ok_or_else(|| field("generated", "not a whole number above 0"))?,
                 repetition_penalty,
+                sampling,
             },
             SpecMode::Full => train(None),
             SpecMode::Lora | SpecMode::Qlora => train(Some(lora()?)),

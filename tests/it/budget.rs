@@ -735,6 +735,53 @@ fn generate_takes_max_length_and_a_repetition_penalty() {
     }
 }
 
+/// `--sample` draws each token from the softmax after the warpers its values turn on: top-p's
+/// sort of every row's vocabulary and its temporaries, the probabilities and multinomial's noise,
+/// said in the title and a note; refused outside serving, above PyTorch's in-place top-k, and
+/// for a warper's value without it.
+#[test]
+fn generate_samples_with_the_warpers_asked_for() {
+    // A short prompt and a long generation for many rows: the run is fullest in a decode step.
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--model", "llama-3.2-1b", "--mode", "inference"])
+            .args(["--context", "16", "--batch", "64", "--generated", "256"])
+            .args(more);
+        cmd
+    };
+    let peak =
+        |more: &[&str]| bytes(&json_of(budget(more).arg("--json"))["budget"]["peak_allocated"]);
+    let items = 64 * 128_256;
+    let greedy = peak(&[]);
+    // The draw alone: at least the probabilities, float32, held from token to token.
+    let drawn = peak(&["--sample", "--top-k", "0"]);
+    assert!(drawn >= greedy + 4 * items, "{greedy} then {drawn}");
+    // Top-p's sort of 64 rows: the sorted values and indices, the (row, index) pairs and their
+    // sorted copy, cub's keys out and alternate keys and pairs: 44 bytes an item at least.
+    let sorted = peak(&["--sample", "--top-k", "0", "--top-p", "0.9"]);
+    assert!(sorted >= greedy + 44 * items, "{greedy} then {sorted}");
+    budget(&["--sample", "--temperature", "0.7", "--top-p", "0.90"])
+        .assert()
+        .success()
+        .stdout(contains(
+            "256 new tokens, sampling (temperature 0.7, top_k 50, top_p 0.9)",
+        ))
+        .stdout(contains(
+            "Sampling (--sample: temperature 0.7, top_k 50, top_p 0.9)",
+        ));
+    let mut full = mm();
+    full.args(["budget", "--model", "llama-3.2-1b", "--mode", "full"])
+        .args(["--context", "1024", "--sample"]);
+    for (mut cmd, says) in [
+        (budget(&["--sample", "--top-k", "5000"]), "--top-k 5000"),
+        (budget(&["--temperature", "0.7"]), "--sample"),
+        (budget(&["--sample", "--top-p", "1.5"]), "--top-p"),
+        (full, "--sample applies to --mode inference"),
+    ] {
+        cmd.assert().code(USAGE).stderr(contains(says));
+    }
+}
+
 /// `--sft`: TRL's fused head never makes the `[batch, sequence, vocabulary]` logits the Trainer's
 /// loss makes (and converts to float32), said in the title and a note; refused where it is not
 /// replayed, naming the flag.

@@ -757,6 +757,24 @@ fn generate_with_a_repetition_penalty_or_a_max_length_replays_the_runs_it_was_de
     }
 }
 
+/// `generate(do_sample=True, temperature=0.7, top_k=50, top_p=0.9)`: the warpers, the softmax and
+/// multinomial's draw at every new token, with the sort's and top-k's temporaries at Llama 3's
+/// vocabulary of 128 256 (the multi-block radix select, cub's radix sorts of 4 rows) and at
+/// 1 160 (the in-place paths), on equal and left-padded rows.
+#[test]
+fn sampling_replays_the_runs_it_was_derived_from() {
+    for name in [
+        "generate-small-llama-sample",
+        "generate-small-llama-sample-padded",
+        "generate-small-gemma2-sample-padded",
+        "generate-medium-llama-3.1-8b-sample-padded",
+    ] {
+        let raw = recorded(name, false);
+        assert_eq!(raw["spec"]["generate"]["do_sample"], true, "{name}");
+        replays_to_the_byte(name, &raw, 0);
+    }
+}
+
 /// TRL's SFTTrainer with its defaults (full training and LoRA of a small Llama, LoRA at Llama 3.1
 /// 8B's widths): its fused LM head and logged metrics, each batch's labelled positions (which
 /// the Trainer's sampler chose) read from the trace.

@@ -244,6 +244,15 @@ impl Budget {
                     .into(),
             );
         }
+        if let Some(g) = &self.workload.generation_config {
+            notes.push(format!(
+                "generate's defaults read from the model's generation_config.json ({}), as \
+                 transformers applies them where the call gives none: the flags given \
+                 (--sample, --greedy, --temperature, --top-k, --top-p, --repetition-penalty) \
+                 come first.",
+                crate::model::generation::described(g)
+            ));
+        }
         if let Some(s) = &self.workload.sample {
             notes.push(format!(
                 "Sampling (--sample: {}): at every token the warpers' outputs (float32 copies of \

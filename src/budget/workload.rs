@@ -148,6 +148,10 @@ pub struct Workload {
     /// values given turn on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample: Option<SampleArgs>,
+    /// The model's `generation_config.json` (inference), whose values apply where no flag gives
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_config: Option<crate::model::generation::GenerationDefaults>,
 }
 
 /// The sampling values given to `generate`; one not given is transformers' default
@@ -268,6 +272,7 @@ impl Workload {
             sft: false,
             repetition_penalty: None,
             sample: None,
+            generation_config: None,
         })
     }
 

@@ -130,10 +130,14 @@ pub struct BudgetArgs {
     #[arg(long, value_parser = values::positive_decimal)]
     pub repetition_penalty: Option<rust_decimal::Decimal>,
     /// generate's do_sample=True (inference): the token drawn from the softmax after the
-    /// warpers --temperature, --top-k and --top-p turn on (transformers' defaults otherwise:
-    /// temperature 1, top_k 50, top_p 1) rather than chosen greedily.
-    #[arg(long)]
+    /// warpers --temperature, --top-k and --top-p turn on (the model's generation_config.json,
+    /// else transformers' defaults: temperature 1, top_k 50, top_p 1) rather than chosen
+    /// greedily. Without it, generate samples where the model's generation_config.json says so.
+    #[arg(long, conflicts_with = "greedy")]
     pub sample: bool,
+    /// generate's do_sample=False (inference), whatever the model's generation_config.json says.
+    #[arg(long)]
+    pub greedy: bool,
     /// Sampling's temperature (with --sample): other than 1, the scores divided [default: 1].
     #[arg(long, requires = "sample", value_parser = values::positive_decimal)]
     pub temperature: Option<rust_decimal::Decimal>,
@@ -247,6 +251,28 @@ pub struct PlanArgs {
     pub max_gpus: u64,
 }
 
+/// A model as the flags name it.
+pub struct NamedModel {
+    /// Where it comes from: the preset, the path, the repository and commit.
+    pub source: String,
+    pub model: Model,
+    /// Its checkpoint's headers (a folder or the Hub).
+    pub checkpoint: Option<Checkpoint>,
+    /// Its `generation_config.json` (a folder or the Hub).
+    pub generation: Option<crate::model::generation::GenerationDefaults>,
+}
+
+impl NamedModel {
+    fn bare(source: String, model: Model) -> NamedModel {
+        NamedModel {
+            source,
+            model,
+            checkpoint: None,
+            generation: None,
+        }
+    }
+}
+
 impl ModelArgs {
     pub fn presets(&self) -> Result<Presets, Failure> {
         Ok(match &self.models {
@@ -263,24 +289,44 @@ impl ModelArgs {
         )
     }
 
-    /// The model, where it comes from, and its checkpoint's headers when read from a folder.
-    pub fn model(&self) -> Result<(String, Model, Option<Checkpoint>), Failure> {
+    /// The model, where it comes from, its checkpoint's headers and its generation defaults
+    /// when read from a folder or the Hub.
+    pub fn model(&self) -> Result<NamedModel, Failure> {
         if let Some(name) = self.model.as_ref().filter(|n| n.contains('/')) {
             let id = crate::model::hub::HubId::parse(name).map_err(Failure::usage_owned)?;
             let read = crate::model::hub::read(&id, &crate::model::hub::HubSettings::from_env())
                 .context(format!("--model {}", crate::text::printable(name)))?;
             let source = format!("{}, read from {}", read.name, read.read_from);
-            return Ok((source, read.model, read.checkpoint));
+            return Ok(NamedModel {
+                source,
+                model: read.model,
+                checkpoint: read.checkpoint,
+                generation: read.generation,
+            });
         }
         if let Some(name) = &self.model {
             let presets = self.presets()?;
             let p = presets.get(name).context("invalid --model")?;
             let model = p.model().context(format!("preset {}", p.preset))?;
-            return Ok((p.preset.clone(), model, None));
+            return Ok(NamedModel::bare(p.preset.clone(), model));
         }
         if let Some(path) = &self.config {
             let (model, checkpoint) = crate::model::folder::read_with_checkpoint(path)?;
-            return Ok((path.display().to_string(), model, checkpoint));
+            // transformers reads the generation defaults beside the config, in its folder.
+            let folder = match path.is_dir() {
+                true => Some(path.as_path()),
+                false => path.parent(),
+            };
+            let generation = match folder {
+                Some(f) => crate::model::generation::read(f)?,
+                None => None,
+            };
+            return Ok(NamedModel {
+                source: path.display().to_string(),
+                model,
+                checkpoint,
+                generation,
+            });
         }
         let Some(layers) = self.layers else {
             return Err(Self::no_model());
@@ -316,7 +362,7 @@ impl ModelArgs {
         }
         let model = crate::model::config::from_value(&config)
             .map_err(|e| Failure::usage_owned(format!("invalid shape flags: {e}")))?;
-        Ok(("the shape of the flags".into(), model, None))
+        Ok(NamedModel::bare("the shape of the flags".into(), model))
     }
 }
 
@@ -351,6 +397,7 @@ impl BudgetArgs {
                 "inference",
             ),
             (self.sample && trains, "--sample", "inference"),
+            (self.greedy && trains, "--greedy", "inference"),
             (self.rank.is_some() && !lora, "--rank", "lora"),
             (self.targets.is_some() && !lora, "--targets", "lora"),
             (
@@ -404,7 +451,22 @@ impl BudgetArgs {
     pub fn workload(&self) -> Result<(Workload, Option<Checkpoint>), Failure> {
         let mode_arg = self.mode.expect("clap requires --mode");
         self.check_flags(mode_arg)?;
-        let (source, model, checkpoint) = self.model.model()?;
+        let NamedModel {
+            source,
+            model,
+            checkpoint,
+            generation,
+        } = self.model.model()?;
+        // generate's defaults from the model's generation_config.json, under the flags given.
+        let generation = generation.filter(|_| mode_arg == ModeArg::Inference);
+        let defaults = generation.clone().unwrap_or_default();
+        if let Some(n) = defaults.num_beams.filter(|&n| n > 1) {
+            return Err(crate::model::folder::FolderError::Generation {
+                file: format!("{source}: {}", crate::model::generation::FILE),
+                message: format!("num_beams {n}: beam search is not replayed yet"),
+            }
+            .into());
+        }
         let autocast = self.autocast.map(|a| match a {
             AutocastArg::Bfloat16 => Dtype::Bfloat16,
             AutocastArg::Float16 => Dtype::Float16,
@@ -481,12 +543,15 @@ impl BudgetArgs {
             padded: self.padded,
             lora_dropout: self.lora_dropout,
             sft: self.sft,
-            repetition_penalty: self.repetition_penalty,
-            sample: self.sample.then_some(crate::budget::workload::SampleArgs {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-            }),
+            repetition_penalty: self.repetition_penalty.or(defaults.repetition_penalty),
+            sample: (self.sample || (!self.greedy && defaults.do_sample == Some(true))).then_some(
+                crate::budget::workload::SampleArgs {
+                    temperature: self.temperature.or(defaults.temperature),
+                    top_k: self.top_k.or(defaults.top_k),
+                    top_p: self.top_p.or(defaults.top_p),
+                },
+            ),
+            generation_config: generation,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
         let stored = checkpoint

@@ -25,6 +25,9 @@ pub enum FolderError {
     NoConfig(String),
     #[error("{file}: {message}")]
     Checkpoint { file: String, message: String },
+    /// A `generation_config.json` refused: its field and why.
+    #[error("{file}: {message}")]
+    Generation { file: String, message: String },
     #[error("cannot read {file}")]
     Io {
         file: String,

@@ -1,7 +1,7 @@
 //! A model named by its Hugging Face Hub id, `ORG/NAME[@REVISION]`: read from the local cache as
 //! `huggingface_hub` lays it out (`models--ORG--NAME/refs/REVISION` → `snapshots/COMMIT/`), else,
 //! unless `HF_HUB_OFFLINE` is set, from the Hub's HTTP API: `config.json`, the safetensors index
-//! and each shard's header by range requests, never the weights. A token (`HF_TOKEN`, else the
+//! and each shard's header by range requests, never the weights, and `generation_config.json`. A token (`HF_TOKEN`, else the
 //! token file) is sent to the Hub for gated and private repositories, never printed or written.
 
 use super::folder::{self, Checkpoint, FolderError};
@@ -98,6 +98,8 @@ impl HubSettings {
 pub struct HubModel {
     pub model: Model,
     pub checkpoint: Option<Checkpoint>,
+    /// Its `generation_config.json`, where it has one.
+    pub generation: Option<super::generation::GenerationDefaults>,
     /// `ORG/NAME@COMMIT`.
     pub name: String,
     /// `the local cache` or the Hub's address.
@@ -137,6 +139,7 @@ pub fn read(id: &HubId, settings: &HubSettings) -> Result<HubModel, HubError> {
         return Ok(HubModel {
             model,
             checkpoint,
+            generation: super::generation::read(&snapshot)?,
             name: format!("{}@{commit}", id.repo),
             read_from: "the local cache".into(),
         });
@@ -375,9 +378,15 @@ impl<'a> Remote<'a> {
             }
         }
         let checkpoint = (!checkpoint.files.is_empty()).then_some(checkpoint);
+        let file = super::generation::FILE;
+        let generation = match self.small_file(file, Input::ModelConfig)? {
+            Some(g) => Some(super::generation::parse(&g.bytes, &self.url(file))?),
+            None => None,
+        };
         Ok(HubModel {
             model,
             checkpoint,
+            generation,
             name: format!(
                 "{}@{}",
                 self.id.repo,

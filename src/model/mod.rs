@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod folder;
+pub mod generation;
 pub mod hub;
 pub mod tensors;
 

@@ -782,6 +782,67 @@ fn generate_samples_with_the_warpers_asked_for() {
     }
 }
 
+/// A model folder's `generation_config.json` gives `generate` its defaults as transformers applies
+/// them (sampling with its warpers, a repetition penalty) where no flag gives them, and the
+/// budget says so; `--greedy` and the flags come first; a training reads none; a file that lies,
+/// or asks for beams, is refused naming it.
+#[test]
+fn a_model_folders_generation_config_gives_generate_its_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    model_folder(dir.path(), false);
+    let file = dir.path().join("generation_config.json");
+    std::fs::write(
+        &file,
+        r#"{"do_sample": true, "temperature": 0.7, "top_k": 20, "top_p": 0.8,
+            "repetition_penalty": 1.05}"#,
+    )
+    .unwrap();
+    let budget = |mode: &str, more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--config"])
+            .arg(dir.path())
+            .args(["--mode", mode, "--context", "64"])
+            .args(more);
+        cmd
+    };
+    budget("inference", &[])
+        .assert()
+        .success()
+        .stdout(contains(
+            "repetition penalty 1.05, sampling (temperature 0.7, top_k 20, top_p 0.8)",
+        ))
+        .stdout(contains(
+            "generation_config.json (do_sample true, temperature 0.7",
+        ));
+    budget(
+        "inference",
+        &["--sample", "--top-k", "0", "--repetition-penalty", "1"],
+    )
+    .assert()
+    .success()
+    .stdout(contains("sampling (temperature 0.7, top_p 0.8)"));
+    let out = budget("inference", &["--greedy"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(!text.contains("sampling ("), "{text}");
+    let out = budget("lora", &[]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(!text.contains("generation_config"), "{text}");
+    for (content, says) in [
+        (r#"{"do_sample": 1}"#, "`do_sample` must be true or false"),
+        (
+            r#"{"num_beams": 4}"#,
+            "num_beams 4: beam search is not replayed yet",
+        ),
+    ] {
+        std::fs::write(&file, content).unwrap();
+        budget("inference", &[])
+            .assert()
+            .code(DATA_ERROR)
+            .stderr(contains("generation_config.json"))
+            .stderr(contains(says));
+    }
+}
+
 /// `--sft`: TRL's fused head never makes the `[batch, sequence, vocabulary]` logits the Trainer's
 /// loss makes (and converts to float32), said in the title and a note; refused where it is not
 /// replayed, naming the flag.

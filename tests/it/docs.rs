@@ -157,6 +157,7 @@ const fn allowed(
 const README: &str = "README.md";
 const SECURITY: &str = "SECURITY.md";
 const CONFIG: &str = "the file of a model's repository that transformers reads its sizes from";
+const GENERATION: &str = "the file of a model's repository that generate takes its defaults from";
 const CLI: &str = "docs/cli.md";
 const NOTEBOOKS: &str = "docs/notebooks.md";
 const ARCHITECTURE: &str = "ARCHITECTURE.md";
@@ -166,7 +167,7 @@ const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
 const SCRIPTS: &str = "scripts/README.md";
 const BENCHMARKS: &str = "docs/benchmarks.md";
 
-const ALLOWED: [Allowed; 30] = [
+const ALLOWED: [Allowed; 32] = [
     allowed(
         "proof.json",
         SCRIPTS,
@@ -272,6 +273,8 @@ const ALLOWED: [Allowed; 30] = [
         Some("torch/src/ffi.rs"),
         "in the layout's `torch/` row",
     ),
+    allowed("generation_config.json", ARCHITECTURE, None, GENERATION),
+    allowed("generation_config.json", CLI, None, GENERATION),
     allowed("config.json", README, None, CONFIG),
     allowed("config.json", ARCHITECTURE, None, CONFIG),
     allowed("config.json", SECURITY, None, CONFIG),

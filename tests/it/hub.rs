@@ -340,3 +340,58 @@ fn budget_reads_a_hub_id_from_the_hub_and_refuses_a_missing_repository() {
             "http://127.0.0.1:9/org/name/resolve/main/config.json",
         ));
 }
+
+/// Llama 3.1 8B Instruct's `generation_config.json`, as shipped: generate samples by default.
+const SAMPLING_DEFAULTS: &str = r#"{"bos_token_id": 128000, "do_sample": true,
+    "eos_token_id": [128001, 128008, 128009], "temperature": 0.6, "top_p": 0.9}"#;
+
+#[test]
+fn the_models_generation_config_is_read_from_the_hub_and_the_cache() {
+    let mut files = repo_files(false);
+    let (endpoint, _) = hub(files.clone(), Behaviour::default());
+    assert_eq!(
+        read(&id(), &settings(&endpoint, None)).unwrap().generation,
+        None
+    );
+    files.insert("generation_config.json".into(), SAMPLING_DEFAULTS.into());
+    let (endpoint, _) = hub(files, Behaviour::default());
+    let g = read(&id(), &settings(&endpoint, None))
+        .unwrap()
+        .generation
+        .unwrap();
+    assert_eq!((g.do_sample, g.top_k), (Some(true), None));
+    let empty = tempfile::tempdir().unwrap();
+    let env = [
+        ("HF_HUB_CACHE", empty.path().as_os_str()),
+        ("HF_HOME", empty.path().as_os_str()),
+        ("HF_ENDPOINT", endpoint.as_ref()),
+    ];
+    budget_of("org/name", &env)
+        .assert()
+        .success()
+        .stdout(contains("sampling (temperature 0.6, top_k 50, top_p 0.9)"))
+        .stdout(contains(
+            "read from the model's generation_config.json (do_sample true",
+        ));
+    // From the cache: the snapshot's file, which --greedy overrides.
+    let cache = tempfile::tempdir().unwrap();
+    cache_with_model(cache.path());
+    let snapshot = cache
+        .path()
+        .join(format!("models--org--name/snapshots/{COMMIT}"));
+    std::fs::write(snapshot.join("generation_config.json"), SAMPLING_DEFAULTS).unwrap();
+    let env = [
+        ("HF_HUB_CACHE", cache.path().as_os_str()),
+        ("HF_HUB_OFFLINE", "1".as_ref()),
+    ];
+    budget_of("org/name", &env)
+        .assert()
+        .success()
+        .stdout(contains("sampling (temperature 0.6, top_k 50, top_p 0.9)"));
+    let out = budget_of("org/name", &env)
+        .arg("--greedy")
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(!text.contains("sampling ("), "{text}");
+}

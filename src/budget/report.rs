@@ -88,6 +88,9 @@ impl Budget {
                 w.accumulation
             ));
         }
+        if w.padded {
+            extras.push("padded rows".to_string());
+        }
         if w.checkpointing {
             extras.push("gradient checkpointing".to_string());
         }

@@ -1136,7 +1136,7 @@ fn a_presets_file_is_refused_naming_its_line() {
 #[test]
 fn the_guide_page_and_the_readme_show_what_the_programs_print() {
     assert!(shown_commands("docs/budget-vs-guide.md") >= 10);
-    assert_eq!(shown_commands("README.md"), 2);
+    assert_eq!(shown_commands("README.md"), 4);
 }
 
 /// Runs every `$ mesure_memoire …` or `$ calcul_forfaits …` that the page `doc` shows in a code

@@ -167,7 +167,7 @@ const PYTORCH: &str = "a file of PyTorch's source, cited with its version";
 const SCRIPTS: &str = "scripts/README.md";
 const BENCHMARKS: &str = "docs/benchmarks.md";
 
-const ALLOWED: [Allowed; 32] = [
+const ALLOWED: [Allowed; 33] = [
     allowed(
         "proof.json",
         SCRIPTS,
@@ -275,6 +275,7 @@ const ALLOWED: [Allowed; 32] = [
     ),
     allowed("generation_config.json", ARCHITECTURE, None, GENERATION),
     allowed("generation_config.json", CLI, None, GENERATION),
+    allowed("generation_config.json", README, None, GENERATION),
     allowed("config.json", README, None, CONFIG),
     allowed("config.json", ARCHITECTURE, None, CONFIG),
     allowed("config.json", SECURITY, None, CONFIG),

@@ -70,7 +70,7 @@ impl Budget {
                 "full training ({}), batch {}, sequence {}",
                 match optimizer {
                     Optimizer::Adamw => format!("{} {}", optimizer.name(), w.optimizer_impl),
-                    Optimizer::Adamw8bit => optimizer.name().to_string(),
+                    Optimizer::Adamw8bit | Optimizer::Adafactor => optimizer.name().to_string(),
                 },
                 w.batch,
                 grouped(w.context)
@@ -145,6 +145,12 @@ impl Budget {
                 },
                 _,
             ) => "adamw_8bit",
+            (
+                crate::budget::Mode::Full {
+                    optimizer: crate::budget::Optimizer::Adafactor,
+                },
+                _,
+            ) => "adafactor",
             (_, crate::stack::optimizer::OptimizerImpl::Fused) => "adamw_torch_fused",
             _ => "adamw_torch",
         }
@@ -230,6 +236,17 @@ impl Budget {
                      float32 as the Trainer registers it (optim_bits=32). Derived from a trace \
                      recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's \
                      peaks replayed to the byte; not yet proven on runs held out."
+                        .into(),
+                );
+            }
+            if self.trainer_optim() == "adafactor" {
+                notes.push(
+                    "optim=\"adafactor\": transformers' Adafactor (scale_parameter=False, \
+                     relative_step=False), one parameter at a time: float32 copies of a \
+                     half-precision gradient and parameter, the update's temporaries as large as \
+                     the parameter, the last parameter's kept until the step returns. Derived from \
+                     a trace recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), every \
+                     stage's peaks replayed to the byte; not yet proven on runs held out."
                         .into(),
                 );
             }

@@ -332,6 +332,28 @@ fn trained_terms(w: &Workload, t: &mut Terms) {
                             .map(|t| (t.elements(), w.trainer && optimized_in_32_bits(t.role))),
                     ),
                 ),
+                Optimizer::Adafactor => (
+                    format!(
+                        "{} parameters' second moments in float32 ({}: a row and a column of each \
+                         matrix, a vector whole) and each parameter's RMS (4 B){}",
+                        grouped(trained),
+                        optimizer.name(),
+                        untrained("parameters")
+                    ),
+                    text_parameters(w)
+                        .iter()
+                        .map(|t| {
+                            let moments: u64 = match t.shape.split_last() {
+                                Some((last, lead)) if !lead.is_empty() => {
+                                    let rows: u64 = lead.iter().product();
+                                    rows + lead[..lead.len() - 1].iter().product::<u64>() * last
+                                }
+                                _ => t.elements(),
+                            };
+                            4 * (moments + 1)
+                        })
+                        .sum(),
+                ),
             };
             t.exact(
                 "optimizer_states",

@@ -44,6 +44,9 @@ pub enum Optimizer {
     #[serde(rename = "adamw-8bit")]
     #[strum(serialize = "adamw-8bit")]
     Adamw8bit,
+    /// transformers' `Adafactor` as the Trainer builds it: factored float32 second moments (a
+    /// row and a column of each matrix, a vector whole), no first moment.
+    Adafactor,
 }
 
 impl Optimizer {
@@ -428,6 +431,19 @@ impl Workload {
             }
             _ => {}
         }
+        if matches!(
+            self.mode,
+            Mode::Full {
+                optimizer: Optimizer::Adafactor
+            }
+        ) && !self.trainer
+        {
+            return Err(WorkloadError::Unsupported(
+                "--optimizer adafactor is replayed as transformers.Trainer builds it \
+                 (optim=\"adafactor\"): add --trainer"
+                    .into(),
+            ));
+        }
         if let Some(s) = &self.sample {
             use rust_decimal::Decimal;
             let refuse = |m: String| Err(WorkloadError::Unsupported(m));
@@ -663,6 +679,7 @@ impl Workload {
                         crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl)
                     }
                     Optimizer::Adamw8bit => crate::stack::optimizer::Optimizer::AdamW8bit,
+                    Optimizer::Adafactor => crate::stack::optimizer::Optimizer::Adafactor,
                 },
                 checkpointing: self.checkpointing,
                 steps: 2,

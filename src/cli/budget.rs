@@ -159,8 +159,9 @@ pub struct BudgetArgs {
     /// through dropout, its mask kept for the backward [default: 0].
     #[arg(long, value_parser = values::probability)]
     pub lora_dropout: Option<rust_decimal::Decimal>,
-    /// The optimizer of full training: adamw (torch.optim.AdamW) or adamw-8bit
-    /// (bitsandbytes.optim.AdamW8bit) [default: adamw].
+    /// The optimizer of full training: adamw (torch.optim.AdamW), adamw-8bit
+    /// (bitsandbytes.optim.AdamW8bit) or adafactor (transformers' Adafactor, with --trainer)
+    /// [default: adamw].
     #[arg(long)]
     pub optimizer: Option<Optimizer>,
     /// AdamW's implementation (training): foreach (PyTorch's default on CUDA), fused or

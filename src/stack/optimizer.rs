@@ -5,8 +5,14 @@
 //! 0.50's `AdamW8bit`: per parameter of at least 4 096 elements two 8-bit moments and their
 //! float32 scales per block of 256, two float32 moments for a smaller one, its two 256-entry
 //! quantization maps copied to the device once, and a step that allocates nothing.
+//! transformers 5.17's `Adafactor` as the Trainer builds it (`optim="adafactor"`), one
+//! parameter at a time in Python: float32 copies of a half-precision gradient and parameter,
+//! factored second moments (a row and a column) of a matrix or a whole one of a vector, the
+//! parameter's RMS kept on the device, and each update's temporaries, the loop's variables
+//! holding the last parameter's until the next one replaces them.
 
 use super::process::Process;
+use super::reduce::Reduction;
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
 use crate::replay::program::Role;
@@ -55,6 +61,9 @@ pub enum Optimizer {
     AdamW(OptimizerImpl),
     /// `bitsandbytes.optim.AdamW8bit` (`min_8bit_size` 4 096, blocks of 256, not paged).
     AdamW8bit,
+    /// `transformers.optimization.Adafactor(scale_parameter=False, relative_step=False)`, no
+    /// first moment, no weight decay (the Trainer's defaults).
+    Adafactor,
 }
 
 /// bitsandbytes' `min_8bit_size`: smaller parameters keep float32 moments.
@@ -113,6 +122,19 @@ pub struct OptimizerState {
     /// AdamW8bit's parameters given float32 moments whatever their size (the Trainer registers
     /// every `nn.Embedding`'s weight so: `optim_bits=32`).
     kept_32bit: Vec<Tensor>,
+    /// Adafactor's RMS of each parameter, on the device, replaced at each step.
+    rms: Vec<Option<Tensor>>,
+}
+
+/// The variables of Adafactor's loop over the parameters, which keep the last parameter's
+/// tensors until the next parameter's replace them (and until `step` returns).
+#[derive(Default)]
+struct AdafactorLoop {
+    /// `grad = p.grad`, made float32 (`grad.float()`) when in half precision.
+    grad: Option<Tensor>,
+    /// `p_data_fp32`: the parameter made float32 when in half precision.
+    parameter: Option<Tensor>,
+    update: Option<Tensor>,
 }
 
 impl OptimizerState {
@@ -122,6 +144,7 @@ impl OptimizerState {
             states: Vec::new(),
             maps: Vec::new(),
             kept_32bit: Vec::new(),
+            rms: Vec::new(),
         }
     }
 
@@ -134,6 +157,10 @@ impl OptimizerState {
     /// group, the group's states made at the first step, then its update.
     pub fn step(&mut self, p: &mut Process, groups: &[Vec<Tensor>]) {
         let first = self.states.is_empty();
+        if self.optimizer == Optimizer::Adafactor {
+            let params: Vec<&Tensor> = groups.iter().flatten().collect();
+            return self.adafactor_step(p, &params, first);
+        }
         for params in groups.iter().filter(|g| !g.is_empty()) {
             match self.optimizer {
                 Optimizer::AdamW(implementation) => {
@@ -147,6 +174,7 @@ impl OptimizerState {
                         self.init_8bit(p, params);
                     }
                 }
+                Optimizer::Adafactor => unreachable!("stepped above"),
             }
         }
     }
@@ -188,6 +216,115 @@ impl OptimizerState {
             }
         });
     }
+}
+
+impl OptimizerState {
+    /// Adafactor's `step`: each parameter in turn (the groups one after the other).
+    fn adafactor_step(&mut self, p: &mut Process, params: &[&Tensor], first: bool) {
+        let mut vars = AdafactorLoop::default();
+        for (i, w) in params.iter().enumerate() {
+            let shape = &w.shape;
+            let n: u64 = shape.iter().product();
+            let half = matches!(w.elem, Dtype::Bfloat16 | Dtype::Float16);
+            let f32 = |p: &Process, shape: &[u64]| p.empty(shape, Dtype::Float32);
+            let factored = shape.len() >= 2;
+            let (rows, columns) = match factored {
+                true => {
+                    let (last, lead) = shape.split_last().expect("two dimensions");
+                    let (_, outer) = lead.split_last().expect("two dimensions");
+                    (lead.to_vec(), [outer, &[*last][..]].concat())
+                }
+                false => (vec![], vec![]),
+            };
+            // grad = p.grad; grad = grad.float()
+            drop(vars.grad.take());
+            p.in_role(Role::OptimizerStep, |p| {
+                vars.grad = half.then(|| f32(p, shape));
+            });
+            if first {
+                // The second moments: zeros made on the host, then moved (`.to(grad)`).
+                p.in_role(Role::OptimizerStates, |p| {
+                    self.states.push(match factored {
+                        true => vec![f32(p, &rows), f32(p, &columns)],
+                        false => vec![f32(p, shape)],
+                    });
+                });
+                self.rms.push(None);
+            }
+            p.in_role(Role::OptimizerStep, |p| {
+                // p_data_fp32 = p.float()
+                drop(vars.parameter.take());
+                vars.parameter = half.then(|| f32(p, shape));
+                // state["RMS"] = norm(p_data_fp32) / numel ** 0.5, kept on the device.
+                let norm = f32(p, &[]);
+                p.reduction_staging(Reduction::whole(n), Dtype::Float32);
+                let rms = p.in_role(Role::OptimizerStates, |p| f32(p, &[]));
+                drop(norm);
+                drop(self.rms[i].replace(rms));
+                // update = grad ** 2 + eps
+                let squared = f32(p, shape);
+                let update = f32(p, shape);
+                drop(squared);
+                drop(vars.update.replace(update));
+                let update = match factored {
+                    true => {
+                        // The row and column means into the moments, then `_approx_sq_grad`:
+                        // rsqrt(row / row.mean()) ⊗ rsqrt(column).
+                        let mean = |p: &mut Process, out: &[u64], kept: &[u64]| {
+                            let m = f32(p, out);
+                            p.reduction_staging(Reduction::sum_to(shape, kept), Dtype::Float32);
+                            m
+                        };
+                        let unit = |dims: &[u64]| -> Vec<u64> { [dims, &[1][..]].concat() };
+                        drop(mean(p, &rows, &unit(&rows)));
+                        let column_kept: Vec<u64> = [
+                            &rows[..rows.len() - 1],
+                            &[1][..],
+                            &[shape[shape.len() - 1]][..],
+                        ]
+                        .concat();
+                        drop(mean(p, &columns, &column_kept));
+                        let row_mean = f32(p, &unit(&rows[..rows.len() - 1]));
+                        p.reduction_staging(
+                            Reduction::sum_to(&rows, &unit(&rows[..rows.len() - 1])),
+                            Dtype::Float32,
+                        );
+                        let row_factor = f32(p, &rows);
+                        drop(row_mean);
+                        let column_factor = f32(p, &columns);
+                        let product = f32(p, shape);
+                        drop(row_factor);
+                        drop(column_factor);
+                        product
+                    }
+                    // exp_avg_sq.rsqrt()
+                    false => f32(p, shape),
+                };
+                drop(vars.update.replace(update));
+                // update.div_((rms(update) / clip_threshold).clamp_(min=1.0))
+                let rms = root_mean_square(p, n);
+                let divisor = f32(p, &[]);
+                drop(rms);
+                drop(divisor);
+                // p_data_fp32.add_(-update)
+                drop(f32(p, shape));
+            });
+        }
+        // The loop's variables go as `step` returns, in the order Python made them.
+        drop(vars.grad);
+        drop(vars.parameter);
+        drop(vars.update);
+    }
+}
+
+/// `tensor.norm(2) / tensor.numel() ** 0.5` of `n` float32 values: the norm (its reduction's
+/// staging), the quotient returned.
+fn root_mean_square(p: &mut Process, n: u64) -> Tensor {
+    let norm = p.empty(&[], Dtype::Float32);
+    p.reduction_staging(Reduction::whole(n), Dtype::Float32);
+    let rms = p.empty(&[], Dtype::Float32);
+    drop(norm);
+    rms
 }
 
 /// One group's AdamW update: its temporaries (foreach: every square root of the group at once,

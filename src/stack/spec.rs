@@ -367,10 +367,11 @@ impl TryFrom<Spec> for Run {
             }
             (_, Some("adamw_torch"), Some(_)) => Optimizer::AdamW(OptimizerImpl::Foreach),
             (_, Some("adamw_8bit"), Some(_)) => Optimizer::AdamW8bit,
+            (_, Some("adafactor"), Some(_)) => Optimizer::Adafactor,
             (_, Some(_), Some(_)) => {
                 return Err(field(
                     "trainer_args",
-                    "optim: adamw_torch_fused, adamw_torch or adamw_8bit",
+                    "optim: adamw_torch_fused, adamw_torch, adamw_8bit or adafactor",
                 ))
             }
         };

@@ -735,6 +735,57 @@ fn generate_takes_max_length_and_a_repetition_penalty() {
     }
 }
 
+/// `--optimizer adafactor` with `--trainer`: transformers' Adafactor keeps a row and a column of
+/// float32 second moments per matrix where AdamW keeps two moments as large as each parameter,
+/// said in the title, the TrainingArguments and a note; refused without the Trainer.
+#[test]
+fn the_trainers_adafactor_keeps_factored_moments() {
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args([
+            "budget",
+            "--model",
+            "llama-3.2-1b",
+            "--mode",
+            "full",
+            "--trainer",
+        ])
+        .args(["--batch", "2", "--context", "1024"])
+        .args(more);
+        cmd
+    };
+    let states = |more: &[&str]| {
+        let doc = json_of(budget(more).arg("--json"));
+        let terms = doc["budget"]["terms"].as_array().unwrap().clone();
+        let t = terms
+            .iter()
+            .find(|t| t["key"] == "optimizer_states")
+            .unwrap();
+        (bytes(&t["bytes"]), bytes(&doc["budget"]["peak_allocated"]))
+    };
+    let (adamw, adamw_peak) = states(&[]);
+    let (adafactor, adafactor_peak) = states(&["--optimizer", "adafactor"]);
+    // Llama 3.2 1B: 1 235 814 400 parameters, two bfloat16 moments each with AdamW.
+    assert_eq!(adamw, 1_235_814_400 * 2 * 2);
+    assert!(adafactor * 1000 < adamw, "{adafactor} against {adamw}");
+    assert!(
+        adafactor_peak < adamw_peak,
+        "{adafactor_peak} against {adamw_peak}"
+    );
+    budget(&["--optimizer", "adafactor"])
+        .assert()
+        .success()
+        .stdout(contains("full training (adafactor)"))
+        .stdout(contains("optim=\"adafactor\""));
+    let mut by_hand = mm();
+    by_hand
+        .args(["budget", "--model", "llama-3.2-1b", "--mode", "full"])
+        .args(["--context", "1024", "--optimizer", "adafactor"]);
+    by_hand.assert().code(USAGE).stderr(contains(
+        "--optimizer adafactor is replayed as transformers.Trainer builds it",
+    ));
+}
+
 /// `--sample` draws each token from the softmax after the warpers its values turn on: top-p's
 /// sort of every row's vocabulary and its temporaries, the probabilities and multinomial's noise,
 /// said in the title and a note; refused outside serving, above PyTorch's in-place top-k, and

@@ -757,6 +757,17 @@ fn generate_with_a_repetition_penalty_or_a_max_length_replays_the_runs_it_was_de
     }
 }
 
+/// The Trainer with `optim="adafactor"` (full training of bfloat16 weights, padded batches): each
+/// parameter's float32 copies of its gradient and itself, its factored second moments and RMS,
+/// the update's temporaries, in the Python loop's order.
+#[test]
+fn the_trainers_adafactor_replays_the_run_it_was_derived_from() {
+    let name = "trainer-small-llama-full-adafactor";
+    let raw = recorded(name, false);
+    assert_eq!(raw["spec"]["trainer_args"]["optim"], "adafactor");
+    replays_to_the_byte(name, &raw, 0);
+}
+
 /// `generate(do_sample=True, temperature=0.7, top_k=50, top_p=0.9)`: the warpers, the softmax and
 /// multinomial's draw at every new token, with the sort's and top-k's temporaries at Llama 3's
 /// vocabulary of 128 256 (the multi-block radix select, cub's radix sorts of 4 rows) and at

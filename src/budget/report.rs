@@ -70,7 +70,9 @@ impl Budget {
                 "full training ({}), batch {}, sequence {}",
                 match optimizer {
                     Optimizer::Adamw => format!("{} {}", optimizer.name(), w.optimizer_impl),
-                    Optimizer::Adamw8bit | Optimizer::Adafactor => optimizer.name().to_string(),
+                    Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit | Optimizer::Adafactor => {
+                        optimizer.name().to_string()
+                    }
                 },
                 w.batch,
                 grouped(w.context)
@@ -145,6 +147,12 @@ impl Budget {
                 },
                 _,
             ) => "adamw_8bit",
+            (
+                crate::budget::Mode::Full {
+                    optimizer: crate::budget::Optimizer::PagedAdamw8bit,
+                },
+                _,
+            ) => "paged_adamw_8bit",
             (
                 crate::budget::Mode::Full {
                     optimizer: crate::budget::Optimizer::Adafactor,
@@ -230,14 +238,21 @@ impl Budget {
         }
         if self.workload.trainer {
             notes.push(self.trainer_arguments());
-            if self.trainer_optim() == "adamw_8bit" {
-                notes.push(
-                    "optim=\"adamw_8bit\": bitsandbytes' 8-bit AdamW, the embeddings' weight kept in \
-                     float32 as the Trainer registers it (optim_bits=32). Derived from a trace \
+            let optim = self.trainer_optim();
+            if optim.ends_with("adamw_8bit") {
+                notes.push(format!(
+                    "optim=\"{optim}\": bitsandbytes' 8-bit AdamW, the embeddings' weight kept in \
+                     float32 as the Trainer registers it (optim_bits=32){}. Derived from a trace \
                      recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's \
-                     peaks replayed to the byte; not yet proven on runs held out."
-                        .into(),
-                );
+                     peaks replayed to the byte; not yet proven on runs held out.",
+                    match optim {
+                        "paged_adamw_8bit" => {
+                            "; the moments of parameters of 100 000 elements or more paged in \
+                             CUDA unified memory, outside the allocator and the card's need"
+                        }
+                        _ => "",
+                    }
+                ));
             }
             if self.trainer_optim() == "adafactor" {
                 notes.push(

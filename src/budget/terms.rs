@@ -9,7 +9,9 @@ use super::workload::{AllocatorSetting, Mode, Optimizer, WeightFormat, Workload}
 use crate::model::Attention;
 use crate::replay::{Replayed, Role};
 use crate::stack::bitsandbytes;
-use crate::stack::optimizer::{adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, QMAP_BYTES};
+use crate::stack::optimizer::{
+    paged_adamw_8bit_state_bytes, BLOCK_8BIT, MIN_8BIT_ELEMENTS, PAGED_ELEMENTS, QMAP_BYTES,
+};
 use crate::stack::trainer::optimized_in_32_bits;
 use crate::units::{grouped, Bytes};
 use serde::{Deserialize, Serialize};
@@ -311,27 +313,43 @@ fn trained_terms(w: &Workload, t: &mut Terms) {
                     ),
                     trained * 2 * e,
                 ),
-                Optimizer::Adamw8bit => (
-                    format!(
-                        "{} parameters × 2 × 1 B ({}: two 8-bit moments, a float32 scale per \
-                         {BLOCK_8BIT} elements of each; float32 moments for a parameter under \
-                         {} elements{}; two quantization maps of {QMAP_BYTES} B){}",
-                        grouped(trained),
-                        optimizer.name(),
-                        grouped(MIN_8BIT_ELEMENTS),
-                        if w.trainer {
-                            " and for the embeddings' weight (the Trainer's optim_bits=32)"
-                        } else {
-                            ""
-                        },
-                        untrained("parameters")
-                    ),
-                    adamw_8bit_state_bytes(
+                Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit => {
+                    let paged = *optimizer == Optimizer::PagedAdamw8bit;
+                    let (allocated, unified) = paged_adamw_8bit_state_bytes(
                         text_parameters(w)
                             .iter()
                             .map(|t| (t.elements(), w.trainer && optimized_in_32_bits(t.role))),
-                    ),
-                ),
+                        paged,
+                    );
+                    (
+                        format!(
+                            "{} parameters × 2 × 1 B ({}: two 8-bit moments, a float32 scale per \
+                             {BLOCK_8BIT} elements of each; float32 moments for a parameter under \
+                             {} elements{}; two quantization maps of {QMAP_BYTES} B){}{}",
+                            grouped(trained),
+                            optimizer.name(),
+                            grouped(MIN_8BIT_ELEMENTS),
+                            if w.trainer {
+                                " and for the embeddings' weight (the Trainer's optim_bits=32)"
+                            } else {
+                                ""
+                            },
+                            untrained("parameters"),
+                            match paged {
+                                true => format!(
+                                    "; in the allocator: the scales, the maps and the moments of \
+                                     parameters under {} elements; the other moments, {} B, paged \
+                                     in CUDA unified memory outside it (on the GPU while it has \
+                                     room, else in host memory: not counted in the card's need)",
+                                    grouped(PAGED_ELEMENTS),
+                                    grouped(unified)
+                                ),
+                                false => String::new(),
+                            }
+                        ),
+                        allocated,
+                    )
+                }
                 Optimizer::Adafactor => (
                     format!(
                         "{} parameters' second moments in float32 ({}: a row and a column of each \

@@ -44,6 +44,12 @@ pub enum Optimizer {
     #[serde(rename = "adamw-8bit")]
     #[strum(serialize = "adamw-8bit")]
     Adamw8bit,
+    /// bitsandbytes' `PagedAdamW8bit`: the same states, a parameter's moments of 100 000
+    /// elements or more in CUDA unified memory (outside the allocator: on the GPU while it has
+    /// room, else in host memory).
+    #[serde(rename = "paged-adamw-8bit")]
+    #[strum(serialize = "paged-adamw-8bit")]
+    PagedAdamw8bit,
     /// transformers' `Adafactor` as the Trainer builds it: factored float32 second moments (a
     /// row and a column of each matrix, a vector whole), no first moment.
     Adafactor,
@@ -678,7 +684,12 @@ impl Workload {
                     Optimizer::Adamw => {
                         crate::stack::optimizer::Optimizer::AdamW(self.optimizer_impl)
                     }
-                    Optimizer::Adamw8bit => crate::stack::optimizer::Optimizer::AdamW8bit,
+                    Optimizer::Adamw8bit => {
+                        crate::stack::optimizer::Optimizer::AdamW8bit { paged: false }
+                    }
+                    Optimizer::PagedAdamw8bit => {
+                        crate::stack::optimizer::Optimizer::AdamW8bit { paged: true }
+                    }
                     Optimizer::Adafactor => crate::stack::optimizer::Optimizer::Adafactor,
                 },
                 checkpointing: self.checkpointing,

@@ -160,8 +160,8 @@ pub struct BudgetArgs {
     #[arg(long, value_parser = values::probability)]
     pub lora_dropout: Option<rust_decimal::Decimal>,
     /// The optimizer of full training: adamw (torch.optim.AdamW), adamw-8bit
-    /// (bitsandbytes.optim.AdamW8bit) or adafactor (transformers' Adafactor, with --trainer)
-    /// [default: adamw].
+    /// (bitsandbytes.optim.AdamW8bit), paged-adamw-8bit (PagedAdamW8bit: large moments in CUDA
+    /// unified memory) or adafactor (transformers' Adafactor, with --trainer) [default: adamw].
     #[arg(long)]
     pub optimizer: Option<Optimizer>,
     /// AdamW's implementation (training): foreach (PyTorch's default on CUDA), fused or
@@ -434,11 +434,13 @@ impl BudgetArgs {
                 "{flag} applies to --mode {modes} only"
             )));
         }
-        if self.optimizer_impl.is_some() && self.optimizer == Some(Optimizer::Adamw8bit) {
-            return Err(Failure::usage(
-                "--optimizer-impl chooses torch.optim.AdamW's step: it does not apply to \
-                 --optimizer adamw-8bit",
-            ));
+        if let Some(o) = self.optimizer.filter(|o| *o != Optimizer::Adamw) {
+            if self.optimizer_impl.is_some() {
+                return Err(Failure::usage_owned(format!(
+                    "--optimizer-impl chooses torch.optim.AdamW's step: it does not apply to \
+                     --optimizer {o}"
+                )));
+            }
         }
         if self.autocast.is_some() && self.dtype.is_some_and(|d| d != Dtype::Float32) {
             return Err(Failure::usage(

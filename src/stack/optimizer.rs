@@ -59,12 +59,18 @@ impl OptimizerImpl {
 pub enum Optimizer {
     /// `torch.optim.AdamW`, with its implementation of the step.
     AdamW(OptimizerImpl),
-    /// `bitsandbytes.optim.AdamW8bit` (`min_8bit_size` 4 096, blocks of 256, not paged).
-    AdamW8bit,
+    /// `bitsandbytes.optim.AdamW8bit` (`min_8bit_size` 4 096, blocks of 256), or `paged`
+    /// (`PagedAdamW8bit`): the moments of a parameter of [`PAGED_ELEMENTS`] or more in CUDA
+    /// unified memory, outside the caching allocator.
+    AdamW8bit { paged: bool },
     /// `transformers.optimization.Adafactor(scale_parameter=False, relative_step=False)`, no
     /// first moment, no weight decay (the Trainer's defaults).
     Adafactor,
 }
+
+/// A paged optimizer's parameters of fewer elements keep their moments in the caching
+/// allocator (`get_state_buffer`: `p.numel() < 1e5`).
+pub const PAGED_ELEMENTS: u64 = 100_000;
 
 /// bitsandbytes' `min_8bit_size`: smaller parameters keep float32 moments.
 pub const MIN_8BIT_ELEMENTS: u64 = 4096;
@@ -97,18 +103,31 @@ fn adamw_8bit_states(elements: u64, kept_32bit: bool) -> [(u64, Dtype); 4] {
 /// The bytes of `AdamW8bit`'s states for parameters of these element counts, each with whether
 /// it is kept in 32 bits (maps included).
 pub fn adamw_8bit_state_bytes(elements: impl IntoIterator<Item = (u64, bool)>) -> u64 {
+    let (allocated, paged) = paged_adamw_8bit_state_bytes(elements, false);
+    allocated + paged
+}
+
+/// The bytes of `AdamW8bit`'s states (maps included) in the caching allocator and, `paged`, in
+/// CUDA unified memory outside it.
+pub fn paged_adamw_8bit_state_bytes(
+    elements: impl IntoIterator<Item = (u64, bool)>,
+    paged: bool,
+) -> (u64, u64) {
     let mut maps = 0;
-    let mut total = 0;
+    let (mut allocated, mut unified) = (0, 0);
     for (n, kept_32bit) in elements {
         if !kept_32bit && n >= MIN_8BIT_ELEMENTS {
             maps = 2 * QMAP_BYTES;
         }
-        total += adamw_8bit_states(n, kept_32bit)
-            .iter()
-            .map(|(count, elem)| count * elem.bytes())
-            .sum::<u64>();
+        let moments_paged = paged && n >= PAGED_ELEMENTS;
+        for (i, (count, elem)) in adamw_8bit_states(n, kept_32bit).iter().enumerate() {
+            match moments_paged && i < 2 {
+                true => unified += count * elem.bytes(),
+                false => allocated += count * elem.bytes(),
+            }
+        }
     }
-    total + maps
+    (allocated + maps, unified)
 }
 
 /// An optimizer's state for the trained parameters.
@@ -169,9 +188,9 @@ impl OptimizerState {
                     }
                     adamw_update(p, params, implementation);
                 }
-                Optimizer::AdamW8bit => {
+                Optimizer::AdamW8bit { paged } => {
                     if first {
-                        self.init_8bit(p, params);
+                        self.init_8bit(p, params, paged);
                     }
                 }
                 Optimizer::Adafactor => unreachable!("stepped above"),
@@ -197,8 +216,9 @@ impl OptimizerState {
     }
 
     /// `AdamW8bit`'s states of each parameter made as its turn comes at the first step, the
-    /// maps at the first 8-bit parameter's; its update kernels allocate nothing.
-    fn init_8bit(&mut self, p: &mut Process, params: &[Tensor]) {
+    /// maps at the first 8-bit parameter's (paged: a large parameter's moments outside the
+    /// allocator, their scales in it); its update kernels allocate nothing.
+    fn init_8bit(&mut self, p: &mut Process, params: &[Tensor], paged: bool) {
         p.in_role(Role::OptimizerStates, |p| {
             for w in params {
                 let kept = self.kept_32bit.iter().any(|k| k.shares_storage(w));
@@ -207,10 +227,10 @@ impl OptimizerState {
                     self.maps.push(p.empty(&[256], Dtype::Float32));
                     self.maps.push(p.empty(&[256], Dtype::Float32));
                 }
-                let states = adamw_8bit_states(w.numel(), kept)
-                    .iter()
-                    .filter(|(count, _)| *count > 0)
-                    .map(|&(count, elem)| p.empty(&[count], elem))
+                let moments_paged = paged && w.numel() >= PAGED_ELEMENTS;
+                let states = (adamw_8bit_states(w.numel(), kept).iter().enumerate())
+                    .filter(|&(i, (count, _))| *count > 0 && !(moments_paged && i < 2))
+                    .map(|(_, &(count, elem))| p.empty(&[count], elem))
                     .collect();
                 self.states.push(states);
             }

@@ -361,17 +361,19 @@ impl TryFrom<Spec> for Run {
         let padded = left_padded || lengths.iter().any(|&n| n < s.context);
         let optimizer = match (s.optimizer, s.trainer_args.optim.as_deref(), trainer) {
             (SpecOptimizer::AdamW, _, None) => Optimizer::AdamW(s.optimizer_impl),
-            (SpecOptimizer::AdamW8bit, _, None) => Optimizer::AdamW8bit,
+            (SpecOptimizer::AdamW8bit, _, None) => Optimizer::AdamW8bit { paged: false },
             (_, None | Some("adamw_torch_fused"), Some(_)) => {
                 Optimizer::AdamW(OptimizerImpl::Fused)
             }
             (_, Some("adamw_torch"), Some(_)) => Optimizer::AdamW(OptimizerImpl::Foreach),
-            (_, Some("adamw_8bit"), Some(_)) => Optimizer::AdamW8bit,
+            (_, Some("adamw_8bit"), Some(_)) => Optimizer::AdamW8bit { paged: false },
+            (_, Some("paged_adamw_8bit"), Some(_)) => Optimizer::AdamW8bit { paged: true },
             (_, Some("adafactor"), Some(_)) => Optimizer::Adafactor,
             (_, Some(_), Some(_)) => {
                 return Err(field(
                     "trainer_args",
-                    "optim: adamw_torch_fused, adamw_torch, adamw_8bit or adafactor",
+                    "optim: adamw_torch_fused, adamw_torch, adamw_8bit, paged_adamw_8bit or \
+                     adafactor",
                 ))
             }
         };

@@ -786,6 +786,52 @@ fn the_trainers_adafactor_keeps_factored_moments() {
     ));
 }
 
+/// `--optimizer paged-adamw-8bit`: bitsandbytes' paged 8-bit AdamW keeps the moments of its large
+/// parameters in CUDA unified memory, outside the allocator: the optimizer states term holds the
+/// rest, and says how much is paged.
+#[test]
+fn the_paged_8_bit_adamw_keeps_large_moments_outside_the_allocator() {
+    let figures = |optimizer: &str| {
+        let doc = json_of(
+            mm().args(["budget", "--model", "qwen2.5-0.5b", "--mode", "full"])
+                .args([
+                    "--trainer",
+                    "--batch",
+                    "2",
+                    "--context",
+                    "512",
+                    "--optimizer",
+                    optimizer,
+                    "--json",
+                ]),
+        );
+        let terms = doc["budget"]["terms"].as_array().unwrap().clone();
+        let t = terms
+            .iter()
+            .find(|t| t["key"] == "optimizer_states")
+            .unwrap()
+            .clone();
+        (
+            bytes(&t["bytes"]),
+            bytes(&doc["budget"]["peak_allocated"]),
+            t,
+        )
+    };
+    let (states, peak, _) = figures("adamw-8bit");
+    let (paged_states, paged_peak, term) = figures("paged-adamw-8bit");
+    // Qwen2.5 0.5B: 494 032 768 parameters; about 2 bytes of moments each leave the allocator.
+    assert!(
+        states - paged_states > 900_000_000,
+        "{states} then {paged_states}"
+    );
+    assert!(paged_peak < peak, "{peak} then {paged_peak}");
+    let formula = term["formula"].as_str().unwrap();
+    assert!(
+        formula.contains("paged in CUDA unified memory"),
+        "{formula}"
+    );
+}
+
 /// `--sample` draws each token from the softmax after the warpers its values turn on: top-p's
 /// sort of every row's vocabulary and its temporaries, the probabilities and multinomial's noise,
 /// said in the title and a note; refused outside serving, above PyTorch's in-place top-k, and

@@ -759,13 +759,21 @@ fn generate_with_a_repetition_penalty_or_a_max_length_replays_the_runs_it_was_de
 
 /// The Trainer with `optim="adafactor"` (full training of bfloat16 weights, padded batches): each
 /// parameter's float32 copies of its gradient and itself, its factored second moments and RMS,
-/// the update's temporaries, in the Python loop's order.
+/// the update's temporaries, in the Python loop's order; with `optim="paged_adamw_8bit"`: the
+/// 8-bit states with the moments of the large parameters outside the allocator.
 #[test]
-fn the_trainers_adafactor_replays_the_run_it_was_derived_from() {
-    let name = "trainer-small-llama-full-adafactor";
-    let raw = recorded(name, false);
-    assert_eq!(raw["spec"]["trainer_args"]["optim"], "adafactor");
-    replays_to_the_byte(name, &raw, 0);
+fn the_trainers_adafactor_and_paged_adamw_replay_the_runs_they_were_derived_from() {
+    for (name, optim) in [
+        ("trainer-small-llama-full-adafactor", "adafactor"),
+        (
+            "trainer-small-llama-full-paged-adamw-8bit",
+            "paged_adamw_8bit",
+        ),
+    ] {
+        let raw = recorded(name, false);
+        assert_eq!(raw["spec"]["trainer_args"]["optim"], optim);
+        replays_to_the_byte(name, &raw, 0);
+    }
 }
 
 /// `generate(do_sample=True, temperature=0.7, top_k=50, top_p=0.9)`: the warpers, the softmax and

@@ -45,7 +45,7 @@ impl Budget {
         };
         let mode = match &w.mode {
             Mode::Inference { generated } => format!(
-                "generate, batch {}, {} prompt + {generated} new tokens{}{}",
+                "generate, batch {}, {} prompt + {generated} new tokens{}{}{}",
                 w.batch,
                 grouped(w.context),
                 match w.applied_repetition_penalty() {
@@ -55,6 +55,10 @@ impl Budget {
                 match &w.sample {
                     Some(s) => format!(", sampling ({})", s.warper_values()),
                     None => String::new(),
+                },
+                match w.beams() {
+                    1 => String::new(),
+                    n => format!(", beam search over {n} beams"),
                 }
             ),
             Mode::Lora { rank, .. } => format!(
@@ -283,9 +287,26 @@ impl Budget {
             notes.push(format!(
                 "generate's defaults read from the model's generation_config.json ({}), as \
                  transformers applies them where the call gives none: the flags given \
-                 (--sample, --greedy, --temperature, --top-k, --top-p, --repetition-penalty) \
+                 (--sample, --greedy, --temperature, --top-k, --top-p, --repetition-penalty, \
+                 --num-beams) \
                  come first.",
                 crate::model::generation::described(g)
+            ));
+        }
+        if self.workload.beams() > 1 {
+            notes.push(format!(
+                "Beam search (--num-beams {}): the prompt's rows repeated for each beam before \
+                 the prefill, the running and finished sequences held at their final length, \
+                 each token's float32 log-softmax over every beam's vocabulary ranked into twice \
+                 as many candidates as beams, and the KV cache of every layer gathered anew for \
+                 the beams kept. Run to --generated tokens (an end-of-sequence token can only \
+                 stop it sooner; transformers keeps one more set of candidates for each \
+                 end-of-sequence token past the first, which the replay does not make: int64 \
+                 sequences of batch × beams × the final length). \
+                 Derived from 3 traces recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to the \
+                 byte; not yet proven on runs held out.",
+                self.workload.beams()
             ));
         }
         if let Some(s) = &self.workload.sample {

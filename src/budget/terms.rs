@@ -565,14 +565,18 @@ fn kv_bytes(w: &Workload) -> (u64, String) {
                 Some(window) if tokens > window => window,
                 _ => tokens,
             };
-            w.batch * kept * per_token * e
+            w.batch * w.beams() * kept * per_token * e
         })
         .sum();
     let sliding = m.layers.iter().filter(|l| l.window.is_some()).count();
     let formula = format!(
-        "{} layers × batch {} × {} tokens{} × {} per token × {e} B",
+        "{} layers × batch {}{} × {} tokens{} × {} per token × {e} B",
         m.layers.len(),
         w.batch,
+        match w.beams() {
+            1 => String::new(),
+            n => format!(" × {n} beams"),
+        },
         grouped(tokens),
         if sliding > 0 {
             format!(" ({sliding} sliding layers keep at most their window)")

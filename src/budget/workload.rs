@@ -157,6 +157,10 @@ pub struct Workload {
     /// values given turn on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample: Option<SampleArgs>,
+    /// `generate`'s `num_beams` (inference): above 1, beam search over that many copies of
+    /// each row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beams: Option<u64>,
     /// The model's `generation_config.json` (inference), whose values apply where no flag gives
     /// them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +285,7 @@ impl Workload {
             sft: false,
             repetition_penalty: None,
             sample: None,
+            beams: None,
             generation_config: None,
         })
     }
@@ -289,6 +294,11 @@ impl Workload {
     pub fn applied_repetition_penalty(&self) -> Option<rust_decimal::Decimal> {
         self.repetition_penalty
             .filter(|p| *p != rust_decimal::Decimal::ONE)
+    }
+
+    /// The beams `generate` searches with (1: no beam search).
+    pub fn beams(&self) -> u64 {
+        self.beams.unwrap_or(1)
     }
 
     /// PEFT's dropout probability where it runs a dropout (above 0; at 0 an `nn.Identity`).
@@ -449,6 +459,19 @@ impl Workload {
                  (optim=\"adafactor\"): add --trainer"
                     .into(),
             ));
+        }
+        match self.beams {
+            Some(_) if !matches!(self.mode, Mode::Inference { .. }) => {
+                return Err(WorkloadError::Unsupported(
+                    "--num-beams applies to --mode inference only".into(),
+                ))
+            }
+            Some(0) => {
+                return Err(WorkloadError::Unsupported(
+                    "--num-beams is a whole number above 0, not 0".into(),
+                ))
+            }
+            _ => {}
         }
         if let Some(s) = &self.sample {
             use rust_decimal::Decimal;
@@ -666,6 +689,7 @@ impl Workload {
                 generated: (*generated).max(1),
                 repetition_penalty: self.applied_repetition_penalty().is_some(),
                 sampling: self.sample.as_ref().map(SampleArgs::warpers),
+                beams: self.beams(),
             },
             Mode::Lora { rank, targets } => Work::Train {
                 lora: Some(Lora {

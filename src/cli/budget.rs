@@ -148,6 +148,10 @@ pub struct BudgetArgs {
     /// that share of the probability kept [default: 1].
     #[arg(long, requires = "sample", value_parser = values::top_p)]
     pub top_p: Option<rust_decimal::Decimal>,
+    /// generate's num_beams (inference): above 1, beam search over that many copies of each
+    /// row (the model's generation_config.json, else 1).
+    #[arg(long, value_parser = values::positive_u64)]
+    pub num_beams: Option<u64>,
     /// LoRA rank (lora) [default: 16].
     #[arg(long, value_parser = values::positive_u64)]
     pub rank: Option<u64>,
@@ -398,6 +402,11 @@ impl BudgetArgs {
                 "inference",
             ),
             (self.sample && trains, "--sample", "inference"),
+            (
+                self.num_beams.is_some() && trains,
+                "--num-beams",
+                "inference",
+            ),
             (self.greedy && trains, "--greedy", "inference"),
             (self.rank.is_some() && !lora, "--rank", "lora"),
             (self.targets.is_some() && !lora, "--targets", "lora"),
@@ -463,13 +472,6 @@ impl BudgetArgs {
         // generate's defaults from the model's generation_config.json, under the flags given.
         let generation = generation.filter(|_| mode_arg == ModeArg::Inference);
         let defaults = generation.clone().unwrap_or_default();
-        if let Some(n) = defaults.num_beams.filter(|&n| n > 1) {
-            return Err(crate::model::folder::FolderError::Generation {
-                file: format!("{source}: {}", crate::model::generation::FILE),
-                message: format!("num_beams {n}: beam search is not replayed yet"),
-            }
-            .into());
-        }
         let autocast = self.autocast.map(|a| match a {
             AutocastArg::Bfloat16 => Dtype::Bfloat16,
             AutocastArg::Float16 => Dtype::Float16,
@@ -554,6 +556,7 @@ impl BudgetArgs {
                     top_p: self.top_p.or(defaults.top_p),
                 },
             ),
+            beams: self.num_beams.or(defaults.num_beams),
             generation_config: generation,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.

@@ -129,6 +129,28 @@ impl Cache {
         }
     }
 
+    /// `reorder_cache(beam_idx)` of beam search: every layer's keys, then values, gathered into
+    /// new tensors (`index_select`), each old one let go once its new one is made.
+    pub fn reorder(&mut self, p: &mut Process) {
+        p.in_role(crate::replay::program::Role::KvCache, |p| {
+            for layer in &mut self.layers {
+                let (Layer::Full { keys, values } | Layer::Sliding { keys, values, .. }) = layer;
+                for slot in [keys, values] {
+                    if let Some(old) = slot.take() {
+                        *slot = Some(p.empty(&old.shape, old.elem));
+                    }
+                }
+            }
+        })
+    }
+
+    /// Lets the cache go as Python frees its list of layers: from the last.
+    pub fn drop_from_last(mut self) {
+        while let Some(layer) = self.layers.pop() {
+            drop(layer);
+        }
+    }
+
     /// `update(key_states, value_states, layer)`: the keys and values the attention uses.
     pub fn update(
         &mut self,

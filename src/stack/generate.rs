@@ -3,31 +3,17 @@
 //! position's logits), then each new token's forward, the float32 copy of its logits (processed
 //! by the repetition penalty where one is asked for, then by sampling's warpers), the greedy
 //! choice or the draw from the softmax (`do_sample`, [`super::sampling`]), and the ids, mask and
-//! positions grown by one.
+//! positions grown by one. With `num_beams` above one the rows are repeated for each beam and
+//! [`super::beams`] runs the search.
 
+use super::beams;
 use super::cache::Cache;
-use super::decoder::{Decoder, Inputs};
-use super::sampling::{self, Sampling};
+use super::decoder::Decoder;
+use super::decoding::{penalized, prefill_done, Kwargs};
+pub use super::decoding::{Options, Stages};
+use super::sampling;
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
-
-/// Where `generate` is, for the stages of a run.
-pub trait Stages {
-    /// The first token's logits are being processed: the prefill ends, the decode begins.
-    fn prefill_done(&mut self, decoder: &mut Decoder);
-}
-
-/// What `generate` is asked for beyond the prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Options {
-    /// `max_new_tokens` (or `max_length` less the prompt).
-    pub new_tokens: u64,
-    /// `repetition_penalty` other than 1: `RepetitionPenaltyLogitsProcessor` on every token's
-    /// logits.
-    pub repetition_penalty: bool,
-    /// `do_sample=True`: the warpers it runs (greedy decoding where none).
-    pub sampling: Option<Sampling>,
-}
 
 /// Runs `generate` after the prompt `ids` (`[b, t]` int64) and its attention `mask`.
 pub fn generate(
@@ -37,7 +23,6 @@ pub fn generate(
     options: Options,
     stages: &mut dyn Stages,
 ) {
-    let new_tokens = options.new_tokens;
     let (b, t) = (ids.shape[0], ids.shape[1]);
     let windows: Vec<Option<u64>> = d.model.layers.iter().map(|l| l.window).collect();
     let mut cache = Cache::new(&windows);
@@ -55,94 +40,52 @@ pub fn generate(
     let shifted = p.empty(&[b, t], Dtype::Int64);
     drop(cumsum);
     let zero = p.empty(&[b, t], Dtype::Bool);
-    let mut positions = p.empty(&[b, t], Dtype::Int64);
-    // The prompt's positions stay referenced (by generate's own arguments) to the end.
-    let prompt_positions = positions.clone();
+    let positions = p.empty(&[b, t], Dtype::Int64);
     drop(zero);
     drop(shifted);
+    if options.beams > 1 {
+        // _expand_inputs_for_generation: the ids, mask and positions repeated for each beam
+        // (the prompt's positions let go), kept by generate to its end.
+        let rows = b * options.beams;
+        let ids = p.empty(&[rows, t], Dtype::Int64);
+        let mask = p.empty(&[rows, t], Dtype::Int64);
+        let expanded = p.empty(&[rows, t], Dtype::Int64);
+        drop(positions);
+        let positions = expanded;
+        let kwargs = Kwargs::new(positions.clone(), mask.clone());
+        let sequences = beams::search(d, &ids, kwargs, &mut cache, options, stages);
+        d.experts_path = super::decoder::ExpertsPath::Grouped;
+        drop((pad, pad2, mask, positions));
+        cache.drop_from_last();
+        drop(ids);
+        drop(sequences);
+        return;
+    }
+    // The prompt's positions stay referenced (by generate's own arguments) to the end.
+    let mut kwargs = Kwargs::new(positions.clone(), mask.clone());
+    let prompt_positions = positions;
     let mut unfinished = p.empty(&[b], Dtype::Int64);
     let mut ids = ids.clone();
-    let mut mask = mask.clone();
     let mut next_logits: Option<Tensor> = None;
     let mut next_tokens: Option<Tensor> = None;
     // The logits processors' output (`next_token_scores`) where one makes a new tensor.
     let mut scores: Option<Tensor> = None;
     // Sampling's probabilities.
     let mut probs: Option<Tensor> = None;
-    // The last step's inputs (`model_inputs`), held until the next step's are made.
-    let mut inputs: Option<(Tensor, Tensor, Tensor)> = None;
-    for (step, length) in (0..new_tokens).zip(t..) {
-        let out = if step == 0 {
-            // _prefill: its own inputs (the ids cloned), gone when it returns.
-            let input = d.process.clone_contiguous(&ids);
-            let out = d.forward(Inputs {
-                ids: &input,
-                mask: Some(&mask),
-                positions: Some(&positions),
-                cache: Some(&mut cache),
-                keep_last: true,
-                labels: None,
-                items: None,
-            });
-            drop(input);
-            out
-        } else {
-            // prepare_inputs_for_generation: the last id and position, cloned.
-            let i = d.process.empty(&[b, 1], Dtype::Int64);
-            let q = d.process.empty(&[b, 1], Dtype::Int64);
-            drop(inputs.take());
-            let out = d.forward(Inputs {
-                ids: &i,
-                mask: Some(&mask),
-                positions: Some(&q),
-                cache: Some(&mut cache),
-                keep_last: true,
-                labels: None,
-                items: None,
-            });
-            inputs = Some((i, q, mask.clone()));
-            out
-        };
+    for (step, length) in (0..options.new_tokens).zip(t..) {
+        let out = kwargs.forward(d, step, &ids, &mut cache);
         let p = &mut *d.process;
-        // _update_model_kwargs_for_generation: arange(1) + positions[..., -1:] + 1 and the cat;
-        // the mask grown by ones; the old positions go at its return.
-        let range = p.empty(&[1], Dtype::Int64);
-        let plus = p.empty(&[b, 1], Dtype::Int64);
-        drop(range);
-        let one = p.empty(&[b, 1], Dtype::Int64);
-        drop(plus);
-        let grown = p.empty(&[b, length + 1], Dtype::Int64);
-        drop(one);
-        let old_positions = std::mem::replace(&mut positions, grown);
-        let ones = p.empty(&[b, 1], Dtype::Int64);
-        let grown_mask = p.empty(&[b, length + 1], Dtype::Int64);
-        drop(ones);
-        mask = grown_mask;
-        drop(old_positions);
+        kwargs.grow(p, b, length);
         // next_token_logits = logits[:, -1].to(float32, copy=True)
         let vocab = out.logits.size(-1);
         next_logits = Some(p.empty(&[b, vocab], Dtype::Float32));
         // The logits processors, each output replacing the chain's last (let go once the next
         // returns); the last becomes the step's scores, the previous step's let go.
-        let mut processed: Option<Tensor> = None;
-        if options.repetition_penalty {
-            // The logits of the tokens seen so far gathered, penalized (`torch.where(score < 0,
-            // score * penalty, score / penalty)`), scattered into a copy of the logits.
-            let seen = p.empty(&[b, length], Dtype::Float32);
-            let negative = p.empty(&[b, length], Dtype::Bool);
-            let multiplied = p.empty(&[b, length], Dtype::Float32);
-            let divided = p.empty(&[b, length], Dtype::Float32);
-            let penalized = p.empty(&[b, length], Dtype::Float32);
-            drop((negative, multiplied, divided, seen));
-            processed = Some(p.empty(&[b, vocab], Dtype::Float32));
-            drop(penalized);
-        }
+        let mut processed = options
+            .repetition_penalty
+            .then(|| penalized(p, b, length, vocab));
         if step == 0 {
-            // The proof script marks the prefill's end in a processor of its own, after
-            // transformers' processors and before sampling's warpers.
-            stages.prefill_done(d);
-            // `_optimize_model_for_decode`: on a GPU, experts run as batched products.
-            d.experts_path = super::decoder::ExpertsPath::Batched;
+            prefill_done(d, stages);
         }
         let p = &mut *d.process;
         if let Some(s) = options.sampling {
@@ -155,7 +98,7 @@ pub fn generate(
             // probs = softmax(scores), held to the next step's; multinomial(probs, 1).squeeze(1)
             Some(_) => {
                 drop(probs.replace(p.empty(&[b, vocab], Dtype::Float32)));
-                sampling::multinomial(p, b, vocab)
+                sampling::multinomial(p, b, vocab, 1)
             }
             None => p.empty(&[b], Dtype::Int64),
         });
@@ -179,6 +122,11 @@ pub fn generate(
         drop(out);
     }
     d.experts_path = super::decoder::ExpertsPath::Grouped;
+    let Kwargs {
+        positions,
+        mask,
+        inputs,
+    } = kwargs;
     drop(inputs);
     drop(next_tokens);
     drop(prompt_positions);

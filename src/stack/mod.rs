@@ -19,10 +19,12 @@
 
 pub mod autograd;
 pub mod backward;
+pub mod beams;
 pub mod bitsandbytes;
 pub mod cache;
 pub mod ddp;
 pub mod decoder;
+pub mod decoding;
 pub mod experts;
 pub mod fsdp;
 pub mod generate;

@@ -25,11 +25,13 @@ use crate::replay::stream::{self, Plan, Replays};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
     /// `generate` of `generated` tokens after a prompt of `context`, with `repetition_penalty`
-    /// (its logits processor) or without, greedy or `sampling`.
+    /// (its logits processor) or without, greedy or `sampling`, over `beams` (1: no beam
+    /// search).
     Generate {
         generated: u64,
         repetition_penalty: bool,
         sampling: Option<super::sampling::Sampling>,
+        beams: u64,
     },
     /// `steps` training steps on sequences of `context`.
     Train {
@@ -217,6 +219,7 @@ fn emulate(
             generated,
             repetition_penalty,
             sampling,
+            beams,
         } => {
             p.autograd.enabled = false;
             marks.begin(&p, "inputs", Loaded::Context);
@@ -246,6 +249,7 @@ fn emulate(
                 new_tokens: *generated,
                 repetition_penalty: *repetition_penalty,
                 sampling: *sampling,
+                beams: *beams,
             };
             generate::generate(&mut d, &ids, &mask, options, &mut marks);
             marks.end(&p);

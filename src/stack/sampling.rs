@@ -71,11 +71,12 @@ pub fn warp(
     }
 }
 
-/// `torch.multinomial(probs, num_samples=1)` of `[rows, vocab]` probabilities: its checks
-/// (`max() < inf & min() >= 0`, `(sum(1) == 0).any()`, asserted on the GPU), the exponential
-/// noise `q` and the argmax of `probs / q` into its result, which it returns.
-pub fn multinomial(p: &mut Process, rows: u64, vocab: u64) -> Tensor {
-    let result = p.empty(&[rows, 1], Dtype::Int64);
+/// `torch.multinomial(probs, num_samples)` (without replacement) of `[rows, vocab]`
+/// probabilities: its checks (`max() < inf & min() >= 0`, `(sum(1) == 0).any()`, asserted on
+/// the GPU), the exponential noise `q` and the argmax of `probs / q` (one sample) or its
+/// smallest `num_samples` by `topk` into its result, which it returns.
+pub fn multinomial(p: &mut Process, rows: u64, vocab: u64, samples: u64) -> Tensor {
+    let result = p.empty(&[rows, samples], Dtype::Int64);
     let whole = Reduction::whole(rows * vocab);
     let max = p.empty(&[], Dtype::Float32);
     p.reduction_staging(whole, Dtype::Float32);
@@ -93,8 +94,14 @@ pub fn multinomial(p: &mut Process, rows: u64, vocab: u64) -> Tensor {
     drop((zero, sums));
     drop(p.empty(&[], Dtype::Bool));
     let q = p.empty(&[rows, vocab], Dtype::Float32);
-    // argmax's accumulator: a (value, index) pair of 16 bytes.
-    p.reduction_staging_bytes(by_row, 16);
+    if samples == 1 {
+        // argmax's accumulator: a (value, index) pair of 16 bytes.
+        p.reduction_staging_bytes(by_row, 16);
+    } else {
+        let values = p.empty(&[rows, samples], Dtype::Float32);
+        topk_scratch(p, rows, vocab);
+        drop(values);
+    }
     drop(q);
     drop((any, valid));
     result
@@ -104,9 +111,15 @@ pub fn multinomial(p: &mut Process, rows: u64, vocab: u64) -> Tensor {
 /// multi-block radix select allocates where PyTorch's heuristic picks it
 /// (`should_use_multiblock`); the single-block kernel allocates nothing, and the `k` values are
 /// sorted in place.
-fn topk(p: &mut Process, rows: u64, n: u64, k: u64) -> (Tensor, Tensor) {
+pub fn topk(p: &mut Process, rows: u64, n: u64, k: u64) -> (Tensor, Tensor) {
     let values = p.empty(&[rows, k], Dtype::Float32);
     let indices = p.empty(&[rows, k], Dtype::Int64);
+    topk_scratch(p, rows, n);
+    (values, indices)
+}
+
+/// What `topk` of `[rows, n]` allocates besides its outputs.
+fn topk_scratch(p: &mut Process, rows: u64, n: u64) {
     if multiblock_topk(rows, n) {
         const THREADS: u64 = 256;
         const DIGITS: u64 = 256;
@@ -137,7 +150,6 @@ fn topk(p: &mut Process, rows: u64, n: u64, k: u64) -> (Tensor, Tensor) {
             kth_counts, within, digit_sums, counts, desired, ks_to_find, kth_values,
         ));
     }
-    (values, indices)
 }
 
 /// `should_use_multiblock` (PyTorch 2.11, cub with scan by key).

@@ -287,7 +287,7 @@ impl TryFrom<Spec> for Run {
         }
         // `generate`'s keyword arguments: its length, a repetition penalty, sampling.
         let kwargs = s.generate.clone().unwrap_or_default();
-        const KNOWN: [&str; 7] = [
+        const KNOWN: [&str; 8] = [
             "max_length",
             "max_new_tokens",
             "repetition_penalty",
@@ -295,6 +295,7 @@ impl TryFrom<Spec> for Run {
             "temperature",
             "top_k",
             "top_p",
+            "num_beams",
         ];
         let unknown: Vec<&str> = (kwargs.keys().map(String::as_str))
             .filter(|k| !KNOWN.contains(k))
@@ -354,6 +355,11 @@ impl TryFrom<Spec> for Run {
             }),
             Some(None) => return Err(field("generate", "do_sample true or false")),
         };
+        let beams = match whole("num_beams") {
+            None => 1,
+            Some(Some(n)) => n,
+            Some(None) => return Err(field("generate", "num_beams a whole number above 0")),
+        };
         // `hf_loops.py` pads generate's rows by the counts in turn, each at most the context
         // less one.
         let pads = s.left_padding.as_deref().unwrap_or_default();
@@ -405,6 +411,7 @@ impl TryFrom<Spec> for Run {
                     .ok_or_else(|| field("generated", "not a whole number above 0"))?,
                 repetition_penalty,
                 sampling,
+                beams,
             },
             SpecMode::Full => train(None),
             SpecMode::Lora | SpecMode::Qlora => train(Some(lora()?)),

@@ -879,10 +879,47 @@ fn generate_samples_with_the_warpers_asked_for() {
     }
 }
 
+/// `--num-beams`: the prompt's rows repeated for each beam, so one row searched over 4 beams
+/// holds the KV cache of 4 rows and more than greedy decoding of 4 rows (the sequences, the
+/// candidates, the cache gathered anew); refused in training, naming the flag.
+#[test]
+fn generate_searches_with_the_beams_asked_for() {
+    let budget = |batch: &str, more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--model", "llama-3.2-1b", "--mode", "inference"])
+            .args(["--context", "512", "--generated", "64", "--batch", batch])
+            .args(more)
+            .arg("--json");
+        json_of(&mut cmd)
+    };
+    let kv = |j: &serde_json::Value| {
+        let terms = j["budget"]["terms"].as_array().unwrap();
+        let t = terms.iter().find(|t| t["key"] == "kv_cache").unwrap();
+        bytes(&t["bytes"])
+    };
+    let greedy = budget("4", &[]);
+    let beams = budget("1", &["--num-beams", "4"]);
+    assert_eq!(kv(&beams), kv(&greedy));
+    let peak = |j: &serde_json::Value| bytes(&j["budget"]["peak_allocated"]);
+    assert!(
+        peak(&beams) > peak(&greedy),
+        "{} against {}",
+        peak(&beams),
+        peak(&greedy)
+    );
+    assert_eq!(beams["budget"]["workload"]["beams"], 4);
+    let mut full = mm();
+    full.args(["budget", "--model", "llama-3.2-1b", "--mode", "full"])
+        .args(["--context", "1024", "--num-beams", "2"]);
+    full.assert()
+        .code(USAGE)
+        .stderr(contains("--num-beams applies to --mode inference"));
+}
+
 /// A model folder's `generation_config.json` gives `generate` its defaults as transformers applies
-/// them (sampling with its warpers, a repetition penalty) where no flag gives them, and the
-/// budget says so; `--greedy` and the flags come first; a training reads none; a file that lies,
-/// or asks for beams, is refused naming it.
+/// them (sampling with its warpers, a repetition penalty, beams) where no flag gives them, and
+/// the budget says so; `--greedy` and the flags come first; a training reads none; a file that
+/// lies is refused naming it.
 #[test]
 fn a_model_folders_generation_config_gives_generate_its_defaults() {
     let dir = tempfile::tempdir().unwrap();
@@ -924,20 +961,24 @@ fn a_model_folders_generation_config_gives_generate_its_defaults() {
     let out = budget("lora", &[]).assert().success();
     let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
     assert!(!text.contains("generation_config"), "{text}");
-    for (content, says) in [
-        (r#"{"do_sample": 1}"#, "`do_sample` must be true or false"),
-        (
-            r#"{"num_beams": 4}"#,
-            "num_beams 4: beam search is not replayed yet",
-        ),
-    ] {
-        std::fs::write(&file, content).unwrap();
-        budget("inference", &[])
-            .assert()
-            .code(DATA_ERROR)
-            .stderr(contains("generation_config.json"))
-            .stderr(contains(says));
-    }
+    std::fs::write(&file, r#"{"do_sample": 1}"#).unwrap();
+    budget("inference", &[])
+        .assert()
+        .code(DATA_ERROR)
+        .stderr(contains("generation_config.json"))
+        .stderr(contains("`do_sample` must be true or false"));
+    // The model's num_beams searches unless the flag says otherwise.
+    std::fs::write(&file, r#"{"num_beams": 4}"#).unwrap();
+    budget("inference", &[])
+        .assert()
+        .success()
+        .stdout(contains("beam search over 4 beams"))
+        .stdout(contains("× 4 beams"));
+    let out = budget("inference", &["--num-beams", "1"])
+        .assert()
+        .success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(!text.contains("beam search"), "{text}");
 }
 
 /// `--sft`: TRL's fused head never makes the `[batch, sequence, vocabulary]` logits the Trainer's

@@ -794,6 +794,24 @@ fn sampling_replays_the_runs_it_was_derived_from() {
     }
 }
 
+/// Beam search (`num_beams` 2 to 4, greedy and sampled, at the widths of a small Llama and of
+/// Llama 3.1 8B over 1 024 tokens).
+#[test]
+fn beam_search_replays_the_runs_it_was_derived_from() {
+    for name in [
+        "generate-small-llama-beams",
+        "generate-small-llama-beams-sample",
+        "generate-medium-llama-3.1-8b-beams",
+    ] {
+        let raw = recorded(name, false);
+        assert!(
+            raw["spec"]["generate"]["num_beams"].as_u64() > Some(1),
+            "{name}"
+        );
+        replays_to_the_byte(name, &raw, 0);
+    }
+}
+
 /// TRL's SFTTrainer with its defaults (full training and LoRA of a small Llama, LoRA at Llama 3.1
 /// 8B's widths): its fused LM head and logged metrics, each batch's labelled positions (which
 /// the Trainer's sampler chose) read from the trace.

@@ -97,6 +97,12 @@ impl Budget {
         if w.padded {
             extras.push("padded rows".to_string());
         }
+        if w.padding_free {
+            extras.push(format!(
+                "padding-free (one row of {} tokens)",
+                grouped(w.batch * w.context)
+            ));
+        }
         if w.checkpointing {
             extras.push("gradient checkpointing".to_string());
         }
@@ -239,6 +245,24 @@ impl Budget {
                  the byte; not yet proven on runs held out."
                     .into(),
             );
+        }
+        if self.workload.padding_free {
+            let w = &self.workload;
+            notes.push(format!(
+                "Padding-free batches (--padding-free: TRL's padding_free=True, or packing=True, \
+                 whose bfd strategy implies it): each batch's {} sequences of {} tokens \
+                 flattened into one row of {} tokens with their positions restarting at each, no \
+                 attention mask; transformers finds the packed sequences from the positions and \
+                 builds their block-diagonal causal mask for SDPA, {} booleans held through the \
+                 forward (the attention kernels with a mask then run over the whole row). \
+                 Derived from 2 traces recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; not yet \
+                 proven on runs held out.",
+                w.batch,
+                grouped(w.context),
+                grouped(w.batch * w.context),
+                grouped((w.batch * w.context).pow(2)),
+            ));
         }
         if self.workload.trainer {
             notes.push(self.trainer_arguments());

@@ -149,6 +149,11 @@ pub struct Workload {
     /// it logs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sft: bool,
+    /// TRL's `padding_free` (with `sft`; `packing`'s default strategy implies it): each batch's
+    /// rows flattened into one row of `batch × context` tokens, no attention mask, the attention
+    /// under the block-diagonal mask transformers builds from the restarting positions.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub padding_free: bool,
     /// `generate`'s `repetition_penalty` (inference): other than 1, its logits processor runs on
     /// every token's logits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -283,6 +288,7 @@ impl Workload {
             padded: false,
             lora_dropout: None,
             sft: false,
+            padding_free: false,
             repetition_penalty: None,
             sample: None,
             beams: None,
@@ -413,6 +419,25 @@ impl Workload {
         if self.sft && !self.trainer {
             return Err(WorkloadError::Unsupported(
                 "--sft runs TRL's SFTTrainer on the Trainer: the workload needs trainer set".into(),
+            ));
+        }
+        if self.padding_free && !self.sft {
+            return Err(WorkloadError::Unsupported(
+                "--padding-free flattens TRL's SFTTrainer batches: add --sft".into(),
+            ));
+        }
+        if self.padding_free && self.model.layers.iter().any(|l| l.window.is_some()) {
+            return Err(WorkloadError::Unsupported(
+                "--padding-free is replayed for models without sliding-window layers (their \
+                 mask with packed sequences is not replayed yet)"
+                    .into(),
+            ));
+        }
+        if self.padding_free && self.padded {
+            return Err(WorkloadError::Unsupported(
+                "--padding-free pads nothing: leave --padded out (each batch is one row of \
+                 batch × context tokens, every sequence at the context)"
+                    .into(),
             ));
         }
         if self.trainer {
@@ -615,6 +640,7 @@ impl Workload {
             }),
             accumulation: self.accumulation,
             sft: self.sft,
+            padding_free: self.padding_free,
         })
     }
 
@@ -740,6 +766,7 @@ impl Workload {
             tensor_parallel: None,
             ddp: None,
             labelled: Vec::new(),
+            flat_tokens: Vec::new(),
         }
     }
 }

@@ -189,6 +189,11 @@ pub struct BudgetArgs {
     /// rather than making the logits, and the entropy and token accuracy it logs.
     #[arg(long)]
     pub sft: bool,
+    /// TRL's padding_free=True (with --sft; packing=True implies it): each batch's --batch
+    /// sequences of --context tokens flattened into one row, no attention mask, the attention
+    /// under the block-diagonal mask of the packed sequences.
+    #[arg(long, requires = "sft")]
+    pub padding_free: bool,
     /// The batch is padded: its shorter rows padded to --context, as a tokenizer pads them, the
     /// attention under the mask built for them (inference, or training with --trainer).
     #[arg(long)]
@@ -548,6 +553,7 @@ impl BudgetArgs {
             padded: self.padded,
             lora_dropout: self.lora_dropout,
             sft: self.sft,
+            padding_free: self.padding_free,
             repetition_penalty: self.repetition_penalty.or(defaults.repetition_penalty),
             sample: (self.sample || (!self.greedy && defaults.do_sample == Some(true))).then_some(
                 crate::budget::workload::SampleArgs {

@@ -329,7 +329,7 @@ impl Decoder<'_> {
     /// `find_packed_sequence_indices(position_ids)` on positions expanded to the batch: the
     /// first value less one, the difference with it prepended, where it is not 1, its cumulative
     /// sum, and the check that every row is one sequence.
-    pub(super) fn packed_sequences(&mut self, b: u64, t: u64) {
+    pub(super) fn packed_sequences(&mut self, b: u64, t: u64) -> Option<Tensor> {
         let p = &mut *self.process;
         let first = p.empty(&[b, 1], Dtype::Int64);
         let prepended = p.empty(&[b, t + 1], Dtype::Int64);
@@ -338,6 +338,10 @@ impl Decoder<'_> {
         let ne = p.empty(&[b, t], Dtype::Bool);
         let sums = p.empty(&[b, t], Dtype::Int64);
         let widened = p.empty(&[b, t], Dtype::Int64);
+        if b == 1 {
+            // One row's cumulative sum is cub's scan.
+            super::sampling::scan_scratch(p, t, Dtype::Int64);
+        }
         drop(widened);
         drop(ne);
         let last = p.empty(&[b], Dtype::Bool);
@@ -346,7 +350,8 @@ impl Decoder<'_> {
         drop(all);
         drop(first);
         drop(diff);
-        drop(sums);
+        // The sequence indices, kept to build the mask when the positions restart.
+        p.packed.then_some(sums)
     }
 
     /// The rotary embedding's `cos` and `sin` for `positions` (`[b, t]` int64), in `dtype`

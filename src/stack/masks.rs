@@ -83,15 +83,23 @@ impl Decoder<'_> {
         window: Option<u64>,
     ) -> Option<Tensor> {
         let p = &mut *self.process;
+        let mut packed = None;
         let padding = match mask {
             Some(m) => Some(p.empty(&m.shape, Dtype::Bool)),
             None => {
                 if no_cache {
-                    self.packed_sequences(b, q);
+                    packed = self.packed_sequences(b, q);
                 }
                 None
             }
         };
+        if packed.is_some() {
+            // Sequences packed in a row: the causal function and theirs (each query sees its
+            // own sequence's keys), the sequence indices let go once the mask is made.
+            let built = self.packed_causal_mask(b, q, kv);
+            drop(packed);
+            return Some(built);
+        }
         let p = &mut *self.process;
         // A longer mask than the keys (a sliding layer past its window) is indexed down.
         let padding = padding.map(|pm| {
@@ -147,6 +155,40 @@ impl Decoder<'_> {
     /// `sdpa_mask` of the causal function and the padding: the index ranges (queries', then
     /// keys'), the causal `[q, kv]` and the padding's `[b, 1, q, kv]` combined in turn.
     fn padded_causal_mask(&mut self, b: u64, q: u64, kv: u64) -> Tensor {
+        self.causal_mask_and(b, q, kv, and_padding)
+    }
+
+    /// `sdpa_mask` of the causal function and the packed sequences': the index ranges, the
+    /// causal `[q, kv]`, then `packed[batch_idx, q_idx] == packed[batch_idx, kv_idx]` (each
+    /// side gathered through its broadcast index) and-ed as the `[b, 1, q, kv]` mask.
+    fn packed_causal_mask(&mut self, b: u64, q: u64, kv: u64) -> Tensor {
+        self.causal_mask_and(b, q, kv, |p, causal, b, q, kv| {
+            let index = p.empty(&[b, 1, q, 1], Dtype::Int64);
+            let queries = p.empty(&[b, 1, q, 1], Dtype::Int64);
+            drop(index);
+            let index = p.empty(&[b, 1, 1, kv], Dtype::Int64);
+            let keys = p.empty(&[b, 1, 1, kv], Dtype::Int64);
+            drop(index);
+            let same = p.empty(&[b, 1, q, kv], Dtype::Bool);
+            drop(queries);
+            drop(keys);
+            let full = p.empty(&[b, 1, q, kv], Dtype::Bool);
+            drop(same);
+            drop(causal);
+            full
+        })
+    }
+
+    /// `sdpa_mask` of the causal function and one more, `and` combining the causal `[q, kv]`
+    /// with it into the `[b, 1, q, kv]` mask: the index ranges (queries', then keys') made first
+    /// and let go last.
+    fn causal_mask_and(
+        &mut self,
+        b: u64,
+        q: u64,
+        kv: u64,
+        and: impl FnOnce(&mut Process, Tensor, u64, u64, u64) -> Tensor,
+    ) -> Tensor {
         let p = &mut *self.process;
         let batch = p.empty(&[b], Dtype::Int64);
         let head = p.empty(&[1], Dtype::Int64);
@@ -162,7 +204,7 @@ impl Decoder<'_> {
         let causal = p.empty(&[q, kv], Dtype::Bool);
         drop(causal_fn);
         drop(start);
-        let full = and_padding(p, causal, b, q, kv);
+        let full = and(p, causal, b, q, kv);
         drop(batch);
         drop(head);
         drop(q_arange);

@@ -130,6 +130,9 @@ pub struct Process {
     pub mask_order: super::process::MaskOrder,
     /// The batch's attention mask holds zeros (padded rows).
     pub padded: bool,
+    /// The batch is one row of several sequences, its positions restarting at each (TRL's
+    /// padding-free collator): the attention runs under a block-diagonal causal mask.
+    pub packed: bool,
     /// Whether the code runs on autograd's backward thread (its own cuBLAS handle).
     pub(super) backward_thread: bool,
     /// Per thread (forward, backward): the cuBLAS and cuBLASLt workspaces once made.
@@ -172,6 +175,7 @@ impl Process {
             recompute_layer: None,
             mask_order: Default::default(),
             padded: false,
+            packed: false,
             autocast: None,
             autocast_cache: Vec::new(),
             kernels,

@@ -15,7 +15,7 @@ use super::process::{Kernels, Process};
 use super::sft;
 use super::tensor::Tensor;
 use super::tensor_parallel::TensorParallel;
-use super::trainer::{self, Batch, Batches, GradScaler, TrainerArgs};
+use super::trainer::{self, Batch, BatchShape, Batches, GradScaler, TrainerArgs};
 use crate::dtype::Dtype;
 use crate::model::{Model, TensorRole};
 use crate::replay::program::{Chunk, Loaded, Program, Role, StageMark};
@@ -82,6 +82,9 @@ pub struct Run {
     /// how many each batch has, in the order the Trainer draws them (beyond them: every position
     /// but each row's last).
     pub labelled: Vec<u64>,
+    /// For TRL's padding-free batches: the tokens of each, in the order the Trainer draws them
+    /// (beyond them: the last; none given, `batch × context`).
+    pub flat_tokens: Vec<u64>,
 }
 
 /// Where the stages begin and end, marked on the tape.
@@ -190,6 +193,7 @@ fn emulate(
     let mut p = Process::new(run.kernels);
     p.mask_order = run.mask_order;
     p.padded = run.padded;
+    p.packed = matches!(&run.work, Work::Train { trainer: Some(t), .. } if t.padding_free);
     p.tensor_parallel = run.tensor_parallel;
     let rank_model = run.tensor_parallel.map(|tp| tp.rank_model(&run.model));
     let model = rank_model.as_ref().unwrap_or(&run.model);
@@ -381,17 +385,22 @@ fn emulate(
                 }
                 if trainer.is_some_and(|t| t.sft) {
                     // TRL's fused head in the model's forward, then its `compute_loss`.
-                    let hidden = d.backbone(&batch.ids, Some(&batch.mask), None, None);
+                    let hidden = d.backbone(
+                        &batch.ids,
+                        batch.mask.as_ref(),
+                        batch.positions.as_ref(),
+                        None,
+                    );
                     let weight = d.head_weight();
                     let fused =
                         sft::fused_forward(d.process, hidden, &weight, &batch.labels, labelled);
                     d.process.end_autocast();
-                    return sft::compute_loss(d.process, fused, &batch.mask);
+                    return sft::compute_loss(d.process, fused, batch.mask.as_ref());
                 }
                 let mut out = d.forward(Inputs {
                     ids: &batch.ids,
-                    mask: trainer.map(|_| &batch.mask),
-                    positions: None,
+                    mask: batch.mask.as_ref().filter(|_| trainer.is_some()),
+                    positions: batch.positions.as_ref(),
                     cache: cache.as_mut(),
                     keep_last: false,
                     labels: Some(&batch.labels),
@@ -459,9 +468,11 @@ fn emulate(
                     marks.begin(&p, "inputs", Loaded::Context);
                     let ids = p.in_role(Role::Inputs, |p| p.empty(&[b, t], Dtype::Int64));
                     let batch = Batch {
-                        mask: ids.clone(),
+                        mask: Some(ids.clone()),
                         labels: ids.clone(),
                         ids,
+                        positions: None,
+                        lengths: Vec::new(),
                     };
                     marks.end(&p);
                     for step in 1..=steps {
@@ -481,7 +492,18 @@ fn emulate(
                 Some(args) => {
                     marks.begin(&p, "setup", Loaded::Context);
                     let running = trainer::running_loss(&mut p);
-                    let mut batches = Batches::load(&mut p, args.accumulation, b, t);
+                    let shape = match args.padding_free {
+                        false => BatchShape::Rows { rows: b, tokens: t },
+                        true => BatchShape::Flattened {
+                            sequences: b,
+                            tokens: match run.flat_tokens.is_empty() {
+                                true => vec![b * t],
+                                false => run.flat_tokens.clone(),
+                            },
+                        },
+                    };
+                    let mut loaded = 0;
+                    let mut batches = Batches::load(&mut p, args.accumulation, &shape, &mut loaded);
                     marks.end(&p);
                     let (mut last_loss, mut last_norm) = (None, None);
                     // The batches drawn so far (each one's labelled positions, for TRL's head).
@@ -497,8 +519,14 @@ fn emulate(
                                 _ => format!("step{step}.micro{micro}"),
                             };
                             marks.begin(&p, &format!("{stage}.forward"), Loaded::Forward);
-                            let labelled =
-                                (run.labelled.get(drawn).copied()).unwrap_or(b * (t - 1));
+                            // Every position but each sequence's last.
+                            let (rows, tokens) = (batch.ids.shape[0], batch.ids.shape[1]);
+                            let labelled = (run.labelled.get(drawn).copied()).unwrap_or(match args
+                                .padding_free
+                            {
+                                true => tokens - b,
+                                false => rows * (tokens - 1),
+                            });
                             drawn += 1;
                             let loss = forward(&mut p, batch, &batches.items, Some(args), labelled);
                             // `loss *= num_processes` (average_tokens_across_devices), in
@@ -540,7 +568,8 @@ fn emulate(
                         marks.end(&p);
                         if step < steps {
                             // The next step's batches, then the last ones let go.
-                            let next = Batches::load(&mut p, args.accumulation, b, t);
+                            let next =
+                                Batches::load(&mut p, args.accumulation, &shape, &mut loaded);
                             std::mem::replace(&mut batches, next).release();
                         }
                     }

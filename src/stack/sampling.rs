@@ -60,7 +60,7 @@ pub fn warp(
         let soft = p.empty(&shape, Dtype::Float32);
         let cumulative = p.empty(&shape, Dtype::Float32);
         if rows == 1 {
-            scan_scratch(p, vocab);
+            scan_scratch(p, vocab, Dtype::Float32);
         }
         drop(soft);
         let cut = p.empty(&shape, Dtype::Bool);
@@ -234,11 +234,17 @@ fn onesweep_temporaries(n: u64, key_bytes: u64, value_bytes: u64, bits: u64, til
     ])
 }
 
-/// The single-row `cumsum` of `n` float32 values goes through cub's inclusive scan: its tile
-/// states (8 bytes each, 32 more), tiles of 128 × 24 items on sm90.
-fn scan_scratch(p: &mut Process, n: u64) {
-    let tiles = n.div_ceil(128 * 24);
-    drop(p.empty(&[cub_temporaries(&[(tiles + 32) * 8])], Dtype::Uint8));
+/// A single row's `cumsum` of `n` values goes through cub's inclusive scan: its tile states,
+/// one for each tile and 32 more, tiles of 128 threads × 24 items of 4 bytes on sm90 (cub scales
+/// the items a thread takes to the item's size: 12 of 8 bytes). A float32 tile's state is one
+/// 8-byte word (status and value); an int64 one's is a status word and two values, 24 bytes.
+pub(super) fn scan_scratch(p: &mut Process, n: u64, elem: Dtype) {
+    let (items, state) = match elem.bytes() {
+        8 => (12, 24),
+        _ => (24, 8),
+    };
+    let tiles = n.div_ceil(128 * items);
+    drop(p.empty(&[cub_temporaries(&[(tiles + 32) * state])], Dtype::Uint8));
 }
 
 /// cub's `AliasTemporaries`: each piece rounded up to 256 bytes, and 255 more to align the whole.

@@ -79,7 +79,7 @@ pub fn fused_forward(
 /// `num_items_in_batch` clamped to 1, times the number of processes; the logged counts of
 /// labelled positions and of top-1 labels and the entropy's sum, each ratio read back; the
 /// batch's attention mask summed for the token count. Then the outputs and its locals go.
-pub fn compute_loss(p: &mut Process, fused: Fused, attention_mask: &Tensor) -> Tensor {
+pub fn compute_loss(p: &mut Process, fused: Fused, attention_mask: Option<&Tensor>) -> Tensor {
     let scalar = |p: &mut Process, elem| p.empty(&[], elem);
     let per_token = p.neg(&fused.log_probs);
     let summed = p.sum_all(&per_token);
@@ -103,10 +103,21 @@ pub fn compute_loss(p: &mut Process, fused: Fused, attention_mask: &Tensor) -> T
         drop(scalar(p, Dtype::Bool));
         drop(scalar(p, Dtype::Float32));
     }
-    let tokens = p.count(attention_mask);
-    let total_tokens = p.count(&tokens);
-    drop(tokens);
-    drop(total_tokens);
+    // The tokens: the mask's sum (a temporary), or padding-free the row's length as a tensor
+    // (`local_num_tokens`, held to the return).
+    let local_tokens = match attention_mask {
+        Some(mask) => {
+            let tokens = p.count(mask);
+            drop(p.count(&tokens));
+            drop(tokens);
+            None
+        }
+        None => {
+            let tokens = scalar(p, Dtype::Int64);
+            drop(p.count(&tokens));
+            Some(tokens)
+        }
+    };
     let Fused {
         mask,
         log_probs,
@@ -116,7 +127,13 @@ pub fn compute_loss(p: &mut Process, fused: Fused, attention_mask: &Tensor) -> T
     } = fused;
     drop(fused_loss);
     drop((log_probs, entropy, is_top1, mask));
-    drop((per_token, num_valid, total_entropy, num_correct));
+    drop((
+        per_token,
+        num_valid,
+        total_entropy,
+        num_correct,
+        local_tokens,
+    ));
     loss
 }
 

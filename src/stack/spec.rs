@@ -76,6 +76,10 @@ pub struct Spec {
     /// position but each row's last.
     #[serde(default)]
     pub labelled: Vec<u64>,
+    /// TRL's padding-free batches: the tokens of each it drew, in order (read from the run's
+    /// trace); absent, `batch × context`.
+    #[serde(default)]
+    pub tokens: Vec<u64>,
     /// `generate`'s rows: each row's count of pad tokens on the left, cycling (absent: none).
     #[serde(default)]
     pub left_padding: Option<Vec<u64>>,
@@ -134,6 +138,16 @@ pub struct SpecTrainerArgs {
     pub max_grad_norm: Option<f64>,
     #[serde(default)]
     pub gradient_accumulation_steps: Option<u64>,
+    /// TRL's `padding_free`.
+    #[serde(default)]
+    pub padding_free: bool,
+    /// TRL's `packing` (its default strategy, `bfd`, flattens batches as padding-free does; the
+    /// dataset given is prepared already, so nothing is packed before).
+    #[serde(default)]
+    pub packing: bool,
+    /// TRL's `max_length`: it truncates when TRL prepares the dataset, which the runs skip.
+    #[serde(default)]
+    pub max_length: Option<u64>,
 }
 
 fn bfloat16() -> Dtype {
@@ -230,6 +244,16 @@ impl TryFrom<Spec> for Run {
             None => None,
             Some(name @ ("trainer" | "sft")) => Some(TrainerArgs {
                 sft: name == "sft",
+                padding_free: match (name, s.trainer_args.padding_free || s.trainer_args.packing) {
+                    (_, false) => false,
+                    ("sft", true) => true,
+                    _ => {
+                        return Err(field(
+                            "trainer_args",
+                            "padding_free and packing are TRL's SFTTrainer's (loop sft)",
+                        ))
+                    }
+                },
                 clip: s.trainer_args.max_grad_norm.is_none_or(|n| n > 0.0),
                 mixed: match (s.trainer_args.bf16, s.trainer_args.fp16) {
                     (true, _) => Some(Dtype::Bfloat16),
@@ -267,6 +291,22 @@ impl TryFrom<Spec> for Run {
             ));
         }
         let sft = trainer.is_some_and(|t| t.sft);
+        let padding_free = trainer.is_some_and(|t| t.padding_free);
+        if !s.tokens.is_empty() && !padding_free {
+            return Err(field("tokens", "given to padding-free batches only"));
+        }
+        if (s.tokens.iter()).any(|&n| n < s.batch || n > s.batch * s.context) {
+            return Err(field(
+                "tokens",
+                "from batch to batch × context tokens in each padding-free batch",
+            ));
+        }
+        if padding_free && model.layers.iter().any(|l| l.window.is_some()) {
+            return Err(field(
+                "trainer_args",
+                "padding-free batches are emulated for models without sliding-window layers",
+            ));
+        }
         if !s.labelled.is_empty() && !sft {
             return Err(field("labelled", "given to TRL's SFTTrainer only"));
         }
@@ -549,6 +589,7 @@ impl TryFrom<Spec> for Run {
             tensor_parallel,
             ddp,
             labelled: s.labelled,
+            flat_tokens: s.tokens,
         })
     }
 }

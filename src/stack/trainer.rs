@@ -36,17 +36,34 @@ pub struct TrainerArgs {
     /// TRL's `SFTTrainer` (its defaults: the fused LM head, [`super::sft`]) rather than the
     /// Trainer's own loss.
     pub sft: bool,
+    /// TRL's `padding_free` (or `packing`, whose default strategy implies it): each batch's
+    /// sequences flattened into one row by its collator ([`Batch::flattened`]).
+    pub padding_free: bool,
 }
 
 /// The most batches an optimizer step accumulates over that a replay runs (each is a forward and
 /// a backward: a bound on its work).
 pub const MAX_ACCUMULATION: u64 = 4096;
 
-/// One batch on the device, as `DataCollatorForLanguageModeling(mlm=False)` makes it.
+/// One batch on the device, as `DataCollatorForLanguageModeling(mlm=False)` (or TRL's) makes it.
 pub struct Batch {
     pub ids: Tensor,
-    pub mask: Tensor,
+    /// The attention mask (none padding-free).
+    pub mask: Option<Tensor>,
     pub labels: Tensor,
+    /// Padding-free: the positions, restarting at each sequence.
+    pub positions: Option<Tensor>,
+    /// Padding-free: what the collator adds for variable-length kernels (`cu_seq_lens_q`,
+    /// `cu_seq_lens_k`, `seq_idx`), passed to the model, which SDPA does not read.
+    pub lengths: Vec<Tensor>,
+}
+
+/// The shape of a step's batches: `rows` sequences of `tokens`, or with `flattened` the
+/// sequences of each batch in one row of the tokens each batch holds.
+#[derive(Debug, Clone)]
+pub enum BatchShape {
+    Rows { rows: u64, tokens: u64 },
+    Flattened { sequences: u64, tokens: Vec<u64> },
 }
 
 impl Batch {
@@ -56,7 +73,39 @@ impl Batch {
         let [ids, mask, labels] = p.in_role(Role::Inputs, |p| {
             [(); 3].map(|_| p.empty(&[b, t], Dtype::Int64))
         });
-        Batch { ids, mask, labels }
+        Batch {
+            ids,
+            mask: Some(mask),
+            labels,
+            positions: None,
+            lengths: Vec::new(),
+        }
+    }
+
+    /// TRL's padding-free batch of `sequences` flattened into one row of `tokens`, copied to the
+    /// device in its collator's order: the ids, labels and positions, the cumulative lengths
+    /// twice (int32, one more than the sequences) and each token's sequence index (int32).
+    fn flattened(p: &mut Process, sequences: u64, tokens: u64) -> Batch {
+        p.in_role(Role::Inputs, |p| {
+            let [ids, labels, positions] = [(); 3].map(|_| p.empty(&[1, tokens], Dtype::Int64));
+            let lengths = vec![
+                p.empty(&[sequences + 1], Dtype::Int32),
+                p.empty(&[sequences + 1], Dtype::Int32),
+                p.empty(&[1, tokens], Dtype::Int32),
+            ];
+            Batch {
+                ids,
+                mask: None,
+                labels,
+                positions: Some(positions),
+                lengths,
+            }
+        })
+    }
+
+    /// `[rows, tokens]` of its ids.
+    fn shape(&self) -> (u64, u64) {
+        (self.ids.shape[0], self.ids.shape[1])
     }
 }
 
@@ -68,14 +117,32 @@ pub struct Batches {
 }
 
 impl Batches {
-    /// `accumulation` batches of `b` sequences of `t` tokens drawn from accelerate's loader (each
-    /// copied to the device as it is drawn), then counted: `sum(batch["labels"][..., 1:].ne(-100)
-    /// .sum() for ...)`, each comparison's booleans summed through an int64 copy, Python's `sum`
-    /// adding each count to the total so far (to 0 first) and letting the count go.
-    pub fn load(p: &mut Process, accumulation: u64, b: u64, t: u64) -> Batches {
-        let batches: Vec<Batch> = (0..accumulation).map(|_| Batch::copied(p, b, t)).collect();
+    /// `accumulation` batches of `shape` drawn from accelerate's loader (each copied to the
+    /// device as it is drawn; flattened, the next of `drawn` so far takes the next token count,
+    /// the last one repeated), then counted: `sum(batch["labels"][..., 1:].ne(-100).sum() for
+    /// ...)`, each comparison's booleans summed through an int64 copy, Python's `sum` adding each
+    /// count to the total so far (to 0 first) and letting the count go.
+    pub fn load(
+        p: &mut Process,
+        accumulation: u64,
+        shape: &BatchShape,
+        drawn: &mut usize,
+    ) -> Batches {
+        let batches: Vec<Batch> = (0..accumulation)
+            .map(|_| {
+                *drawn += 1;
+                match shape {
+                    BatchShape::Rows { rows, tokens } => Batch::copied(p, *rows, *tokens),
+                    BatchShape::Flattened { sequences, tokens } => {
+                        let t = tokens.get(*drawn - 1).or(tokens.last()).copied();
+                        Batch::flattened(p, *sequences, t.expect("a token count"))
+                    }
+                }
+            })
+            .collect();
         let mut total = None;
-        for _ in &batches {
+        for batch in &batches {
+            let (b, t) = batch.shape();
             let counted = p.empty(&[b, t - 1], Dtype::Bool);
             let count = p.empty(&[], Dtype::Int64);
             let widened = p.empty(&[b, t - 1], Dtype::Int64);

@@ -981,6 +981,57 @@ fn a_model_folders_generation_config_gives_generate_its_defaults() {
     assert!(!text.contains("beam search"), "{text}");
 }
 
+/// `--padding-free`: TRL's collator flattens each batch into one row and the attention runs
+/// under the packed sequences' block-diagonal mask (`[1, 1, tokens, tokens]` booleans, then each
+/// layer's additive copy kept for the backward): the title says so, the peak holds at least the
+/// mask more than the same batch padded; refused without --sft, with --padded, and for a model
+/// with sliding-window layers, naming the flag.
+#[test]
+fn padding_free_batches_are_one_row_under_a_block_diagonal_mask() {
+    let budget = |model: &str, more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--model", model, "--mode", "lora", "--sft"])
+            .args(["--batch", "4", "--context", "1024"])
+            .args(more);
+        cmd
+    };
+    let peak = |more: &[&str]| {
+        bytes(&json_of(budget("llama-3.2-1b", more).arg("--json"))["budget"]["peak_allocated"])
+    };
+    let tokens: u64 = 4 * 1024;
+    let (rows, flat) = (peak(&[]), peak(&["--padding-free"]));
+    assert!(flat >= rows + tokens * tokens, "{rows} then {flat}");
+    budget("llama-3.2-1b", &["--padding-free"])
+        .assert()
+        .success()
+        .stdout(contains("padding-free (one row of 4 096 tokens)"))
+        .stdout(contains("block-diagonal causal mask"));
+    for (mut cmd, says) in [
+        (
+            budget("gemma-2-2b", &["--padding-free"]),
+            "--padding-free is replayed for models without",
+        ),
+        (
+            budget("llama-3.2-1b", &["--padding-free", "--padded"]),
+            "--padding-free pads nothing",
+        ),
+    ] {
+        cmd.assert().code(USAGE).stderr(contains(says));
+    }
+    let mut trainer = mm();
+    trainer
+        .args([
+            "budget",
+            "--model",
+            "llama-3.2-1b",
+            "--mode",
+            "lora",
+            "--trainer",
+        ])
+        .args(["--context", "1024", "--padding-free"]);
+    trainer.assert().code(USAGE).stderr(contains("--sft"));
+}
+
 /// `--sft`: TRL's fused head never makes the `[batch, sequence, vocabulary]` logits the Trainer's
 /// loss makes (and converts to float32), said in the title and a note; refused where it is not
 /// replayed, naming the flag.

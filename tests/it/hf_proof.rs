@@ -831,6 +831,51 @@ fn the_sft_trainer_replays_the_runs_it_was_derived_from_to_the_byte() {
     }
 }
 
+/// TRL's padding-free batches (`padding_free=True`, and `packing=True`, whose strategy implies
+/// it; the dataset prepared already): each batch's sequences flattened into one row, the
+/// attention under the mask of the packed sequences. Every allocation as recorded; the peaks of
+/// `allocated` to the byte, of `reserved` within one 2 MiB segment of the small pool: the
+/// recorded trace itself, replayed through the allocator model with segments placed as the
+/// budget places them, needs one such segment less in the second backward (the driver placed
+/// this run's first segment above the others, which changes a tie between free blocks).
+#[test]
+fn the_sft_trainers_padding_free_batches_replay_the_runs_they_were_derived_from() {
+    for name in [
+        "sft-small-llama-full-padding-free",
+        "sft-small-llama-full-packing",
+    ] {
+        let mut raw = recorded(name, false);
+        let args = &raw["spec"]["trainer_args"];
+        assert!(
+            args["padding_free"] == true || args["packing"] == true,
+            "{name}"
+        );
+        let labelled = labelled_positions(&raw);
+        let tokens = flattened_tokens(&raw);
+        assert_eq!(tokens.len(), 2, "{name}: one row for each step's batch");
+        assert_eq!(labelled.len(), 2, "{name}");
+        raw["spec"]["labelled"] = labelled.into();
+        raw["spec"]["tokens"] = tokens.into();
+        replays_within(name, &raw, 0, 2 << 20);
+    }
+}
+
+/// The tokens of each padding-free batch of a recorded SFTTrainer run: its ids, labels and
+/// positions (`[1, tokens]` int64) copied to the device in a row, then the cumulative lengths
+/// twice (int32, one more than the batch's sequences) and the sequence indices (int32).
+fn flattened_tokens(raw: &serde_json::Value) -> Vec<u64> {
+    let lengths = 4 * (raw["spec"]["batch"].as_u64().unwrap() + 1);
+    let sizes: Vec<u64> = (raw["trace"]["events"].as_array().unwrap().iter())
+        .filter(|e| e[0] == "alloc")
+        .map(|e| e[2].as_u64().unwrap())
+        .collect();
+    (sizes.windows(6))
+        .filter(|w| w[0] == w[1] && w[1] == w[2] && w[3] == lengths && w[4] == lengths)
+        .filter(|w| w[0] % 8 == 0 && w[5] * 2 == w[0])
+        .map(|w| w[0] / 8)
+        .collect()
+}
+
 /// The positions TRL's fused head scored in each batch of a recorded SFTTrainer run: the length
 /// of its seven float32 statistics, allocated in a row just before its tile buffer (that many
 /// positions, at most 4 096, by 32 768 bfloat16 entries).

@@ -45,7 +45,7 @@ impl Budget {
         };
         let mode = match &w.mode {
             Mode::Inference { generated } => format!(
-                "generate, batch {}, {} prompt + {generated} new tokens{}{}{}",
+                "generate, batch {}, {} prompt + {generated} new tokens{}{}{}{}",
                 w.batch,
                 grouped(w.context),
                 match w.applied_repetition_penalty() {
@@ -59,6 +59,10 @@ impl Budget {
                 match w.beams() {
                     1 => String::new(),
                     n => format!(", beam search over {n} beams"),
+                },
+                match w.offloaded_cache {
+                    true => ", offloaded cache",
+                    false => "",
                 }
             ),
             Mode::Lora { rank, .. } => format!(
@@ -316,6 +320,18 @@ impl Budget {
                  come first.",
                 crate::model::generation::described(g)
             ));
+        }
+        if self.workload.offloaded_cache {
+            notes.push(
+                "The offloaded cache (--cache-implementation offloaded): each full layer's keys \
+                 and values go to the CPU once its update returns (the attention's references \
+                 let go after it), and the next full layer's come back before its update on a \
+                 stream of their own, whose blocks the allocator keeps in that stream's pool; the \
+                 sliding layers stay on the GPU. Derived from a run recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; not yet \
+                 proven on runs held out."
+                    .into(),
+            );
         }
         if self.workload.beams() > 1 {
             notes.push(format!(

@@ -557,19 +557,32 @@ fn kv_bytes(w: &Workload) -> (u64, String) {
         Attention::Latent(l) => l.kv_lora_rank + l.qk_rope_head_dim,
         Attention::Standard { .. } => 2 * m.kv_dim(),
     };
-    let bytes: u64 = m
-        .layers
-        .iter()
-        .map(|l| {
-            let kept = match l.window {
-                Some(window) if tokens > window => window,
-                _ => tokens,
-            };
-            w.batch * w.beams() * kept * per_token * e
-        })
-        .sum();
+    let layer_bytes = |window: Option<u64>| {
+        let kept = match window {
+            Some(window) if tokens > window => window,
+            _ => tokens,
+        };
+        w.batch * w.beams() * kept * per_token * e
+    };
+    let bytes: u64 = m.layers.iter().map(|l| layer_bytes(l.window)).sum();
     let sliding = m.layers.iter().filter(|l| l.window.is_some()).count();
-    let formula = format!(
+    // Offloaded, the full layers wait on the CPU: the first comes back before the next forward.
+    let full = (m.layers.len() - sliding) as u64;
+    let (bytes, offloaded) =
+        match w.offloaded_cache && full > 0 {
+            false => (bytes, String::new()),
+            true => (
+                bytes - (full - 1) * layer_bytes(None),
+                format!(
+                "offloaded: {} B of {} full layers on the CPU, on the GPU the first brought back \
+                 for the next forward{}; of ",
+                grouped((full - 1) * layer_bytes(None)),
+                full - 1,
+                if sliding > 0 { " and the sliding layers" } else { "" }
+            ),
+            ),
+        };
+    let shape = format!(
         "{} layers × batch {}{} × {} tokens{} × {} per token × {e} B",
         m.layers.len(),
         w.batch,
@@ -598,5 +611,5 @@ fn kv_bytes(w: &Workload) -> (u64, String) {
             ),
         },
     );
-    (bytes, formula)
+    (bytes, format!("{offloaded}{shape}"))
 }

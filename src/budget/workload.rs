@@ -166,6 +166,11 @@ pub struct Workload {
     /// each row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub beams: Option<u64>,
+    /// `generate(cache_implementation="offloaded")` (inference): every full layer's keys and
+    /// values on the CPU between its updates, the next one brought back ahead of its own on a
+    /// stream of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offloaded_cache: bool,
     /// The model's `generation_config.json` (inference), whose values apply where no flag gives
     /// them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -292,6 +297,7 @@ impl Workload {
             repetition_penalty: None,
             sample: None,
             beams: None,
+            offloaded_cache: false,
             generation_config: None,
         })
     }
@@ -483,6 +489,11 @@ impl Workload {
                 "--optimizer adafactor is replayed as transformers.Trainer builds it \
                  (optim=\"adafactor\"): add --trainer"
                     .into(),
+            ));
+        }
+        if self.offloaded_cache && !matches!(self.mode, Mode::Inference { .. }) {
+            return Err(WorkloadError::Unsupported(
+                "--cache-implementation applies to --mode inference only".into(),
             ));
         }
         match self.beams {
@@ -716,6 +727,7 @@ impl Workload {
                 repetition_penalty: self.applied_repetition_penalty().is_some(),
                 sampling: self.sample.as_ref().map(SampleArgs::warpers),
                 beams: self.beams(),
+                offloaded_cache: self.offloaded_cache,
             },
             Mode::Lora { rank, targets } => Work::Train {
                 lora: Some(Lora {

@@ -93,6 +93,12 @@ pub enum ParallelArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheArg {
+    Dynamic,
+    Offloaded,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AutocastArg {
     Bfloat16,
     Float16,
@@ -152,6 +158,11 @@ pub struct BudgetArgs {
     /// row (the model's generation_config.json, else 1).
     #[arg(long, value_parser = values::positive_u64)]
     pub num_beams: Option<u64>,
+    /// generate's cache_implementation (inference): dynamic (DynamicCache, transformers'
+    /// default) or offloaded (every full layer's keys and values on the CPU between its updates)
+    /// [default: dynamic].
+    #[arg(long, value_enum)]
+    pub cache_implementation: Option<CacheArg>,
     /// LoRA rank (lora) [default: 16].
     #[arg(long, value_parser = values::positive_u64)]
     pub rank: Option<u64>,
@@ -412,6 +423,11 @@ impl BudgetArgs {
                 "--num-beams",
                 "inference",
             ),
+            (
+                self.cache_implementation.is_some() && trains,
+                "--cache-implementation",
+                "inference",
+            ),
             (self.greedy && trains, "--greedy", "inference"),
             (self.rank.is_some() && !lora, "--rank", "lora"),
             (self.targets.is_some() && !lora, "--targets", "lora"),
@@ -563,6 +579,7 @@ impl BudgetArgs {
                 },
             ),
             beams: self.num_beams.or(defaults.num_beams),
+            offloaded_cache: self.cache_implementation == Some(CacheArg::Offloaded),
             generation_config: generation,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.

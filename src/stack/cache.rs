@@ -1,10 +1,16 @@
 //! transformers' `DynamicCache` as `generate` and training build it: each layer's keys and
 //! values concatenated with the new ones at every forward (a new tensor each time, the old one
 //! freed); a sliding layer keeps a view of its last `window - 1` positions, which holds the whole
-//! concatenation's storage until the next update.
+//! concatenation's storage until the next update. With offloading
+//! (`cache_implementation="offloaded"`) every full layer's keys and values go to the CPU after its
+//! update, and the next full layer's come back ahead of its update on a stream of their own.
 
 use super::process::Process;
-use super::tensor::Tensor;
+use super::tensor::{Meta, Tensor};
+
+/// The stream the offloaded cache brings its layers back on (`prefetch_stream`): its blocks are
+/// its own pool's.
+pub const PREFETCH_STREAM: u8 = 3;
 
 enum Layer {
     Full {
@@ -25,12 +31,15 @@ enum Layer {
 /// The cache of every layer.
 pub struct Cache {
     layers: Vec<Layer>,
+    /// With offloading: each full layer's keys and values while they are on the CPU.
+    on_cpu: Option<Vec<Option<[Meta; 2]>>>,
 }
 
 impl Cache {
     /// A cache whose layers slide where `windows` says so.
     pub fn new(windows: &[Option<u64>]) -> Cache {
         Cache {
+            on_cpu: None,
             layers: windows
                 .iter()
                 .map(|w| match w {
@@ -50,10 +59,21 @@ impl Cache {
         }
     }
 
+    /// The cache with offloading (`DynamicCache(offloading=True)`; its sliding layers stay on the
+    /// GPU, `offload_only_non_sliding`).
+    pub fn offloaded(windows: &[Option<u64>]) -> Cache {
+        Cache {
+            on_cpu: Some(vec![None; windows.len()]),
+            ..Cache::new(windows)
+        }
+    }
+
     /// Tokens cached by layer `layer` (what `get_seq_length` reports).
     pub fn len(&self, layer: usize) -> u64 {
-        match &self.layers[layer] {
-            Layer::Full { keys, .. } | Layer::Sliding { keys, .. } => {
+        let on_cpu = (self.on_cpu.as_ref()).and_then(|c| c[layer].as_ref());
+        match (&self.layers[layer], on_cpu) {
+            (_, Some([keys, _])) => keys.shape[keys.shape.len() - 2],
+            (Layer::Full { keys, .. } | Layer::Sliding { keys, .. }, None) => {
                 keys.as_ref().map_or(0, |k| k.size(-2))
             }
         }
@@ -62,10 +82,9 @@ impl Cache {
     /// Tokens seen by the first layer of the kind (`None`: global, `Some(window)`: sliding),
     /// as `get_mask_sizes` reads them.
     pub fn seen(&self, kind: Option<u64>) -> u64 {
-        self.layers
-            .iter()
-            .find_map(|l| match (l, kind) {
-                (Layer::Full { keys, .. }, None) => Some(keys.as_ref().map_or(0, |k| k.size(-2))),
+        (self.layers.iter().enumerate())
+            .find_map(|(i, l)| match (l, kind) {
+                (Layer::Full { .. }, None) => Some(self.len(i)),
                 (Layer::Sliding { seen, .. }, Some(_)) => Some(*seen),
                 _ => None,
             })
@@ -160,8 +179,40 @@ impl Cache {
         v: &Tensor,
     ) -> (Tensor, Tensor) {
         p.in_role(crate::replay::program::Role::KvCache, |p| {
-            self.update_layer(p, layer, k, v)
+            self.prefetch(p, layer + 1);
+            let out = self.update_layer(p, layer, k, v);
+            // The layer's keys and values to the CPU (the attention's references to them let go
+            // after it).
+            if let (Some(on_cpu), Layer::Full { keys, values }) =
+                (self.on_cpu.as_mut(), &mut self.layers[layer])
+            {
+                if let (Some(k), Some(v)) = (keys.take(), values.take()) {
+                    on_cpu[layer] = Some([Meta::of(&k), Meta::of(&v)]);
+                }
+            }
+            out
         })
+    }
+
+    /// `prefetch(from)`: the first full layer at or after `from` (else from the first) brought
+    /// back from the CPU on the prefetch stream, keys then values, if it is there.
+    fn prefetch(&mut self, p: &mut Process, from: usize) {
+        let Some(on_cpu) = self.on_cpu.as_mut() else {
+            return;
+        };
+        let full = |i: &usize| matches!(self.layers[*i], Layer::Full { .. });
+        let n = self.layers.len();
+        let Some(next) = (from.min(n)..n).chain(0..n).find(full) else {
+            return;
+        };
+        if let (Some([mk, mv]), Layer::Full { keys, values }) =
+            (on_cpu[next].take(), &mut self.layers[next])
+        {
+            p.tape.on_stream(PREFETCH_STREAM, || {
+                *keys = Some(p.empty_like(&mk));
+                *values = Some(p.empty_like(&mv));
+            });
+        }
     }
 
     fn update_layer(

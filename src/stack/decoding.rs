@@ -27,6 +27,9 @@ pub struct Options {
     pub sampling: Option<Sampling>,
     /// `num_beams` (1: no beam search).
     pub beams: u64,
+    /// `cache_implementation="offloaded"`: the cache's full layers on the CPU between their
+    /// updates.
+    pub offloaded_cache: bool,
 }
 
 /// The model's arguments `generate` carries from step to step (`model_kwargs`).

@@ -4,7 +4,8 @@
 //! by the repetition penalty where one is asked for, then by sampling's warpers), the greedy
 //! choice or the draw from the softmax (`do_sample`, [`super::sampling`]), and the ids, mask and
 //! positions grown by one. With `num_beams` above one the rows are repeated for each beam and
-//! [`super::beams`] runs the search.
+//! [`super::beams`] runs the search; with `cache_implementation="offloaded"` the cache keeps its
+//! full layers on the CPU ([`super::cache`]).
 
 use super::beams;
 use super::cache::Cache;
@@ -25,7 +26,10 @@ pub fn generate(
 ) {
     let (b, t) = (ids.shape[0], ids.shape[1]);
     let windows: Vec<Option<u64>> = d.model.layers.iter().map(|l| l.window).collect();
-    let mut cache = Cache::new(&windows);
+    let mut cache = match options.offloaded_cache {
+        true => Cache::offloaded(&windows),
+        false => Cache::new(&windows),
+    };
     let p = &mut *d.process;
     // The special tokens as tensors (the padding token), kept to the end.
     let pad = p.empty(&[1], Dtype::Int64);

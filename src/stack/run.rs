@@ -32,6 +32,8 @@ pub enum Work {
         repetition_penalty: bool,
         sampling: Option<super::sampling::Sampling>,
         beams: u64,
+        /// `cache_implementation="offloaded"`.
+        offloaded_cache: bool,
     },
     /// `steps` training steps on sequences of `context`.
     Train {
@@ -224,6 +226,7 @@ fn emulate(
             repetition_penalty,
             sampling,
             beams,
+            offloaded_cache,
         } => {
             p.autograd.enabled = false;
             marks.begin(&p, "inputs", Loaded::Context);
@@ -241,7 +244,8 @@ fn emulate(
                 process: &mut p,
                 checkpointing: false,
                 experts_path: super::decoder::ExpertsPath::Grouped,
-                layer_kinds: (repeats == LayerRepeats::Written).then(|| {
+                // An offloaded cache moves a different layer at each update: every layer run.
+                layer_kinds: (repeats == LayerRepeats::Written && !*offloaded_cache).then(|| {
                     super::repeat::LayerKinds::of(
                         model,
                         weights.by_name.iter(),
@@ -254,6 +258,7 @@ fn emulate(
                 repetition_penalty: *repetition_penalty,
                 sampling: *sampling,
                 beams: *beams,
+                offloaded_cache: *offloaded_cache,
             };
             generate::generate(&mut d, &ids, &mask, options, &mut marks);
             marks.end(&p);

@@ -327,7 +327,7 @@ impl TryFrom<Spec> for Run {
         }
         // `generate`'s keyword arguments: its length, a repetition penalty, sampling.
         let kwargs = s.generate.clone().unwrap_or_default();
-        const KNOWN: [&str; 8] = [
+        const KNOWN: [&str; 9] = [
             "max_length",
             "max_new_tokens",
             "repetition_penalty",
@@ -336,6 +336,7 @@ impl TryFrom<Spec> for Run {
             "top_k",
             "top_p",
             "num_beams",
+            "cache_implementation",
         ];
         let unknown: Vec<&str> = (kwargs.keys().map(String::as_str))
             .filter(|k| !KNOWN.contains(k))
@@ -395,6 +396,16 @@ impl TryFrom<Spec> for Run {
             }),
             Some(None) => return Err(field("generate", "do_sample true or false")),
         };
+        let offloaded_cache = match kwargs.get("cache_implementation").map(|v| v.as_str()) {
+            None | Some(Some("dynamic")) => false,
+            Some(Some("offloaded")) => true,
+            _ => {
+                return Err(field(
+                    "generate",
+                    "cache_implementation dynamic or offloaded",
+                ))
+            }
+        };
         let beams = match whole("num_beams") {
             None => 1,
             Some(Some(n)) => n,
@@ -452,6 +463,7 @@ impl TryFrom<Spec> for Run {
                 repetition_penalty,
                 sampling,
                 beams,
+                offloaded_cache,
             },
             SpecMode::Full => train(None),
             SpecMode::Lora | SpecMode::Qlora => train(Some(lora()?)),

@@ -916,6 +916,54 @@ fn generate_searches_with_the_beams_asked_for() {
         .stderr(contains("--num-beams applies to --mode inference"));
 }
 
+/// `--cache-implementation offloaded`: the cache's full layers wait on the CPU, so a long
+/// generation holds far less on the GPU than with the dynamic cache, and the KV term says where
+/// the rest is; refused in training, naming the flag.
+#[test]
+fn the_offloaded_cache_keeps_one_full_layer_on_the_gpu() {
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args(["budget", "--model", "llama-3.1-8b", "--mode", "inference"])
+            .args(["--context", "32768", "--generated", "16", "--batch", "1"])
+            .args(more)
+            .arg("--json");
+        json_of(&mut cmd)
+    };
+    let kv = |j: &serde_json::Value| {
+        let terms = j["budget"]["terms"].as_array().unwrap();
+        terms
+            .iter()
+            .find(|t| t["key"] == "kv_cache")
+            .unwrap()
+            .clone()
+    };
+    let (dynamic, offloaded) = (
+        budget(&[]),
+        budget(&["--cache-implementation", "offloaded"]),
+    );
+    // 32 layers of 32 783 tokens × 8 KV heads × 128 × 2 (K and V) × 2 bytes: one on the GPU.
+    let layer: u64 = 32_783 * 8 * 128 * 2 * 2;
+    assert_eq!(bytes(&kv(&dynamic)["bytes"]), 32 * layer);
+    assert_eq!(bytes(&kv(&offloaded)["bytes"]), layer);
+    assert!(kv(&offloaded)["formula"]
+        .as_str()
+        .unwrap()
+        .contains("on the CPU"));
+    let peak = |j: &serde_json::Value| bytes(&j["budget"]["peak_allocated"]);
+    assert!(
+        peak(&offloaded) + 28 * layer < peak(&dynamic),
+        "{} against {}",
+        peak(&offloaded),
+        peak(&dynamic)
+    );
+    let mut full = mm();
+    full.args(["budget", "--model", "llama-3.2-1b", "--mode", "full"])
+        .args(["--context", "1024", "--cache-implementation", "offloaded"]);
+    full.assert().code(USAGE).stderr(contains(
+        "--cache-implementation applies to --mode inference",
+    ));
+}
+
 /// A model folder's `generation_config.json` gives `generate` its defaults as transformers applies
 /// them (sampling with its warpers, a repetition penalty, beams) where no flag gives them, and
 /// the budget says so; `--greedy` and the flags come first; a training reads none; a file that

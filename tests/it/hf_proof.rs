@@ -812,6 +812,16 @@ fn beam_search_replays_the_runs_it_was_derived_from() {
     }
 }
 
+/// `generate(cache_implementation="offloaded")`: every full layer's cache on the CPU between its
+/// updates, the next brought back on the prefetch stream.
+#[test]
+fn the_offloaded_cache_replays_the_run_it_was_derived_from() {
+    let name = "generate-small-llama-offloaded";
+    let raw = recorded(name, false);
+    assert_eq!(raw["spec"]["generate"]["cache_implementation"], "offloaded");
+    replays_to_the_byte(name, &raw, 0);
+}
+
 /// TRL's SFTTrainer with its defaults (full training and LoRA of a small Llama, LoRA at Llama 3.1
 /// 8B's widths): its fused LM head and logged metrics, each batch's labelled positions (which
 /// the Trainer's sampler chose) read from the trace.

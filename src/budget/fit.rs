@@ -1260,3 +1260,68 @@ pub enum Size {
     Batch,
     Context,
 }
+
+/// The largest values of a workload's size (`batch` or `context`) whose ranks, spread over
+/// several GPUs as the planner spreads them ([`Sharded::of`]: FSDP2 for a training, tensor
+/// parallelism for serving), each complete on their GPU: for each lot asked (its count of GPUs
+/// and the room of each), from a size known to hold there (`start`) to `limit`. The lots are
+/// searched together in rounds, each size asked in a round budgeted and its ranks replayed once
+/// for every lot asking it (side by side); a lot's search doubles its size while it holds, then
+/// halves the bounds: a search takes a number of rounds logarithmic in the size it finds.
+pub fn largest_spread(
+    workload: &Workload,
+    settings: &BudgetSettings,
+    size: Size,
+    start: u64,
+    limit: u64,
+    lots: &[(u64, u64)],
+) -> Vec<u64> {
+    use rayon::prelude::*;
+    // Each lot's largest size found to hold, and the smallest found not to.
+    let mut bounds: Vec<(u64, Option<u64>)> = vec![(start, None); lots.len()];
+    loop {
+        let mut asked: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, &(good, bad)) in bounds.iter().enumerate() {
+            let next = match bad {
+                Some(b) if b - good > 1 => good + (b - good) / 2,
+                None if good < limit => good.saturating_mul(2).min(limit),
+                _ => continue,
+            };
+            asked.entry(next).or_default().push(i);
+        }
+        if asked.is_empty() {
+            return bounds.into_iter().map(|(good, _)| good).collect();
+        }
+        let verdicts: Vec<(u64, Vec<(usize, bool)>)> = (asked.into_iter().collect::<Vec<_>>())
+            .into_par_iter()
+            .map(|(n, asking)| {
+                let mut w = workload.clone();
+                match size {
+                    Size::Batch => w.batch = n,
+                    Size::Context => w.context = n,
+                }
+                let Ok(w) = w.validated() else {
+                    return (n, asking.into_iter().map(|i| (i, false)).collect());
+                };
+                let b = super::compute::budget_alone(&w, settings);
+                let sharded = Sharded::of(&b);
+                let fits = (asking.into_iter())
+                    .map(|i| {
+                        let (gpus, room) = lots[i];
+                        (i, sharded.as_ref().is_some_and(|s| s.fits(gpus, room)))
+                    })
+                    .collect();
+                (n, fits)
+            })
+            .collect();
+        for (n, fits) in verdicts {
+            for (i, fits) in fits {
+                let (good, bad) = &mut bounds[i];
+                match fits {
+                    true => *good = n,
+                    false => *bad = Some(n),
+                }
+            }
+        }
+    }
+}

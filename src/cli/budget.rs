@@ -653,6 +653,18 @@ pub struct LargestRow {
     /// With `expandable_segments:True` (when the workload's setting is the default), where it
     /// differs.
     pub with_expandable_segments: Option<u64>,
+    /// Where no size holds on one GPU and the plan spreads the workload over several of this
+    /// model: the largest that holds on that many, its ranks replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<LargestSpread>,
+}
+
+/// The largest size over the GPUs of the plan's row, each rank replayed.
+#[derive(Debug, Clone, Serialize)]
+pub struct LargestSpread {
+    pub gpus: u64,
+    pub strategy: fit::Strategy,
+    pub largest: u64,
 }
 
 impl std::fmt::Display for Largest {
@@ -664,7 +676,8 @@ impl std::fmt::Display for Largest {
         writeln!(
             f,
             "The largest {what} found to hold on one GPU of each model, the next one not \
-             (near that edge a larger one may hold again: docs/benchmarks.md):"
+             (near that edge a larger one may hold again: docs/benchmarks.md); where none \
+             does, on the GPUs the plan spreads it over, every rank replayed:"
         )?;
         let rows: Vec<Vec<String>> = self
             .rows
@@ -676,14 +689,22 @@ impl std::fmt::Display for Largest {
                         n => format!("{} (lots of {n})", r.model),
                     },
                     r.memory_per_gpu.gib_text(),
-                    match r.largest {
-                        None if self.first > 1 => format!("none fits, {} included", self.first),
-                        None => "none fits".into(),
-                        Some(n) if n == self.limit && self.window.is_some() => {
+                    match (r.largest, &r.spread) {
+                        (None, Some(s)) => format!(
+                            "{} on {} GPUs ({} ranks replayed)",
+                            s.largest,
+                            s.gpus,
+                            s.strategy.name()
+                        ),
+                        (None, None) if self.first > 1 => {
+                            format!("none fits, {} included", self.first)
+                        }
+                        (None, None) => "none fits".into(),
+                        (Some(n), _) if n == self.limit && self.window.is_some() => {
                             format!("{n} (the whole window)")
                         }
-                        Some(n) if n == self.limit => format!("{n} (the most searched)"),
-                        Some(n) => n.to_string(),
+                        (Some(n), _) if n == self.limit => format!("{n} (the most searched)"),
+                        (Some(n), _) => n.to_string(),
                     },
                     r.with_expandable_segments
                         .map_or(String::new(), |n| format!("{n} with expandable segments")),
@@ -726,13 +747,16 @@ impl std::fmt::Display for Largest {
 }
 
 /// The largest `size` on one GPU of each GPU model of `catalog` (a model rented in lots of
-/// several GPUs too: what one of them holds).
+/// several GPUs too: what one of them holds); where none holds and `plan` spreads the workload
+/// (of budget `b`) over several of them with its ranks replayed, the largest on that many.
 fn largest(
-    w: &Workload,
+    b: &Budget,
+    plan: Option<&crate::budget::FitPlan>,
     settings: &BudgetSettings,
     catalog: &Catalog,
     size: Size,
 ) -> Result<Largest, Failure> {
+    let w = &b.workload;
     let mut cards: Vec<&crate::catalog::CatalogRow> = Vec::new();
     for row in &catalog.rows {
         if !cards.iter().any(|c| c.model == row.model) {
@@ -789,9 +813,12 @@ fn largest(
                 memory_per_gpu: crate::units::Bytes(memory),
                 largest,
                 with_expandable_segments,
+                spread: None,
             }
         })
         .collect();
+    let mut rows: Vec<LargestRow> = rows;
+    spread_largest(b, plan, settings, size, limit, &mut rows);
     Ok(Largest {
         size,
         first: search.first(),
@@ -799,6 +826,59 @@ fn largest(
         limit,
         rows,
     })
+}
+
+/// Fills each row none of whose sizes holds on one GPU with the largest on the fewest GPUs of
+/// its model that `plan` found to hold the workload, where its ranks are replayed (the size
+/// asked held there: the search starts from it).
+fn spread_largest(
+    b: &Budget,
+    plan: Option<&crate::budget::FitPlan>,
+    settings: &BudgetSettings,
+    size: Size,
+    limit: u64,
+    rows: &mut [LargestRow],
+) {
+    let (Some(plan), Some(strategy)) = (plan, fit::Sharded::of(b).map(|s| s.strategy)) else {
+        return;
+    };
+    let replayed = |basis: fit::Basis| {
+        !matches!(
+            basis,
+            fit::Basis::SplitEstimate
+                | fit::Basis::PeakFits
+                | fit::Basis::ReplayCompleted
+                | fit::Basis::WithinMargin
+                | fit::Basis::ReplayOutOfMemory
+        )
+    };
+    let mut lots: Vec<(usize, u64, u64)> = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        if row.largest.is_some() {
+            continue;
+        }
+        let fewest = (plan.rows.iter())
+            .filter(|r| r.model == row.model)
+            .filter_map(|r| r.fit.as_ref().map(|f| (f, r.room_per_gpu.0)))
+            .filter(|(f, _)| f.gpus > 1 && replayed(f.basis))
+            .min_by_key(|(f, _)| f.gpus);
+        if let Some((f, room)) = fewest {
+            lots.push((i, f.gpus, room));
+        }
+    }
+    let start = match size {
+        Size::Batch => b.workload.batch,
+        Size::Context => b.workload.context,
+    };
+    let asked: Vec<(u64, u64)> = lots.iter().map(|&(_, g, r)| (g, r)).collect();
+    let found = fit::largest_spread(&b.workload, settings, size, start, limit, &asked);
+    for ((i, gpus, _), largest) in lots.into_iter().zip(found) {
+        rows[i].spread = Some(LargestSpread {
+            gpus,
+            strategy,
+            largest,
+        });
+    }
 }
 
 /// One JSON document for a budget with what was asked of it.
@@ -869,7 +949,7 @@ pub fn run(a: &BudgetArgs) -> Outcome {
         None
     };
     let largest = match (&catalog, size) {
-        (Some(c), Some(size)) => Some(largest(&workload, &settings, c, size)?),
+        (Some(c), Some(size)) => Some(largest(&b, plan.as_ref(), &settings, c, size)?),
         _ => None,
     };
     let (sharded, spread) = spread_over_gpus(&b, &a.gpus, a.parallel)?;

@@ -964,6 +964,60 @@ fn the_offloaded_cache_keeps_one_full_layer_on_the_gpu() {
     ));
 }
 
+/// `--max-batch` where no batch holds on one GPU of a model: the largest on the fewest GPUs of
+/// it the plan spreads the training over, every rank replayed; the plan itself agrees (at that
+/// batch it holds on those GPUs, at the next it needs more).
+#[test]
+fn the_largest_batch_is_searched_over_the_gpus_the_plan_spreads_it_over() {
+    let budget = |batch: &str, more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args([
+            "budget",
+            "--model",
+            "llama-3.1-8b",
+            "--mode",
+            "full",
+            "--checkpointing",
+        ])
+        .args(["--context", "1024", "--batch", batch, "--fit", "--json"])
+        .args(more);
+        json_of(&mut cmd)
+    };
+    let doc = budget("1", &["--max-batch"]);
+    let rows = doc["largest"]["rows"].as_array().unwrap();
+    let a40 = rows.iter().find(|r| r["model"] == "a40").unwrap();
+    assert!(a40["largest"].is_null(), "{a40}");
+    let spread = &a40["spread"];
+    assert_eq!(spread["strategy"], "fsdp2");
+    let (gpus, largest) = (
+        spread["gpus"].as_u64().unwrap(),
+        spread["largest"].as_u64().unwrap(),
+    );
+    assert!(gpus > 1 && largest > 1, "{spread}");
+    let gpus_at = |batch: u64| {
+        let plan = budget(&batch.to_string(), &[]);
+        let rows = plan["plan"]["rows"].as_array().unwrap().clone();
+        let row = rows.into_iter().find(|r| r["model"] == "a40").unwrap();
+        row["fit"]["gpus"].as_u64()
+    };
+    assert_eq!(gpus_at(largest), Some(gpus));
+    assert!(gpus_at(largest + 1).is_none_or(|g| g > gpus));
+    // As text: the batch, its GPUs and how they were found.
+    let mut text = mm();
+    text.args([
+        "budget",
+        "--model",
+        "llama-3.1-8b",
+        "--mode",
+        "full",
+        "--checkpointing",
+    ])
+    .args(["--context", "1024", "--fit", "--max-batch"]);
+    text.assert().success().stdout(contains(format!(
+        "{largest} on {gpus} GPUs (FSDP2 ranks replayed)"
+    )));
+}
+
 /// A model folder's `generation_config.json` gives `generate` its defaults as transformers applies
 /// them (sampling with its warpers, a repetition penalty, beams) where no flag gives them, and
 /// the budget says so; `--greedy` and the flags come first; a training reads none; a file that

@@ -892,14 +892,12 @@ fn generate_searches_with_the_beams_asked_for() {
             .arg("--json");
         json_of(&mut cmd)
     };
-    let kv = |j: &serde_json::Value| {
-        let terms = j["budget"]["terms"].as_array().unwrap();
-        let t = terms.iter().find(|t| t["key"] == "kv_cache").unwrap();
-        bytes(&t["bytes"])
-    };
     let greedy = budget("4", &[]);
     let beams = budget("1", &["--num-beams", "4"]);
-    assert_eq!(kv(&beams), kv(&greedy));
+    assert_eq!(
+        bytes(&kv_term(&beams)["bytes"]),
+        bytes(&kv_term(&greedy)["bytes"])
+    );
     let peak = |j: &serde_json::Value| bytes(&j["budget"]["peak_allocated"]);
     assert!(
         peak(&beams) > peak(&greedy),
@@ -929,23 +927,15 @@ fn the_offloaded_cache_keeps_one_full_layer_on_the_gpu() {
             .arg("--json");
         json_of(&mut cmd)
     };
-    let kv = |j: &serde_json::Value| {
-        let terms = j["budget"]["terms"].as_array().unwrap();
-        terms
-            .iter()
-            .find(|t| t["key"] == "kv_cache")
-            .unwrap()
-            .clone()
-    };
     let (dynamic, offloaded) = (
         budget(&[]),
         budget(&["--cache-implementation", "offloaded"]),
     );
     // 32 layers of 32 783 tokens × 8 KV heads × 128 × 2 (K and V) × 2 bytes: one on the GPU.
     let layer: u64 = 32_783 * 8 * 128 * 2 * 2;
-    assert_eq!(bytes(&kv(&dynamic)["bytes"]), 32 * layer);
-    assert_eq!(bytes(&kv(&offloaded)["bytes"]), layer);
-    assert!(kv(&offloaded)["formula"]
+    assert_eq!(bytes(&kv_term(&dynamic)["bytes"]), 32 * layer);
+    assert_eq!(bytes(&kv_term(&offloaded)["bytes"]), layer);
+    assert!(kv_term(&offloaded)["formula"]
         .as_str()
         .unwrap()
         .contains("on the CPU"));
@@ -1659,6 +1649,12 @@ fn the_trainer_under_fp16_scales_its_loss_and_refuses_float16_gradients() {
 }
 
 /// The exact bytes of a figure of the JSON (`{"bytes": …, "gib": …, "gb": …}`).
+/// The KV cache's term of a `budget --json` document.
+fn kv_term(doc: &serde_json::Value) -> &serde_json::Value {
+    let terms = doc["budget"]["terms"].as_array().unwrap();
+    terms.iter().find(|t| t["key"] == "kv_cache").unwrap()
+}
+
 fn bytes(figure: &serde_json::Value) -> u64 {
     figure["bytes"].as_u64().unwrap()
 }

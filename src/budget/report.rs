@@ -337,16 +337,17 @@ impl Budget {
             notes.push(format!(
                 "Beam search (--num-beams {}): the prompt's rows repeated for each beam before \
                  the prefill, the running and finished sequences held at their final length, \
-                 each token's float32 log-softmax over every beam's vocabulary ranked into twice \
-                 as many candidates as beams, and the KV cache of every layer gathered anew for \
-                 the beams kept. Run to --generated tokens (an end-of-sequence token can only \
-                 stop it sooner; transformers keeps one more set of candidates for each \
-                 end-of-sequence token past the first, which the replay does not make: int64 \
-                 sequences of batch × beams × the final length). \
+                 each token's float32 log-softmax over every beam's vocabulary ranked into \
+                 candidates, and the KV cache of every layer gathered anew for the beams kept; \
+                 {} candidates for each beam (two, and one more for each \
+                 end-of-sequence token the model's generation config names past the first). Run \
+                 to --generated tokens (an end-of-sequence token can only stop it sooner; the \
+                 check for one, a few bytes a token, is not replayed). \
                  Derived from 3 traces recorded on the H200 \
                  (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to the \
                  byte; not yet proven on runs held out.",
-                self.workload.beams()
+                self.workload.beams(),
+                self.workload.candidates_per_beam()
             ));
         }
         if let Some(s) = &self.workload.sample {

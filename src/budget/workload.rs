@@ -313,6 +313,13 @@ impl Workload {
         self.beams.unwrap_or(1)
     }
 
+    /// The candidates beam search keeps for each beam: `max(2, 1 + end-of-sequence tokens)`,
+    /// the tokens the model's generation config names (none read: one at most).
+    pub fn candidates_per_beam(&self) -> u64 {
+        let eos = (self.generation_config.as_ref()).and_then(|g| g.eos_tokens);
+        (1 + eos.unwrap_or(0)).max(2)
+    }
+
     /// PEFT's dropout probability where it runs a dropout (above 0; at 0 an `nn.Identity`).
     pub fn applied_lora_dropout(&self) -> Option<rust_decimal::Decimal> {
         self.lora_dropout.filter(|p| !p.is_zero())
@@ -727,6 +734,7 @@ impl Workload {
                 repetition_penalty: self.applied_repetition_penalty().is_some(),
                 sampling: self.sample.as_ref().map(SampleArgs::warpers),
                 beams: self.beams(),
+                candidates_per_beam: self.candidates_per_beam(),
                 offloaded_cache: self.offloaded_cache,
             },
             Mode::Lora { rank, targets } => Work::Train {

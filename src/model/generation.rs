@@ -1,6 +1,7 @@
 //! A model's `generation_config.json`: the defaults `generate` takes from it where the call
-//! gives none (sampling and its warpers, the repetition penalty, beams), as transformers 5.17
-//! reads them. Fields it does not change memory by are ignored.
+//! gives none (sampling and its warpers, the repetition penalty, beams, the end-of-sequence
+//! tokens beam search keeps candidates for), as transformers 5.17 reads them. Fields it does not
+//! change memory by are ignored.
 
 use super::folder::FolderError;
 use rust_decimal::Decimal;
@@ -21,6 +22,9 @@ pub struct GenerationDefaults {
     pub repetition_penalty: Option<Decimal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_beams: Option<u64>,
+    /// How many ids `eos_token_id` names (one id or a list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eos_tokens: Option<u64>,
 }
 
 /// `do_sample true, temperature 0.6, top_p 0.9`: the values it gives (`no value that changes
@@ -34,6 +38,9 @@ pub fn described(d: &GenerationDefaults) -> String {
         d.repetition_penalty
             .map(|v| format!("repetition_penalty {v}")),
         d.num_beams.map(|v| format!("num_beams {v}")),
+        d.eos_tokens
+            .filter(|&n| n > 1)
+            .map(|n| format!("{n} end-of-sequence tokens")),
     ];
     let given: Vec<String> = parts.into_iter().flatten().collect();
     match given.is_empty() {
@@ -95,6 +102,18 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<GenerationDefaults, FolderError
             "a number of 0 or more",
         )?,
         num_beams: whole("num_beams")?,
+        eos_tokens: match field("eos_token_id") {
+            None => None,
+            Some(v) if v.is_u64() => Some(1),
+            Some(serde_json::Value::Array(ids)) if ids.iter().all(|id| id.is_u64()) => {
+                Some(ids.len() as u64)
+            }
+            Some(v) => {
+                return Err(bad(format!(
+                    "`eos_token_id` must be a token id or a list of them, not {v}"
+                )))
+            }
+        },
     })
 }
 
@@ -125,10 +144,13 @@ mod tests {
             (d.top_k, d.num_beams, d.repetition_penalty),
             (None, None, None)
         );
+        assert_eq!(d.eos_tokens, Some(3));
+        assert!(described(&d).contains("3 end-of-sequence tokens"));
         for bad in [
             &br#"{"do_sample": "yes"}"#[..],
             br#"{"top_k": -1}"#,
             br#"{"temperature": "hot"}"#,
+            br#"{"eos_token_id": [1, "two"]}"#,
             br#"[1]"#,
         ] {
             let e = parse(bad, "g.json").unwrap_err().to_string();

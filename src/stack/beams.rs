@@ -32,8 +32,8 @@ pub(super) fn search(
     let b = rows / beams;
     let new = options.new_tokens;
     let length = t + new;
-    // beams_to_keep: two candidates for each beam (no more than one end-of-sequence token).
-    let keep = 2 * beams;
+    // beams_to_keep: max(2, 1 + end-of-sequence tokens) candidates for each beam.
+    let keep = options.candidates_per_beam * beams;
     let merged = beams + keep;
     let p = &mut *d.process;
     let e = |p: &Process, shape: &[u64], elem| p.empty(shape, elem);

@@ -32,6 +32,8 @@ pub enum Work {
         repetition_penalty: bool,
         sampling: Option<super::sampling::Sampling>,
         beams: u64,
+        /// The candidates beam search keeps for each beam.
+        candidates_per_beam: u64,
         /// `cache_implementation="offloaded"`.
         offloaded_cache: bool,
     },
@@ -226,6 +228,7 @@ fn emulate(
             repetition_penalty,
             sampling,
             beams,
+            candidates_per_beam,
             offloaded_cache,
         } => {
             p.autograd.enabled = false;
@@ -258,6 +261,7 @@ fn emulate(
                 repetition_penalty: *repetition_penalty,
                 sampling: *sampling,
                 beams: *beams,
+                candidates_per_beam: *candidates_per_beam,
                 offloaded_cache: *offloaded_cache,
             };
             generate::generate(&mut d, &ids, &mask, options, &mut marks);

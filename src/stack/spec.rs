@@ -463,6 +463,8 @@ impl TryFrom<Spec> for Run {
                 repetition_penalty,
                 sampling,
                 beams,
+                // The recorded runs named at most one end-of-sequence token.
+                candidates_per_beam: 2,
                 offloaded_cache,
             },
             SpecMode::Full => train(None),

@@ -1066,6 +1066,13 @@ fn a_model_folders_generation_config_gives_generate_its_defaults() {
         .success()
         .stdout(contains("beam search over 4 beams"))
         .stdout(contains("× 4 beams"));
+    // Three end-of-sequence tokens: four candidates for each beam rather than two.
+    std::fs::write(&file, r#"{"num_beams": 4, "eos_token_id": [1, 2, 3]}"#).unwrap();
+    budget("inference", &[])
+        .assert()
+        .success()
+        .stdout(contains("3 end-of-sequence tokens"))
+        .stdout(contains("4 candidates for each beam"));
     let out = budget("inference", &["--num-beams", "1"])
         .assert()
         .success();

@@ -796,7 +796,7 @@ fn largest(
         .collect();
     let found = search.largest_of_each(&asked);
     let limit = search.limit();
-    let rows = cards
+    let mut rows: Vec<LargestRow> = cards
         .iter()
         .zip(memories)
         .zip(found.chunks(allocators.len()))
@@ -817,7 +817,6 @@ fn largest(
             }
         })
         .collect();
-    let mut rows: Vec<LargestRow> = rows;
     spread_largest(b, plan, settings, size, limit, &mut rows);
     Ok(Largest {
         size,
@@ -842,16 +841,6 @@ fn spread_largest(
     let (Some(plan), Some(strategy)) = (plan, fit::Sharded::of(b).map(|s| s.strategy)) else {
         return;
     };
-    let replayed = |basis: fit::Basis| {
-        !matches!(
-            basis,
-            fit::Basis::SplitEstimate
-                | fit::Basis::PeakFits
-                | fit::Basis::ReplayCompleted
-                | fit::Basis::WithinMargin
-                | fit::Basis::ReplayOutOfMemory
-        )
-    };
     let mut lots: Vec<(usize, u64, u64)> = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         if row.largest.is_some() {
@@ -860,7 +849,7 @@ fn spread_largest(
         let fewest = (plan.rows.iter())
             .filter(|r| r.model == row.model)
             .filter_map(|r| r.fit.as_ref().map(|f| (f, r.room_per_gpu.0)))
-            .filter(|(f, _)| f.gpus > 1 && replayed(f.basis))
+            .filter(|(f, _)| f.gpus > 1 && f.basis != fit::Basis::SplitEstimate)
             .min_by_key(|(f, _)| f.gpus);
         if let Some((f, room)) = fewest {
             lots.push((i, f.gpus, room));

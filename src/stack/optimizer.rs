@@ -80,24 +80,25 @@ pub const BLOCK_8BIT: u64 = 256;
 pub const QMAP_BYTES: u64 = 256 * 4;
 
 /// The tensors `AdamW8bit` makes for a parameter of `elements`, in the order it makes them:
-/// (elements, type); float32 moments for a small one or one `kept_32bit`.
-fn adamw_8bit_states(elements: u64, kept_32bit: bool) -> [(u64, Dtype); 4] {
-    if kept_32bit || elements < MIN_8BIT_ELEMENTS {
-        [
-            (elements, Dtype::Float32),
-            (elements, Dtype::Float32),
-            (0, Dtype::Float32),
-            (0, Dtype::Float32),
-        ]
+/// (elements, type, in CUDA unified memory); float32 moments for a small one or one
+/// `kept_32bit`; `paged`, the moments (the first two) of one of [`PAGED_ELEMENTS`] or more
+/// outside the caching allocator.
+fn adamw_8bit_states(elements: u64, kept_32bit: bool, paged: bool) -> [(u64, Dtype, bool); 4] {
+    let unified = paged && elements >= PAGED_ELEMENTS;
+    let [moment, scale] = if kept_32bit || elements < MIN_8BIT_ELEMENTS {
+        [(elements, Dtype::Float32), (0, Dtype::Float32)]
     } else {
-        let blocks = elements.div_ceil(BLOCK_8BIT);
         [
             (elements, Dtype::Uint8),
-            (elements, Dtype::Uint8),
-            (blocks, Dtype::Float32),
-            (blocks, Dtype::Float32),
+            (elements.div_ceil(BLOCK_8BIT), Dtype::Float32),
         ]
-    }
+    };
+    [
+        (moment.0, moment.1, unified),
+        (moment.0, moment.1, unified),
+        (scale.0, scale.1, false),
+        (scale.0, scale.1, false),
+    ]
 }
 
 /// The bytes of `AdamW8bit`'s states for parameters of these element counts, each with whether
@@ -119,9 +120,8 @@ pub fn paged_adamw_8bit_state_bytes(
         if !kept_32bit && n >= MIN_8BIT_ELEMENTS {
             maps = 2 * QMAP_BYTES;
         }
-        let moments_paged = paged && n >= PAGED_ELEMENTS;
-        for (i, (count, elem)) in adamw_8bit_states(n, kept_32bit).iter().enumerate() {
-            match moments_paged && i < 2 {
+        for (count, elem, in_unified) in adamw_8bit_states(n, kept_32bit, paged) {
+            match in_unified {
                 true => unified += count * elem.bytes(),
                 false => allocated += count * elem.bytes(),
             }
@@ -227,10 +227,9 @@ impl OptimizerState {
                     self.maps.push(p.empty(&[256], Dtype::Float32));
                     self.maps.push(p.empty(&[256], Dtype::Float32));
                 }
-                let moments_paged = paged && w.numel() >= PAGED_ELEMENTS;
-                let states = (adamw_8bit_states(w.numel(), kept).iter().enumerate())
-                    .filter(|&(i, (count, _))| *count > 0 && !(moments_paged && i < 2))
-                    .map(|(_, &(count, elem))| p.empty(&[count], elem))
+                let states = (adamw_8bit_states(w.numel(), kept, paged).iter())
+                    .filter(|&&(count, _, in_unified)| count > 0 && !in_unified)
+                    .map(|&(count, elem, _)| p.empty(&[count], elem))
                     .collect();
                 self.states.push(states);
             }

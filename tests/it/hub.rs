@@ -265,6 +265,19 @@ fn cache_with_model(cache: &Path) {
 
 /// `mesure_memoire budget --model MODEL` of a small inference, with the Hugging Face variables
 /// `env` sets (and no token, nor offline mode, from the caller's environment).
+/// The environment of a budget that reads the Hub at `endpoint`, its cache (`empty`) holding
+/// nothing.
+fn from_the_hub<'a>(
+    empty: &'a Path,
+    endpoint: &'a str,
+) -> [(&'static str, &'a std::ffi::OsStr); 3] {
+    [
+        ("HF_HUB_CACHE", empty.as_os_str()),
+        ("HF_HOME", empty.as_os_str()),
+        ("HF_ENDPOINT", endpoint.as_ref()),
+    ]
+}
+
 fn budget_of(model: &str, env: &[(&str, &std::ffi::OsStr)]) -> assert_cmd::Command {
     let mut c = mm();
     c.env_remove("HF_HUB_OFFLINE").env_remove("HF_TOKEN");
@@ -311,11 +324,7 @@ fn budget_reads_a_hub_id_from_the_local_cache_and_names_the_commit() {
 fn budget_reads_a_hub_id_from_the_hub_and_refuses_a_missing_repository() {
     let (endpoint, _) = hub(repo_files(true), Behaviour::default());
     let empty = tempfile::tempdir().unwrap();
-    let env = [
-        ("HF_HUB_CACHE", empty.path().as_os_str()),
-        ("HF_HOME", empty.path().as_os_str()),
-        ("HF_ENDPOINT", endpoint.as_ref()),
-    ];
+    let env = from_the_hub(empty.path(), &endpoint);
     budget_of("org/name", &env)
         .assert()
         .success()
@@ -328,11 +337,7 @@ fn budget_reads_a_hub_id_from_the_hub_and_refuses_a_missing_repository() {
         .stderr(contains("--model org/missing"))
         .stderr(contains("no such repository or revision"));
     // A server that cannot be reached: an I/O failure naming the address.
-    let unreachable = [
-        ("HF_HUB_CACHE", empty.path().as_os_str()),
-        ("HF_HOME", empty.path().as_os_str()),
-        ("HF_ENDPOINT", "http://127.0.0.1:9".as_ref()),
-    ];
+    let unreachable = from_the_hub(empty.path(), "http://127.0.0.1:9");
     budget_of("org/name", &unreachable)
         .assert()
         .code(FAILURE)
@@ -361,11 +366,7 @@ fn the_models_generation_config_is_read_from_the_hub_and_the_cache() {
         .unwrap();
     assert_eq!((g.do_sample, g.top_k), (Some(true), None));
     let empty = tempfile::tempdir().unwrap();
-    let env = [
-        ("HF_HUB_CACHE", empty.path().as_os_str()),
-        ("HF_HOME", empty.path().as_os_str()),
-        ("HF_ENDPOINT", endpoint.as_ref()),
-    ];
+    let env = from_the_hub(empty.path(), &endpoint);
     budget_of("org/name", &env)
         .assert()
         .success()

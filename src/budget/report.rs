@@ -246,7 +246,7 @@ impl Budget {
                  making the logits; every position of every row counted as labelled (batch × \
                  (sequence - 1), the most there can be). Derived from 2 traces recorded on the \
                  H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to \
-                 the byte; not yet proven on runs held out."
+                 the byte; proven on 5 runs held out (data/hf-proof-padded-h100.json)."
                     .into(),
             );
         }
@@ -260,8 +260,8 @@ impl Budget {
                  builds their block-diagonal causal mask for SDPA, {} booleans held through the \
                  forward (the attention kernels with a mask then run over the whole row). \
                  Derived from 2 traces recorded on the H200 \
-                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; not yet \
-                 proven on runs held out.",
+                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; proven \
+                 on 5 runs held out (data/hf-proof-padding-free-h100.json).",
                 w.batch,
                 grouped(w.context),
                 grouped(w.batch * w.context),
@@ -276,7 +276,8 @@ impl Budget {
                     "optim=\"{optim}\": bitsandbytes' 8-bit AdamW, the embeddings' weight kept in \
                      float32 as the Trainer registers it (optim_bits=32){}. Derived from a trace \
                      recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's \
-                     peaks replayed to the byte; not yet proven on runs held out.",
+                     peaks replayed to the byte; proven on a run held out \
+                     (data/hf-proof-padded-h100.json).",
                     match optim {
                         "paged_adamw_8bit" => {
                             "; the moments of parameters of 100 000 elements or more paged in \
@@ -293,7 +294,8 @@ impl Budget {
                      half-precision gradient and parameter, the update's temporaries as large as \
                      the parameter, the last parameter's kept until the step returns. Derived from \
                      a trace recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), every \
-                     stage's peaks replayed to the byte; not yet proven on runs held out."
+                     stage's peaks replayed to the byte; proven on 2 runs held out \
+                     (data/hf-proof-padded-h100.json)."
                         .into(),
                 );
             }
@@ -306,8 +308,8 @@ impl Budget {
                 "A repetition penalty (--repetition-penalty): for every token, the logits of the \
                  tokens seen so far gathered, penalized and scattered into a float32 copy of the \
                  logits, held until the next token's. Derived from a run recorded on the H200 \
-                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; not yet \
-                 proven on runs held out."
+                 (docs/gpu-runs/2026-12-04-h200-records), every allocation as recorded; proven \
+                 on 3 runs held out (data/hf-proof-padded-h100.json)."
                     .into(),
             );
         }
@@ -345,7 +347,7 @@ impl Budget {
                  check for one, a few bytes a token, is not replayed). \
                  Derived from 3 traces recorded on the H200 \
                  (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to the \
-                 byte; not yet proven on runs held out.",
+                 byte; proven on 9 runs held out (data/hf-proof-beams-h100.json).",
                 self.workload.beams(),
                 self.workload.candidates_per_beam()
             ));
@@ -359,8 +361,9 @@ impl Budget {
                  sm90, the reductions' grids {} multiprocessors' (--multiprocessors)). Derived \
                  from 4 traces recorded on the H200 (docs/gpu-runs/2026-12-04-h200-records), \
                  every stage's peaks replayed to the byte: 3 and 4 rows; one row and 128 rows or \
-                 more take other paths, derived from PyTorch's source; not yet proven on runs \
-                 held out.",
+                 more take other paths, derived from PyTorch's source; proven on 10 runs held \
+                 out (data/hf-proof-sampling-h100.json), but for one prefill's reserved (7 % \
+                 over) and one card's verdict (one batch short).",
                 s.warper_values(),
                 self.kernels.reduction_grid.multiprocessors
             ));
@@ -371,7 +374,7 @@ impl Budget {
                  through dropout, whose boolean mask is kept for the backward where the input \
                  needs a gradient. Derived from a Trainer run recorded on the H200 \
                  (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to the \
-                 byte; not yet proven on runs held out."
+                 byte; proven on 4 runs held out (data/hf-proof-padded-h100.json)."
                     .into(),
             );
         }
@@ -382,7 +385,8 @@ impl Budget {
                  keys]) and each attention layer adds it as a bias in the weights' type, which a \
                  training keeps for its backward. Derived from 9 traces recorded on the H200 \
                  (docs/gpu-runs/2026-12-04-h200-records), every stage's peak of reserved \
-                 replayed to the byte; not yet proven on runs held out."
+                 replayed to the byte; proven on 15 runs held out \
+                 (data/hf-proof-padded-h100.json)."
                     .into(),
             );
         } else if self.workload.trainer {

@@ -665,7 +665,10 @@ fn a_padded_batch_adds_its_attention_mask_and_says_so() {
         let out = budget(args, &["--padded"]).assert().success();
         let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
         assert!(text.contains("A padded batch (--padded"), "{text}");
-        assert!(text.contains("not yet proven on runs held out"), "{text}");
+        assert!(
+            text.contains("proven on 15 runs held out (data/hf-proof-padded-h100.json)"),
+            "{text}"
+        );
     }
 }
 

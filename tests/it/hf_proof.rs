@@ -949,3 +949,140 @@ fn serving_a_checkpoint_saved_in_nf4_replays_the_runs_it_was_derived_from() {
         replays_to_the_byte(name, &raw, 0);
     }
 }
+
+/// Held out from the rules they prove, recorded on an H100 (`data/hf-proof-padded-h100.json`): the
+/// Trainer's padded batches (LoRA, full training, float32 weights under bf16 with `adamw_torch`,
+/// Mistral 7B with recomputation, Gemma 2 below its window, `adamw_8bit`, `paged_adamw_8bit`),
+/// LoRA dropout, `max_grad_norm=0`, Adafactor, TRL's SFTTrainer, left-padded `generate`, a
+/// repetition penalty, `max_length`; and five cards at the planner's largest batch and one more.
+#[test]
+fn every_held_out_run_of_padded_batches_the_trainer_and_the_sft_trainer_is_predicted_within_the_margin(
+) {
+    let report = Report::recorded_padded();
+    assert_eq!(report.records.len(), 30);
+    assert!(report.source.contains("H100"));
+    let loops: std::collections::BTreeSet<&str> = (report.records.iter())
+        .map(|r| r.spec["loop"].as_str().unwrap_or("generate"))
+        .collect();
+    assert_eq!(loops, ["generate", "sft", "trainer"].into());
+    assert_largest_ran_and_next_did_not(&report, 5);
+    check_report(&report);
+}
+
+/// Beam search held out (`data/hf-proof-beams-h100.json`): 4 beams of Llama 3.1 8B's widths, 5
+/// of one row of Qwen2.5 0.5B, Gemma 2's sliding layers, left-padded rows with a repetition
+/// penalty, beams drawn with temperature and top-p; an L4 and an RTX 4090 at the planner's
+/// largest batch and one more.
+#[test]
+fn every_held_out_run_of_beam_search_is_predicted_within_the_margin() {
+    let report = Report::recorded_beams();
+    assert_eq!(report.records.len(), 9);
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["generate"]["num_beams"].as_u64() > Some(1)));
+    assert_largest_ran_and_next_did_not(&report, 2);
+    check_report(&report);
+}
+
+/// TRL's padding-free and packed batches held out (`data/hf-proof-padding-free-h100.json`): full
+/// training of Qwen2.5 0.5B, LoRA of Llama 3.2 1B packed, LoRA of Granite 3.1 8B cut to 8 layers
+/// with recomputation; an RTX 4090 at the planner's largest batch and one more.
+#[test]
+fn every_held_out_run_of_padding_free_batches_is_predicted_within_the_margin() {
+    let report = Report::recorded_padding_free();
+    assert_eq!(report.records.len(), 5);
+    assert!(report.records.iter().all(|r| {
+        let args = &r.spec["trainer_args"];
+        r.spec["loop"] == "sft" && (args["padding_free"] == true || args["packing"] == true)
+    }));
+    assert_largest_ran_and_next_did_not(&report, 1);
+    check_report(&report);
+}
+
+/// Sampling held out (`data/hf-proof-sampling-h100.json`): one row, 2 to 40 rows, 130 rows (each
+/// path of PyTorch's sort and top-k), vocabularies of 32 000 to 256 000, and two L4 cards at the
+/// planner's largest batch and one more. Within the margin but for what is not yet followed:
+/// - Qwen2.5 7B's widths cut to 8 layers, 16 rows of 1 024 tokens: `allocated` exact, `reserved`
+///   7.04 % above the run from the prefill on: the replay makes one more segment of an MLP
+///   intermediate (592 MiB) where the GPU found room in its cache (greedy, the replay is the
+///   same: the forward's block placement, not the sampling);
+/// - Llama 3.2 1B on an L4 at 166 rows, one above the planner's largest: the replay runs out of
+///   memory; the run failed in its decode too, in cuDNN's attention with under 20 MiB of the
+///   device left (the verdict holds);
+/// - Qwen2.5 7B on an L4 at 17 rows, one above the planner's largest: it ran. The replay is exact
+///   to its prefill, and with what this process held outside the allocator while decoding
+///   (743 MB) it holds on the card; the budget counts the most any H200 run held while decoding
+///   (`Outside::h200`, 781 MB): the verdict is one batch short, on the safe side.
+#[test]
+fn every_held_out_run_of_sampling_is_predicted_within_the_margin_but_two() {
+    use iteragpu_lab::replay::Device;
+    let report = Report::recorded_sampling();
+    assert_eq!(report.records.len(), 10);
+    assert!(report
+        .records
+        .iter()
+        .all(|r| r.spec["generate"]["do_sample"] == true));
+    let beyond = [
+        "generate-sample-qwen2.5-7b-8layers-b16-1024-16",
+        "card-generate-sample-qwen2.5-7b-2048-128-l4-b17",
+    ];
+    let (apart, within): (Vec<_>, Vec<_>) =
+        (report.records.iter().cloned()).partition(|r| beyond.contains(&r.name.as_str()));
+    check_report(&Report {
+        records: within,
+        ..report.clone()
+    });
+    let failed = report
+        .records
+        .iter()
+        .find(|r| r.outcome == "error")
+        .unwrap();
+    assert!(failed.name.ends_with("-b166") && failed.alloc_retries == Some(0));
+    assert!(failed.free_at_end < Some(20 << 20));
+    let [grid, card] =
+        beyond.map(|name| check(apart.iter().find(|r| r.name == name).unwrap()).unwrap());
+    let (a, r) = grid.peak_errors();
+    assert!(a.abs() < 0.001 && (7.0..7.1).contains(&r), "{a} {r}");
+    assert!(grid.stages.iter().all(|s| s.errors().0.abs() < 0.01));
+    // The card at 17 rows: exact to the prefill, run out of memory in the replay's decode...
+    assert_eq!(
+        card.card_outcome,
+        Some(("ok".into(), "oom in decode".into()))
+    );
+    assert!(card
+        .stages
+        .iter()
+        .all(|s| s.errors().0.abs() < 0.001 && s.errors().1.abs() < 0.001));
+    // ...for the budget's figure outside the allocator while decoding, above this run's.
+    let held = card.outside.unwrap();
+    assert!(held.decode < Outside::h200().bytes.decode);
+    let rec = apart.iter().find(|r| r.name == beyond[1]).unwrap();
+    let program = iteragpu_lab::stack::run::program(
+        &iteragpu_lab::stack::run::Run::from_spec(&rec.spec).unwrap(),
+    );
+    let config = iteragpu_lab::budget::compute::allocator_config(Default::default());
+    let room = rec.card.as_ref().unwrap().card_bytes;
+    let with_its_own = program.replay(config, Device::Card { room }, held);
+    assert!(
+        with_its_own.out_of_memory.is_none(),
+        "{:?}",
+        with_its_own.out_of_memory
+    );
+}
+
+/// A run that failed otherwise than out of memory counts on a card only with the device full.
+#[test]
+fn a_failure_counts_on_a_card_only_with_the_device_full() {
+    let mut report: serde_json::Value =
+        serde_json::from_str(iteragpu_lab::budget::proof::RECORDED_SAMPLING).unwrap();
+    let failed = (report["records"].as_array_mut().unwrap().iter_mut())
+        .find(|r| r["outcome"] == "error")
+        .unwrap();
+    failed["free_at_end"] = (20u64 << 20).into();
+    let text = serde_json::to_string(&report).unwrap();
+    let err = Report::parse(text.as_bytes(), "r.json")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("the device full"), "{err}");
+}

@@ -155,6 +155,8 @@ pub struct FitPlan {
     /// NCCL's communicator counted on each GPU of a row over several.
     pub nccl: Nccl,
     pub margin_rule: String,
+    /// Why the verdicts are not replayed ones, where they are not ([`Budget::not_replayed`]).
+    pub not_replayed: Option<String>,
     pub max_gpus: u64,
     pub catalog: CatalogSource,
     /// Offers that fit, cheapest first, then those that do not.
@@ -876,6 +878,7 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
             budget.margin.gib_text(),
             budget.margin_source
         ),
+        not_replayed: budget.not_replayed().map(String::from),
         max_gpus,
         catalog: catalog.source.clone(),
         rows,

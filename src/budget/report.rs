@@ -29,6 +29,19 @@ pub const FIT_COLUMNS: [&str; 9] = [
 ];
 
 impl Budget {
+    /// Why this budget's verdicts are not replayed ones, where they are not: a checkpoint saved
+    /// quantized otherwise than in NF4.
+    pub fn not_replayed(&self) -> Option<&'static str> {
+        (self.workload.weights == WeightFormat::Prequantized).then_some(
+            "NOT A REPLAYED VERDICT: the weights as the checkpoint stores them and the KV cache \
+             are exact, but the products through the quantization's kernels are replayed as \
+             16-bit products (their outputs alone): the kernels' own temporaries, and a \
+             repacking of the weights as they load (Marlin's, ExLlama's buffers), are not \
+             emulated, and no run of this format was recorded on a GPU. The terms that depend \
+             on them say `partial`.",
+        )
+    }
+
     /// One line naming the workload.
     pub fn title(&self) -> String {
         let w = &self.workload;
@@ -40,6 +53,14 @@ impl Budget {
                 )
             }
             (WeightFormat::Nf4, _) => format!("NF4 weights, {} compute", w.dtype),
+            (WeightFormat::Prequantized, _) => format!(
+                "{} weights as the checkpoint saved them, {} compute",
+                w.model
+                    .quantization
+                    .map(|q| q.described())
+                    .unwrap_or_default(),
+                w.dtype
+            ),
             (_, Some(a)) => format!("{} weights under {a} autocast", w.dtype),
             _ => w.dtype.to_string(),
         };
@@ -302,6 +323,9 @@ impl Budget {
         }
         if self.workload.weights == WeightFormat::Nf4 {
             notes.push(self.nf4_products());
+        }
+        if let Some(n) = self.not_replayed() {
+            notes.push(n.into());
         }
         if self.workload.applied_repetition_penalty().is_some() {
             notes.push(
@@ -626,6 +650,11 @@ impl FitPlan {
         let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
         table(&self.caption(), &FIT_COLUMNS, &rows)
             .then(Html::note(&self.verdict()))
+            .then(
+                self.not_replayed
+                    .as_deref()
+                    .map_or(Html(String::new()), Html::note),
+            )
             .then(Html::note(&format!("Room: {}", self.margin_rule)))
             .then(Html::note(&format!("Split rule: {}", self.split_rule)))
             .then(Html::note(&format!("Catalog: {}", self.catalog)))
@@ -639,6 +668,9 @@ impl fmt::Display for FitPlan {
         let rows: Vec<Vec<String>> = self.rows.iter().map(FitRow::cells).collect();
         text_table(f, &FIT_COLUMNS, &rows)?;
         writeln!(f, "{}", self.verdict())?;
+        if let Some(n) = &self.not_replayed {
+            writeln!(f, "{n}")?;
+        }
         writeln!(f, "Usable memory: {}", self.margin_rule)?;
         writeln!(f, "Split rule: {}", self.split_rule)?;
         writeln!(f, "Catalog: {}", self.catalog)?;

@@ -27,6 +27,8 @@ pub enum TermStatus {
     Replayed { bound: String },
     /// Measured on a named GPU.
     Measured { on: String, source: String },
+    /// From a replay that leaves part of the run out (`unreplayed` says which).
+    Partial { unreplayed: String },
     /// A choice of the user (a reserve), not a fact.
     Hypothesis,
 }
@@ -37,6 +39,7 @@ impl TermStatus {
             TermStatus::Exact => "exact",
             TermStatus::Replayed { .. } => "replayed",
             TermStatus::Measured { .. } => "measured",
+            TermStatus::Partial { .. } => "partial",
             TermStatus::Hypothesis => "hypothesis",
         }
     }
@@ -84,6 +87,8 @@ pub struct Term {
 struct Terms<'a> {
     replayed: &'a Replayed,
     terms: Vec<Term>,
+    /// What the replay leaves out of the run, if anything.
+    unreplayed: Option<&'static str>,
 }
 
 impl Terms<'_> {
@@ -120,11 +125,18 @@ impl Terms<'_> {
 
     /// A term the replay alone gives: `bytes` held at the peak.
     fn replayed(&mut self, key: &str, name: &str, formula: String, bytes: u64) {
-        let bound = format!(
-            "the replays of the runs recorded on the H200 are within {:.2} % of their peak reserved",
-            MARGIN_PPM as f64 / 10_000.0
-        );
-        let status = TermStatus::Replayed { bound };
+        let status = match self.unreplayed {
+            Some(what) => TermStatus::Partial {
+                unreplayed: what.into(),
+            },
+            None => TermStatus::Replayed {
+                bound: format!(
+                    "the replays of the runs recorded on the H200 are within {:.2} % of their \
+                     peak reserved",
+                    MARGIN_PPM as f64 / 10_000.0
+                ),
+            },
+        };
         self.push(
             key,
             name,
@@ -167,6 +179,10 @@ pub fn terms(w: &Workload, settings: &BudgetSettings, r: &Replayed) -> Vec<Term>
     let mut t = Terms {
         replayed: r,
         terms: Vec::new(),
+        unreplayed: (w.weights == WeightFormat::Prequantized).then_some(
+            "the quantization's kernels (their products replayed as 16-bit ones, their own \
+             temporaries and a repacking at load left out)",
+        ),
     };
     let (bytes, formula) = weight_bytes(w);
     t.exact(
@@ -495,6 +511,34 @@ fn weight_bytes(w: &Workload) -> (u64, String) {
                 bitsandbytes::SCALE_BLOCK,
                 grouped(n - q),
                 w.dtype,
+                grouped(buffers),
+            ),
+        );
+    }
+    if let (WeightFormat::Prequantized, Some(q)) = (w.weights, w.model.quantization) {
+        let (mut stored, mut kept, mut layers) = (0, 0, 0);
+        for p in w.model.parameters() {
+            match crate::stack::bitsandbytes::quantizes(&p)
+                .then(|| crate::model::prequantized::stored_bytes(&p, q))
+                .flatten()
+            {
+                Some(b) => {
+                    stored += b;
+                    layers += 1;
+                }
+                None => kept += p.elements() * e,
+            }
+        }
+        return (
+            stored + kept + buffers,
+            format!(
+                "{layers} linear layers as the checkpoint stores them in {} ({}): {} B + the \
+                 other parameters × {e} B ({}): {} B + {} B of float32 buffers",
+                q.described(),
+                crate::model::prequantized::layout(q),
+                grouped(stored),
+                w.dtype,
+                grouped(kept),
                 grouped(buffers),
             ),
         );

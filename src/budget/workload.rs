@@ -18,6 +18,11 @@ pub enum WeightFormat {
     /// per block of 64 weights, one float32 per 256 blocks; embeddings, the LM head, norms and
     /// routers stay in the compute dtype.
     Nf4,
+    /// A checkpoint saved by GPTQ, AWQ, bitsandbytes' 8-bit or fine-grained FP8, served as
+    /// saved (the model's `quantization_config`): its layers' tensors as stored
+    /// (`model::prequantized`), the rest in the compute dtype; the products through its kernels
+    /// replayed as 16-bit products.
+    Prequantized,
 }
 
 /// The optimizer of full training.
@@ -551,25 +556,42 @@ impl Workload {
                 )));
             }
         }
-        if let Some(q) = self.model.quantization.filter(|_| !self.loads_saved_nf4()) {
-            let kind = match q {
-                crate::model::Quantization::Bnb4 { .. } => "bitsandbytes 4-bit".to_string(),
-                crate::model::Quantization::Bnb8 => "bitsandbytes 8-bit".to_string(),
-                crate::model::Quantization::Packed { bits, group_size } => {
-                    format!("{bits}-bit GPTQ/AWQ in groups of {group_size}")
-                }
-            };
+        let served_as_saved = self.loads_saved_nf4() || self.weights == WeightFormat::Prequantized;
+        if let Some(q) = self.model.quantization.filter(|_| !served_as_saved) {
             return Err(WorkloadError::Unsupported(format!(
-                "the model's quantization_config ({kind}) is {}: quantized weights load and \
+                "the model's quantization_config ({}) is {}: quantized weights load and \
                  compute through kernels that are not emulated, and a budget of dense weights \
                  would be wrong; remove quantization_config to budget the model unquantized",
+                q.described(),
                 match q {
                     crate::model::Quantization::Bnb4 { double_quant: true } => {
                         "replayed for serving (--mode inference) and QLoRA (--mode qlora)"
                     }
-                    _ => "not replayed yet",
+                    crate::model::Quantization::Bnb4 {
+                        double_quant: false,
+                    } => "not replayed yet",
+                    _ => "budgeted for serving as saved (--mode inference), not trained",
                 }
             )));
+        }
+        if self.weights == WeightFormat::Prequantized {
+            let q = self.model.quantization;
+            let saved_otherwise =
+                q.is_some_and(|q| !matches!(q, crate::model::Quantization::Bnb4 { .. }));
+            if !matches!(self.mode, Mode::Inference { .. }) || !saved_otherwise {
+                return Err(WorkloadError::Unsupported(
+                    "weights stored as a checkpoint saved by GPTQ, AWQ, bitsandbytes' 8-bit or \
+                     FP8 are served as saved (--mode inference) from its quantization_config"
+                        .into(),
+                ));
+            }
+            if self.model.moe.is_some() {
+                return Err(WorkloadError::Unsupported(
+                    "a mixture of experts saved quantized is not budgeted: its experts' \
+                     quantized layout is not followed"
+                        .into(),
+                ));
+            }
         }
         let serves_nf4 = matches!(self.mode, Mode::Inference { .. }) && self.loads_saved_nf4();
         if self.weights == WeightFormat::Nf4
@@ -777,7 +799,11 @@ impl Workload {
             loading: match self.weights {
                 WeightFormat::Nf4 if self.loads_saved_nf4() => Loading::PrequantizedNf4,
                 WeightFormat::Nf4 => Loading::PretrainedNf4,
-                _ => Loading::Pretrained,
+                WeightFormat::Prequantized => match self.model.quantization {
+                    Some(q) => Loading::Prequantized(q),
+                    None => Loading::Pretrained,
+                },
+                WeightFormat::Dense => Loading::Pretrained,
             },
             kernels,
             mask_order: Default::default(),

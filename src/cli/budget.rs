@@ -536,12 +536,14 @@ impl BudgetArgs {
             },
         };
         // QLoRA quantizes as it loads (or loads a checkpoint saved in NF4); a checkpoint saved in
-        // NF4 is served as saved.
+        // NF4 is served as saved, and so is one saved by GPTQ, AWQ, bitsandbytes' 8-bit or FP8.
         let weights = match (mode_arg, model.quantization) {
             (ModeArg::Qlora, _) => WeightFormat::Nf4,
             (ModeArg::Inference, Some(Quantization::Bnb4 { double_quant: true })) => {
                 WeightFormat::Nf4
             }
+            (ModeArg::Inference, Some(Quantization::Bnb4 { .. }) | None) => WeightFormat::Dense,
+            (ModeArg::Inference, Some(_)) => WeightFormat::Prequantized,
             _ => WeightFormat::Dense,
         };
         let workload = Workload {

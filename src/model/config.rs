@@ -345,10 +345,43 @@ fn quantization_of(f: &Fields) -> Result<Option<Quantization>, ConfigError> {
                 Some(-1) => 0,
                 _ => qf.size_or("group_size", 128)?,
             };
-            Ok(Some(Quantization::Packed { bits, group_size }))
+            if qf.flag("lm_head", false)? {
+                return Err(ConfigError::Invalid(
+                    "quantization_config.lm_head: a quantized LM head is not supported".into(),
+                ));
+            }
+            Ok(Some(Quantization::Packed {
+                bits,
+                group_size,
+                g_idx: method == "gptq",
+            }))
+        }
+        "fp8" => {
+            // FineGrainedFP8Config's `weight_block_size`, (128, 128) by default.
+            let [block_rows, block_cols] = match qf.get("weight_block_size") {
+                None => [128, 128],
+                Some(v) => {
+                    let sizes: Option<Vec<Option<u64>>> =
+                        v.as_array().map(|a| a.iter().map(Value::as_u64).collect());
+                    match sizes.as_deref() {
+                        Some(&[Some(r), Some(c)]) if r > 0 && c > 0 => [r, c],
+                        _ => {
+                            return Err(ConfigError::Type {
+                                field: qf.name("weight_block_size"),
+                                expected: "two positive integers",
+                                found: shown(v),
+                            })
+                        }
+                    }
+                }
+            };
+            Ok(Some(Quantization::Fp8 {
+                block_rows,
+                block_cols,
+            }))
         }
         other => Err(ConfigError::Invalid(format!(
-            "quantization_config.quant_method `{}` is not supported (bitsandbytes, gptq, awq)",
+            "quantization_config.quant_method `{}` is not supported (bitsandbytes, gptq, awq, fp8)",
             crate::text::printable(other)
         ))),
     }

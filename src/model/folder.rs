@@ -240,7 +240,7 @@ impl Checkpoint {
     /// how far apart they are (a quantized or a different checkpoint), and which the budget
     /// counts.
     pub fn agreement(&self, model: &Model) -> String {
-        match self.elements == model.parameter_count() {
+        match self.elements == super::prequantized::checkpoint_elements(model) {
             true => self.stored(model),
             false => format!(
                 "{}: the budget counts the config's model",
@@ -252,6 +252,7 @@ impl Checkpoint {
     /// What the checkpoint's tensors store, against the parameters the config describes.
     pub fn stored(&self, model: &Model) -> String {
         let params = model.parameter_count();
+        let expected = super::prequantized::checkpoint_elements(model);
         let dtypes: Vec<String> = self
             .bytes_by_dtype
             .iter()
@@ -266,7 +267,19 @@ impl Checkpoint {
             crate::units::grouped(self.elements),
             dtypes.join(", ")
         );
-        if self.elements == params {
+        if let Some(q) = model.quantization.filter(|_| expected != params) {
+            format!(
+                "{held}{} the {} elements the config's {} parameters take saved in {}",
+                if self.elements == expected {
+                    ":"
+                } else {
+                    ", where"
+                },
+                crate::units::grouped(expected),
+                crate::units::grouped(params),
+                q.described()
+            )
+        } else if self.elements == params {
             format!(
                 "{held}: the {} parameters the config describes",
                 crate::units::grouped(params)

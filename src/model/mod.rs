@@ -1,12 +1,14 @@
 //! A causal language model as transformers 5.17 builds it from its `config.json`: the sizes,
 //! attention kind (full, sliding-window, interleaved local/global, latent), mixture of experts,
-//! norms and biases of each supported `model_type` ([`config`]), a Gemma 3's vision tower, and its
-//! parameter tensors in the order `named_parameters()` yields them ([`tensors`]).
+//! norms and biases of each supported `model_type` ([`config`]), a Gemma 3's vision tower, its
+//! parameter tensors in the order `named_parameters()` yields them ([`tensors`]), and what a
+//! checkpoint saved quantized stores for them ([`prequantized`]).
 
 pub mod config;
 pub mod folder;
 pub mod generation;
 pub mod hub;
+pub mod prequantized;
 pub mod tensors;
 
 pub use config::{ConfigError, MAX_LAYERS};
@@ -191,8 +193,42 @@ pub enum Quantization {
     Bnb4 { double_quant: bool },
     /// bitsandbytes 8-bit (LLM.int8()).
     Bnb8,
-    /// GPTQ or AWQ: `bits` per weight in groups of `group_size` input rows.
-    Packed { bits: u64, group_size: u64 },
+    /// GPTQ or AWQ: `bits` per weight in groups of `group_size` input rows (0: one group);
+    /// GPTQ's packing keeps each input row's group (`g_idx`).
+    Packed {
+        bits: u64,
+        group_size: u64,
+        g_idx: bool,
+    },
+    /// Fine-grained FP8 (transformers' `FineGrainedFP8Config`): float8 weights, a float32 scale
+    /// per block of `block_rows` × `block_cols`.
+    Fp8 { block_rows: u64, block_cols: u64 },
+}
+
+impl Quantization {
+    /// The method as a person names it: `4-bit GPTQ in groups of 128`.
+    pub fn described(self) -> String {
+        match self {
+            Quantization::Bnb4 { .. } => "bitsandbytes 4-bit".into(),
+            Quantization::Bnb8 => "bitsandbytes 8-bit".into(),
+            Quantization::Packed {
+                bits,
+                group_size,
+                g_idx,
+            } => format!(
+                "{bits}-bit {} in {}",
+                if g_idx { "GPTQ" } else { "AWQ" },
+                match group_size {
+                    0 => "one group".to_string(),
+                    g => format!("groups of {g}"),
+                }
+            ),
+            Quantization::Fp8 {
+                block_rows,
+                block_cols,
+            } => format!("FP8 in blocks of {block_rows} × {block_cols}"),
+        }
+    }
 }
 
 /// The SigLIP vision tower and projector of a multimodal Gemma 3 (`Gemma3ForConditionalGeneration`,

@@ -52,6 +52,9 @@ pub struct Weights {
     /// their quantization made.
     pub quantized: FxHashMap<String, super::bitsandbytes::Quantized4bit>,
     pub quantization_map: Option<Tensor>,
+    /// The tensors of the layers a checkpoint stores quantized (GPTQ, AWQ, 8-bit, FP8), held
+    /// with the model (their weights in `by_name` are views of them).
+    pub stored: Vec<Tensor>,
 }
 
 impl Weights {

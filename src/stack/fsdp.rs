@@ -371,6 +371,7 @@ impl Fsdp {
             adapters,
             quantized: FxHashMap::default(),
             quantization_map: None,
+            stored: Vec::new(),
         };
         (fsdp, weights)
     }

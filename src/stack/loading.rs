@@ -1,12 +1,13 @@
 //! The weights reaching the GPU, as transformers loads them (`from_pretrained` with a device map:
 //! its allocator warm-up, then each tensor in the checkpoint's order, quantized as it comes for
-//! QLoRA or as bitsandbytes saved it; or `from_config` built on the device), and PEFT's LoRA
+//! QLoRA or as a quantizer saved it; or `from_config` built on the device), and PEFT's LoRA
 //! adapters made on it.
 
 use super::decoder::{Adapter, Weights};
 use super::process::Process;
 use super::tensor::Tensor;
 use crate::dtype::Dtype;
+use crate::model::prequantized::stored;
 use crate::model::{Model, Parameter, TensorRole};
 use crate::replay::program::Role;
 use rustc_hash::FxHashMap;
@@ -29,6 +30,11 @@ pub enum Loading {
     /// `quantization_config`): the same warm-up, then each tensor in the checkpoint's order, a
     /// quantized weight as bitsandbytes saved it (its packed values and state, no 16-bit copy).
     PrequantizedNf4,
+    /// `from_pretrained` of a checkpoint saved by GPTQ, AWQ, bitsandbytes' 8-bit or FP8: each
+    /// tensor in the checkpoint's order, a quantized layer's as stored
+    /// ([`crate::model::prequantized`]); its product replayed as a 16-bit one (the kernels'
+    /// own temporaries, and a repacking at load, not emulated).
+    Prequantized(crate::model::Quantization),
 }
 
 /// PEFT LoRA on the modules named `targets` (`q_proj`, `v_proj`…).
@@ -68,6 +74,7 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
     let mut by_name = FxHashMap::default();
     let mut quantized = FxHashMap::default();
     let mut quantizer = super::bitsandbytes::Quantizer::default();
+    let mut stored_layers = Vec::new();
     p.in_role(Role::Weights, |p| {
         let mut put = |p: &mut Process, t: &Parameter| {
             by_name.insert(t.name.clone(), p.empty(&t.shape, e));
@@ -91,18 +98,26 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                     drop(p.empty(&[model.vocab, model.hidden], e));
                 }
             }
-            Loading::Pretrained | Loading::PretrainedNf4 | Loading::PrequantizedNf4 => {
+            Loading::Pretrained
+            | Loading::PretrainedNf4
+            | Loading::PrequantizedNf4
+            | Loading::Prequantized(_) => {
                 let quantizes = |t: &Parameter| {
                     loading != Loading::Pretrained && super::bitsandbytes::quantizes(t)
                 };
                 // `get_total_byte_count`: each tensor's bytes, half a byte per element of a
                 // weight the quantizer packs (counted here in halves); then
                 // `torch.empty(byte_count // 2, dtype=float16)`.
+                let stored = |t: &Parameter| match loading {
+                    Loading::Prequantized(q) if quantizes(t) => stored(t, q),
+                    _ => None,
+                };
                 let halves: u64 = params
                     .iter()
-                    .map(|t| match quantizes(t) {
-                        true => t.elements(),
-                        false => 2 * t.elements() * e.bytes(),
+                    .map(|t| match (quantizes(t), stored(t)) {
+                        (true, Some(kept)) => 2 * kept.iter().map(|k| k.bytes()).sum::<u64>(),
+                        (true, None) => t.elements(),
+                        (false, _) => 2 * t.elements() * e.bytes(),
                     })
                     .sum();
                 drop(p.empty(&[warmup_bytes(halves / 2) / 2], Dtype::Float16));
@@ -110,6 +125,17 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                 sorted.sort_by(|a, b| a.name.cmp(&b.name));
                 for t in sorted {
                     let prefix = t.name.trim_end_matches(".weight").to_string();
+                    if let Some(kept) = stored(t) {
+                        // The layer's tensors as stored; its weight for the product, a view of
+                        // them in the dense shape.
+                        let kept: Vec<Tensor> =
+                            kept.iter().map(|k| p.empty(&k.shape, k.elem)).collect();
+                        let mut weight = Tensor::over(kept[0].storage.clone(), &t.shape, e);
+                        weight.is_view = true;
+                        by_name.insert(t.name.clone(), weight);
+                        stored_layers.extend(kept);
+                        continue;
+                    }
                     if loading == Loading::PrequantizedNf4 && quantizes(t) {
                         quantized.insert(prefix, super::bitsandbytes::load_saved(p, t, e));
                         continue;
@@ -137,6 +163,7 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
         adapters: FxHashMap::default(),
         quantized,
         quantization_map: quantizer.into_map(),
+        stored: stored_layers,
     }
 }
 

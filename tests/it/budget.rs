@@ -243,58 +243,155 @@ fn a_checkpoint_saved_in_nf4_is_served_as_saved() {
 fn a_quantized_config_is_refused_not_budgeted_dense() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = preset_config("llama-2-13b");
-    for (q, refusal) in [
+    for (q, mode, refusal) in [
         // Saved in 4 bits without double quantization.
         (
             serde_json::json!({"quant_method": "bitsandbytes", "load_in_4bit": true}),
+            "inference",
             "(bitsandbytes 4-bit) is not replayed yet",
         ),
         (
             serde_json::json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
-            "(bitsandbytes 8-bit) is not replayed yet",
+            "lora",
+            "(bitsandbytes 8-bit) is budgeted for serving as saved (--mode inference), not trained",
         ),
         (
             serde_json::json!({"quant_method": "gptq", "bits": 4, "group_size": 128}),
-            "(4-bit GPTQ/AWQ in groups of 128) is not replayed yet",
+            "full",
+            "(4-bit GPTQ in groups of 128) is budgeted for serving as saved",
+        ),
+        (
+            serde_json::json!({"quant_method": "compressed-tensors"}),
+            "inference",
+            "quant_method `compressed-tensors` is not supported (bitsandbytes, gptq, awq, fp8)",
         ),
     ] {
         config["quantization_config"] = q;
         std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
         mm().args(["budget", "--config"])
             .arg(dir.path())
-            .args(["--mode", "inference", "--context", "512"])
+            .args(["--mode", mode, "--context", "512"])
             .assert()
-            .code(USAGE)
+            .failure()
             .stdout("")
-            .stderr(contains(format!("quantization_config {refusal}")));
+            .stderr(contains(refusal));
     }
-    // With its checkpoint beside it, the refusal says what the tensors store, as stored.
-    let qweight = vec![0u8; 16 * 64 * 4];
-    let scales = vec![0u8; 64 * 2];
-    let views = vec![
-        (
-            "model.layers.0.self_attn.q_proj.qweight",
-            safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![16, 64], &qweight)
-                .unwrap(),
-        ),
-        (
-            "model.layers.0.self_attn.q_proj.scales",
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F16, vec![1, 64], &scales)
-                .unwrap(),
-        ),
-    ];
-    let bytes = safetensors::tensor::serialize(views, &None).unwrap();
-    std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
-    mm().args(["budget", "--config"])
-        .arg(dir.path())
-        .args(["--mode", "inference", "--context", "512"])
-        .assert()
-        .code(USAGE)
-        .stderr(contains("is not replayed yet"))
-        .stderr(contains(
-            "the checkpoint (model.safetensors in 1 file) holds 2 tensors, 1 088 elements \
-             (128 B in F16, 4 096 B in I32), where the config describes 13 015 864 320 parameters",
+}
+
+/// A checkpoint saved by GPTQ (its tensors named and shaped as GPTQ's packer writes them: 4-bit
+/// values packed along the input rows in int32, zeros packed in int32, float16 scales, each input
+/// row's group) is served as saved: its weights exact from its layout, the checkpoint's headers
+/// agreeing, and the verdict said not to be a replayed one.
+#[test]
+fn a_checkpoint_saved_by_gptq_is_budgeted_as_stored_and_said_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hidden, inter, vocab, layers) = (64u64, 128u64, 256u64, 2);
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 4096, "torch_dtype": "float16",
+        "tie_word_embeddings": false,
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                "desc_act": false, "sym": true}
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    // (name, dtype, shape)
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>)> = Vec::new();
+    let f16 = |name: String, shape: Vec<u64>| (name, safetensors::Dtype::F16, shape);
+    let mut add = |t: (String, safetensors::Dtype, Vec<u64>)| {
+        tensors.push((t.0, t.1, t.2.iter().map(|&d| d as usize).collect()))
+    };
+    add(f16("model.embed_tokens.weight".into(), vec![vocab, hidden]));
+    add(f16("model.norm.weight".into(), vec![hidden]));
+    add(f16("lm_head.weight".into(), vec![vocab, hidden]));
+    for l in 0..layers {
+        let at = format!("model.layers.{l}");
+        add(f16(format!("{at}.input_layernorm.weight"), vec![hidden]));
+        add(f16(
+            format!("{at}.post_attention_layernorm.weight"),
+            vec![hidden],
         ));
+        for (module, out, inp) in [
+            ("self_attn.q_proj", hidden, hidden),
+            ("self_attn.k_proj", 32, hidden),
+            ("self_attn.v_proj", 32, hidden),
+            ("self_attn.o_proj", hidden, hidden),
+            ("mlp.gate_proj", inter, hidden),
+            ("mlp.up_proj", inter, hidden),
+            ("mlp.down_proj", hidden, inter),
+        ] {
+            let groups = inp.div_ceil(128);
+            let i32 = safetensors::Dtype::I32;
+            add((format!("{at}.{module}.qweight"), i32, vec![inp / 8, out]));
+            add((format!("{at}.{module}.qzeros"), i32, vec![groups, out / 8]));
+            add(f16(format!("{at}.{module}.scales"), vec![groups, out]));
+            add((format!("{at}.{module}.g_idx"), i32, vec![inp]));
+        }
+    }
+    let data: Vec<Vec<u8>> = (tensors.iter())
+        .map(|(_, d, shape)| vec![0u8; shape.iter().product::<usize>() * d.size()])
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = (tensors.iter().zip(&data))
+        .map(|((name, d, shape), bytes)| {
+            let view = safetensors::tensor::TensorView::new(*d, shape.clone(), bytes).unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    let stored: u64 = data.iter().map(|d| d.len() as u64).sum();
+    let elements: u64 = (tensors.iter())
+        .map(|(_, _, shape)| shape.iter().product::<usize>() as u64)
+        .sum();
+    let file = safetensors::tensor::serialize(views, &None).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), file).unwrap();
+    let run = |args: &[&str]| {
+        mm().args(["budget", "--config"])
+            .arg(dir.path())
+            .args([
+                "--mode",
+                "inference",
+                "--dtype",
+                "float16",
+                "--context",
+                "64",
+            ])
+            .args(args)
+            .assert()
+            .success()
+    };
+    let out = run(&["--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let b = &json["budget"];
+    assert_eq!(b["workload"]["weights"]["format"], "prequantized");
+    let term = |key: &str| {
+        (b["terms"].as_array().unwrap().iter())
+            .find(|t| t["key"] == key)
+            .unwrap()
+            .clone()
+    };
+    // The checkpoint's bytes, and beside them the rotary frequencies' buffers (`inv_freq` and
+    // `original_inv_freq`, 8 float32 each), which no checkpoint stores.
+    let weights = term("weights");
+    assert_eq!(bytes(&weights["bytes"]), stored + 2 * 8 * 4, "{weights}");
+    assert_eq!(weights["status"], "exact");
+    assert_eq!(term("kv_cache")["status"], "exact");
+    assert_eq!(term("activations")["status"], "partial");
+    let text = String::from_utf8(run(&[]).get_output().stdout.clone()).unwrap();
+    assert!(
+        text.contains(
+            "4-bit GPTQ in groups of 128 weights as the checkpoint saved them, float16 compute"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("NOT A REPLAYED VERDICT"), "{text}");
+    assert!(
+        text.contains(&format!(
+            ": the {} elements the config's",
+            iteragpu_lab::units::grouped(elements)
+        )),
+        "{text}"
+    );
+    let fit = run(&["--fit"]);
+    fit.stdout(contains("NOT A REPLAYED VERDICT"));
 }
 
 #[test]

@@ -128,6 +128,12 @@ impl Budget {
                 grouped(w.batch * w.context)
             ));
         }
+        if let Some(n) = w.completion_tokens {
+            extras.push(format!(
+                "loss on the last {} tokens of each row",
+                grouped(n)
+            ));
+        }
         if w.checkpointing {
             extras.push("gradient checkpointing".to_string());
         }
@@ -260,16 +266,28 @@ impl Budget {
             self.peak_stage
         )];
         if self.workload.sft {
-            notes.push(
+            let w = &self.workload;
+            let labelled = match w.completion_tokens {
+                Some(n) => format!(
+                    "the loss on each row's completion alone (--completion-tokens: TRL's \
+                     completion_only_loss), {} positions labelled a batch (batch × {})",
+                    grouped(w.batch * n),
+                    grouped(n)
+                ),
+                None => "every position of every row counted as labelled (batch × (sequence - \
+                         1), the most there can be: --completion-tokens counts a completion \
+                         alone)"
+                    .into(),
+            };
+            notes.push(format!(
                 "TRL's SFTTrainer (--sft, TRL 1.16 on the Trainer): its fused LM head gathers the \
                  positions with a label and scores them in tiles of 4 096 positions by 32 768 \
                  vocabulary entries, with float32 accumulators of the gradients, instead of \
-                 making the logits; every position of every row counted as labelled (batch × \
-                 (sequence - 1), the most there can be). Derived from 2 traces recorded on the \
-                 H200 (docs/gpu-runs/2026-12-04-h200-records), every stage's peaks replayed to \
-                 the byte; proven on 5 runs held out (data/hf-proof-padded-h100.json)."
-                    .into(),
-            );
+                 making the logits; {labelled}. Derived from 3 traces recorded on the H200 \
+                 (docs/gpu-runs/2026-12-04-h200-records) whose batches had as many labelled \
+                 positions as their rows' labels gave, every stage's peaks replayed to the byte; \
+                 proven on 5 runs held out (data/hf-proof-padded-h100.json)."
+            ));
         }
         if self.workload.padding_free {
             let w = &self.workload;

@@ -159,6 +159,11 @@ pub struct Workload {
     /// under the block-diagonal mask transformers builds from the restarting positions.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub padding_free: bool,
+    /// TRL's loss on the completion alone (`completion_only_loss`, its default for a
+    /// prompt-completion dataset; with `sft`): the last `completion_tokens` tokens of each row
+    /// carry a label, the prompt's none, so its fused head scores that many positions a row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u64>,
     /// `generate`'s `repetition_penalty` (inference): other than 1, its logits processor runs on
     /// every token's logits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,6 +304,7 @@ impl Workload {
             lora_dropout: None,
             sft: false,
             padding_free: false,
+            completion_tokens: None,
             repetition_penalty: None,
             sample: None,
             beams: None,
@@ -438,6 +444,21 @@ impl Workload {
             return Err(WorkloadError::Unsupported(
                 "--sft runs TRL's SFTTrainer on the Trainer: the workload needs trainer set".into(),
             ));
+        }
+        if let Some(n) = self.completion_tokens {
+            if !self.sft {
+                return Err(WorkloadError::Unsupported(
+                    "--completion-tokens is the loss of TRL's SFTTrainer: add --sft".into(),
+                ));
+            }
+            if n == 0 || n >= self.context {
+                return Err(WorkloadError::Unsupported(format!(
+                    "--completion-tokens {n}: a completion of 1 to {} tokens follows a prompt of \
+                     at least one within --context {}",
+                    crate::units::grouped(self.context - 1),
+                    crate::units::grouped(self.context)
+                )));
+            }
         }
         if self.padding_free && !self.sft {
             return Err(WorkloadError::Unsupported(
@@ -811,7 +832,11 @@ impl Workload {
             sharding: None,
             tensor_parallel: None,
             ddp: None,
-            labelled: Vec::new(),
+            // Each row's completion labelled: the positions whose next token has a label.
+            labelled: match self.completion_tokens {
+                Some(n) => (0..2 * self.accumulation).map(|_| self.batch * n).collect(),
+                None => Vec::new(),
+            },
             flat_tokens: Vec::new(),
         }
     }

@@ -205,6 +205,11 @@ pub struct BudgetArgs {
     /// under the block-diagonal mask of the packed sequences.
     #[arg(long, requires = "sft")]
     pub padding_free: bool,
+    /// TRL's loss on the completion alone (completion_only_loss, its default for a
+    /// prompt-completion dataset; with --sft): the last N tokens of each row carry a label, the
+    /// prompt's none (without it, every position is counted labelled: the most there can be).
+    #[arg(long, value_name = "N", requires = "sft")]
+    pub completion_tokens: Option<u64>,
     /// The batch is padded: its shorter rows padded to --context, as a tokenizer pads them, the
     /// attention under the mask built for them (inference, or training with --trainer).
     #[arg(long)]
@@ -572,6 +577,7 @@ impl BudgetArgs {
             lora_dropout: self.lora_dropout,
             sft: self.sft,
             padding_free: self.padding_free,
+            completion_tokens: self.completion_tokens,
             repetition_penalty: self.repetition_penalty.or(defaults.repetition_penalty),
             sample: (self.sample || (!self.greedy && defaults.do_sample == Some(true))).then_some(
                 crate::budget::workload::SampleArgs {

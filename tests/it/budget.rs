@@ -1285,6 +1285,53 @@ fn the_sft_trainer_makes_no_logits_and_says_so() {
     }
 }
 
+/// `--completion-tokens N` (TRL's completion-only loss): the SFTTrainer's fused head gathers
+/// and scores batch × N labelled positions instead of every one: its tiles, of as many rows as
+/// positions up to 4 096, shrink, and so does the peak where the head is the largest part.
+#[test]
+fn the_completion_alone_labelled_makes_the_sft_head_score_fewer_positions() {
+    let budget = |more: &[&str]| {
+        let mut cmd = mm();
+        cmd.args([
+            "budget",
+            "--model",
+            "qwen2.5-0.5b",
+            "--mode",
+            "lora",
+            "--sft",
+        ])
+        .args(["--context", "2048", "--batch", "4"])
+        .args(more);
+        cmd
+    };
+    let doc = |more: &[&str]| json_of(budget(more).arg("--json"));
+    let (every, completion) = (doc(&[]), doc(&["--completion-tokens", "256"]));
+    let peak = |d: &serde_json::Value| bytes(&d["budget"]["peak_allocated"]);
+    assert!(
+        peak(&completion) < peak(&every),
+        "{} then {}",
+        peak(&every),
+        peak(&completion)
+    );
+    assert_eq!(completion["budget"]["workload"]["completion_tokens"], 256);
+    let out = budget(&["--completion-tokens", "256"]).assert().success();
+    let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(
+        text.contains("loss on the last 256 tokens of each row"),
+        "{text}"
+    );
+    assert!(
+        text.contains("1 024 positions labelled a batch (batch × 256)"),
+        "{text}"
+    );
+    budget(&["--completion-tokens", "2048"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains(
+            "--completion-tokens 2048: a completion of 1 to 2 047 tokens follows a prompt of at least one within --context 2 048",
+        ));
+}
+
 /// `--lora-dropout`: each adapter's dropout mask (a byte an element of its input) kept for the
 /// backward, said in the title and a note; refused outside LoRA and outside [0, 1).
 #[test]

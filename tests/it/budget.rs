@@ -278,71 +278,12 @@ fn a_quantized_config_is_refused_not_budgeted_dense() {
     }
 }
 
-/// A checkpoint saved by GPTQ (its tensors named and shaped as GPTQ's packer writes them: 4-bit
-/// values packed along the input rows in int32, zeros packed in int32, float16 scales, each input
-/// row's group) is served as saved: its weights exact from its layout, the checkpoint's headers
-/// agreeing, and the verdict said not to be a replayed one.
+/// A checkpoint saved by GPTQ ([`common::gptq_folder`]) is served as saved: its weights exact from its
+/// layout, the checkpoint's headers agreeing, and the verdict said not to be a replayed one.
 #[test]
 fn a_checkpoint_saved_by_gptq_is_budgeted_as_stored_and_said_not_replayed() {
     let dir = tempfile::tempdir().unwrap();
-    let (hidden, inter, vocab, layers) = (64u64, 128u64, 256u64, 2);
-    let config = serde_json::json!({
-        "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 4096, "torch_dtype": "float16",
-        "tie_word_embeddings": false,
-        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
-                                "desc_act": false, "sym": true}
-    });
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    // (name, dtype, shape)
-    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>)> = Vec::new();
-    let f16 = |name: String, shape: Vec<u64>| (name, safetensors::Dtype::F16, shape);
-    let mut add = |t: (String, safetensors::Dtype, Vec<u64>)| {
-        tensors.push((t.0, t.1, t.2.iter().map(|&d| d as usize).collect()))
-    };
-    add(f16("model.embed_tokens.weight".into(), vec![vocab, hidden]));
-    add(f16("model.norm.weight".into(), vec![hidden]));
-    add(f16("lm_head.weight".into(), vec![vocab, hidden]));
-    for l in 0..layers {
-        let at = format!("model.layers.{l}");
-        add(f16(format!("{at}.input_layernorm.weight"), vec![hidden]));
-        add(f16(
-            format!("{at}.post_attention_layernorm.weight"),
-            vec![hidden],
-        ));
-        for (module, out, inp) in [
-            ("self_attn.q_proj", hidden, hidden),
-            ("self_attn.k_proj", 32, hidden),
-            ("self_attn.v_proj", 32, hidden),
-            ("self_attn.o_proj", hidden, hidden),
-            ("mlp.gate_proj", inter, hidden),
-            ("mlp.up_proj", inter, hidden),
-            ("mlp.down_proj", hidden, inter),
-        ] {
-            let groups = inp.div_ceil(128);
-            let i32 = safetensors::Dtype::I32;
-            add((format!("{at}.{module}.qweight"), i32, vec![inp / 8, out]));
-            add((format!("{at}.{module}.qzeros"), i32, vec![groups, out / 8]));
-            add(f16(format!("{at}.{module}.scales"), vec![groups, out]));
-            add((format!("{at}.{module}.g_idx"), i32, vec![inp]));
-        }
-    }
-    let data: Vec<Vec<u8>> = (tensors.iter())
-        .map(|(_, d, shape)| vec![0u8; shape.iter().product::<usize>() * d.size()])
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = (tensors.iter().zip(&data))
-        .map(|((name, d, shape), bytes)| {
-            let view = safetensors::tensor::TensorView::new(*d, shape.clone(), bytes).unwrap();
-            (name.clone(), view)
-        })
-        .collect();
-    let stored: u64 = data.iter().map(|d| d.len() as u64).sum();
-    let elements: u64 = (tensors.iter())
-        .map(|(_, _, shape)| shape.iter().product::<usize>() as u64)
-        .sum();
-    let file = safetensors::tensor::serialize(views, &None).unwrap();
-    std::fs::write(dir.path().join("model.safetensors"), file).unwrap();
+    let (stored, elements) = common::gptq_folder(dir.path());
     let run = |args: &[&str]| {
         mm().args(["budget", "--config"])
             .arg(dir.path())

@@ -396,3 +396,48 @@ fn the_models_generation_config_is_read_from_the_hub_and_the_cache() {
     let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
     assert!(!text.contains("sampling ("), "{text}");
 }
+
+/// A checkpoint saved by GPTQ named by its Hub id: its config and its header read from the Hub
+/// (the weights never), budgeted as stored and said not to be a replayed verdict.
+#[test]
+fn a_checkpoint_saved_by_gptq_is_budgeted_from_the_hub_by_its_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stored, elements) = crate::common::gptq_folder(dir.path());
+    let files: BTreeMap<String, Vec<u8>> = ["config.json", "model.safetensors"]
+        .into_iter()
+        .map(|f| (f.to_string(), std::fs::read(dir.path().join(f)).unwrap()))
+        .collect();
+    let (endpoint, log) = hub(files, Behaviour::default());
+    let empty = tempfile::tempdir().unwrap();
+    let env = from_the_hub(empty.path(), &endpoint);
+    let run = |more: &[&str]| {
+        let out = budget_of("org/name", &env)
+            .args(["--dtype", "float16"])
+            .args(more)
+            .assert()
+            .success();
+        String::from_utf8(out.get_output().stdout.clone()).unwrap()
+    };
+    let text = run(&[]);
+    assert!(
+        text.contains("4-bit GPTQ in groups of 128 weights as the checkpoint saved them"),
+        "{text}"
+    );
+    assert!(text.contains("NOT A REPLAYED VERDICT"), "{text}");
+    let elements = iteragpu_lab::units::grouped(elements);
+    assert!(
+        text.contains(&format!(": the {elements} elements the config's")),
+        "{text}"
+    );
+    // What the checkpoint holds, and the rotary frequencies' two buffers beside it.
+    let json: serde_json::Value = serde_json::from_str(&run(&["--json"])).unwrap();
+    let weights = &json["budget"]["terms"][0];
+    assert_eq!(weights["key"], "weights");
+    assert_eq!(weights["bytes"]["bytes"], stored + 64);
+    // Only the header was asked of the weights' file.
+    let asked = log.lock().unwrap();
+    assert!(asked
+        .iter()
+        .filter(|(path, _)| path.ends_with("model.safetensors"))
+        .all(|(_, range)| range.is_some()));
+}

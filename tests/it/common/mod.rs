@@ -194,3 +194,68 @@ pub fn model_folder(dir: &std::path::Path, drop_one: bool) {
     let bytes = safetensors::tensor::serialize(views, &None).unwrap();
     std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
 }
+
+/// A small Llama saved by GPTQ in float16, as the Hub gives it: `config.json` with its
+/// `quantization_config` and `model.safetensors` whose tensors are named and shaped as GPTQ's
+/// packer writes them (4-bit values packed along the input rows in int32, zeros packed in int32,
+/// float16 scales, each input row's group), written here by hand; the bytes and elements its
+/// tensors hold.
+pub fn gptq_folder(dir: &std::path::Path) -> (u64, u64) {
+    let (hidden, inter, vocab, layers) = (64u64, 128u64, 256u64, 2);
+    let config = serde_json::json!({
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 4096, "torch_dtype": "float16",
+        "tie_word_embeddings": false,
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                "desc_act": false, "sym": true}
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    // (name, dtype, shape)
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<u64>)> = Vec::new();
+    let (f16, i32) = (safetensors::Dtype::F16, safetensors::Dtype::I32);
+    tensors.push(("model.embed_tokens.weight".into(), f16, vec![vocab, hidden]));
+    tensors.push(("model.norm.weight".into(), f16, vec![hidden]));
+    tensors.push(("lm_head.weight".into(), f16, vec![vocab, hidden]));
+    for l in 0..layers {
+        let at = format!("model.layers.{l}");
+        tensors.push((format!("{at}.input_layernorm.weight"), f16, vec![hidden]));
+        tensors.push((
+            format!("{at}.post_attention_layernorm.weight"),
+            f16,
+            vec![hidden],
+        ));
+        for (module, out, inp) in [
+            ("self_attn.q_proj", hidden, hidden),
+            ("self_attn.k_proj", 32, hidden),
+            ("self_attn.v_proj", 32, hidden),
+            ("self_attn.o_proj", hidden, hidden),
+            ("mlp.gate_proj", inter, hidden),
+            ("mlp.up_proj", inter, hidden),
+            ("mlp.down_proj", hidden, inter),
+        ] {
+            let groups = inp.div_ceil(128);
+            tensors.push((format!("{at}.{module}.qweight"), i32, vec![inp / 8, out]));
+            tensors.push((format!("{at}.{module}.qzeros"), i32, vec![groups, out / 8]));
+            tensors.push((format!("{at}.{module}.scales"), f16, vec![groups, out]));
+            tensors.push((format!("{at}.{module}.g_idx"), i32, vec![inp]));
+        }
+    }
+    let shape = |s: &[u64]| -> Vec<usize> { s.iter().map(|&d| d as usize).collect() };
+    let data: Vec<Vec<u8>> = (tensors.iter())
+        .map(|(_, d, s)| vec![0u8; shape(s).iter().product::<usize>() * d.size()])
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = (tensors.iter().zip(&data))
+        .map(|((name, d, s), bytes)| {
+            let view = safetensors::tensor::TensorView::new(*d, shape(s), bytes).unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    let file = safetensors::tensor::serialize(views, &None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), file).unwrap();
+    let elements = tensors
+        .iter()
+        .map(|(_, _, s)| s.iter().product::<u64>())
+        .sum();
+    (data.iter().map(|d| d.len() as u64).sum(), elements)
+}

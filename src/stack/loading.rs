@@ -127,10 +127,11 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                     let prefix = t.name.trim_end_matches(".weight").to_string();
                     if let Some(kept) = stored(t) {
                         // The layer's tensors as stored; its weight for the product, a view of
-                        // them in the dense shape.
+                        // the largest (its values) in the dense shape.
                         let kept: Vec<Tensor> =
                             kept.iter().map(|k| p.empty(&k.shape, k.elem)).collect();
-                        let mut weight = Tensor::over(kept[0].storage.clone(), &t.shape, e);
+                        let values = (kept.iter()).max_by_key(|k| k.bytes()).expect("a tensor");
+                        let mut weight = Tensor::over(values.storage.clone(), &t.shape, e);
                         weight.is_view = true;
                         by_name.insert(t.name.clone(), weight);
                         stored_layers.extend(kept);

@@ -12,9 +12,8 @@ pub struct Stored {
     /// The tensor's name after the layer's (`qweight`, `scales`, `weight_scale_inv`…).
     pub suffix: &'static str,
     pub shape: [u64; 2],
-    /// Its element type as the allocator sees it (its size); `kind` names the real one.
+    /// Its element type as the allocator sees it: its size (int8 and float8 as bytes).
     pub elem: Dtype,
-    pub kind: &'static str,
 }
 
 impl Stored {
@@ -27,12 +26,11 @@ impl Stored {
     }
 }
 
-fn tensor(suffix: &'static str, shape: [u64; 2], elem: Dtype, kind: &'static str) -> Stored {
+fn tensor(suffix: &'static str, shape: [u64; 2], elem: Dtype) -> Stored {
     Stored {
         suffix,
         shape,
         elem,
-        kind,
     }
 }
 
@@ -60,31 +58,30 @@ pub fn stored(weight: &Parameter, q: Quantization) -> Option<Vec<Stored>> {
                 false => [inp, packed(out)],
             };
             let mut t = vec![
-                tensor("qweight", qweight, Dtype::Int32, "int32"),
-                tensor("qzeros", [groups, packed(out)], Dtype::Int32, "int32"),
-                tensor("scales", [groups, out], Dtype::Float16, "float16"),
+                tensor("qweight", qweight, Dtype::Int32),
+                tensor("qzeros", [groups, packed(out)], Dtype::Int32),
+                tensor("scales", [groups, out], Dtype::Float16),
             ];
             if g_idx {
-                t.insert(0, tensor("g_idx", [1, inp], Dtype::Int32, "int32"));
+                t.insert(0, tensor("g_idx", [1, inp], Dtype::Int32));
             }
             t
         }
         // LLM.int8(): the int8 weight and one float32 scale per output row.
         Quantization::Bnb8 => vec![
-            tensor("SCB", [1, out], Dtype::Float32, "float32"),
-            tensor("weight", [out, inp], Dtype::Uint8, "int8"),
+            tensor("SCB", [1, out], Dtype::Float32),
+            tensor("weight", [out, inp], Dtype::Uint8),
         ],
         // The float8 weight and one float32 inverse scale per block.
         Quantization::Fp8 {
             block_rows,
             block_cols,
         } => vec![
-            tensor("weight", [out, inp], Dtype::Uint8, "float8_e4m3fn"),
+            tensor("weight", [out, inp], Dtype::Uint8),
             tensor(
                 "weight_scale_inv",
                 [out.div_ceil(block_rows), inp.div_ceil(block_cols)],
                 Dtype::Float32,
-                "float32",
             ),
         ],
     })

@@ -518,10 +518,7 @@ fn weight_bytes(w: &Workload) -> (u64, String) {
     if let (WeightFormat::Prequantized, Some(q)) = (w.weights, w.model.quantization) {
         let (mut stored, mut kept, mut layers) = (0, 0, 0);
         for p in w.model.parameters() {
-            match crate::stack::bitsandbytes::quantizes(&p)
-                .then(|| crate::model::prequantized::stored_bytes(&p, q))
-                .flatten()
-            {
+            match crate::model::prequantized::stored_bytes(&p, q) {
                 Some(b) => {
                     stored += b;
                     layers += 1;

@@ -35,8 +35,12 @@ fn tensor(suffix: &'static str, shape: [u64; 2], elem: Dtype) -> Stored {
 }
 
 /// The tensors `q` stores for the linear layer whose dense weight is `weight` (`[out, in]`), in
-/// the order of their names; `None` for bitsandbytes' 4-bit, stored otherwise.
+/// the order of their names; `None` for any other parameter (kept in the compute dtype) and for
+/// bitsandbytes' 4-bit, stored otherwise.
 pub fn stored(weight: &Parameter, q: Quantization) -> Option<Vec<Stored>> {
+    if !weight.is_linear_weight() {
+        return None;
+    }
     let (out, inp) = (weight.shape[0], weight.shape[1]);
     Some(match q {
         Quantization::Bnb4 { .. } => return None,
@@ -112,10 +116,7 @@ pub fn checkpoint_elements(model: &Model) -> u64 {
         .parameters()
         .iter()
         .map(|p| {
-            let kept = model
-                .quantization
-                .filter(|_| p.is_linear_weight())
-                .and_then(|q| stored(p, q));
+            let kept = model.quantization.and_then(|q| stored(p, q));
             match kept {
                 Some(t) => t.iter().map(Stored::elements).sum(),
                 None => p.elements(),

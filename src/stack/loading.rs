@@ -105,19 +105,19 @@ pub(super) fn load(p: &mut Process, model: &Model, dtype: Dtype, loading: Loadin
                 let quantizes = |t: &Parameter| {
                     loading != Loading::Pretrained && super::bitsandbytes::quantizes(t)
                 };
-                // `get_total_byte_count`: each tensor's bytes, half a byte per element of a
-                // weight the quantizer packs (counted here in halves); then
-                // `torch.empty(byte_count // 2, dtype=float16)`.
                 let stored = |t: &Parameter| match loading {
-                    Loading::Prequantized(q) if quantizes(t) => stored(t, q),
+                    Loading::Prequantized(q) => stored(t, q),
                     _ => None,
                 };
+                // `get_total_byte_count`: each tensor's bytes (as stored), half a byte per
+                // element of a weight the 4-bit quantizer packs (counted here in halves); then
+                // `torch.empty(byte_count // 2, dtype=float16)`.
                 let halves: u64 = params
                     .iter()
-                    .map(|t| match (quantizes(t), stored(t)) {
-                        (true, Some(kept)) => 2 * kept.iter().map(|k| k.bytes()).sum::<u64>(),
-                        (true, None) => t.elements(),
-                        (false, _) => 2 * t.elements() * e.bytes(),
+                    .map(|t| match stored(t) {
+                        Some(kept) => 2 * kept.iter().map(|k| k.bytes()).sum::<u64>(),
+                        None if quantizes(t) => t.elements(),
+                        None => 2 * t.elements() * e.bytes(),
                     })
                     .sum();
                 drop(p.empty(&[warmup_bytes(halves / 2) / 2], Dtype::Float16));

@@ -544,11 +544,21 @@ fn check_trainer_report(
     cards: usize,
     arguments: impl Fn(&serde_json::Value) -> bool,
 ) {
+    check_runs_of(report, runs, cards, |spec| {
+        spec["loop"] == "trainer" && arguments(&spec["trainer_args"])
+    });
+}
+
+/// Checks a report of `runs` runs, each of a spec `each` accepts, `cards` of its cards at the
+/// planner's largest batch and one more, as [`check_report`] does.
+fn check_runs_of(
+    report: &Report,
+    runs: usize,
+    cards: usize,
+    each: impl Fn(&serde_json::Value) -> bool,
+) {
     assert_eq!(report.records.len(), runs);
-    assert!(report
-        .records
-        .iter()
-        .all(|r| r.spec["loop"] == "trainer" && arguments(&r.spec["trainer_args"])));
+    assert!(report.records.iter().all(|r| each(&r.spec)));
     assert_largest_ran_and_next_did_not(report, cards);
     check_report(report);
 }
@@ -959,14 +969,12 @@ fn serving_a_checkpoint_saved_in_nf4_replays_the_runs_it_was_derived_from() {
 fn every_held_out_run_of_padded_batches_the_trainer_and_the_sft_trainer_is_predicted_within_the_margin(
 ) {
     let report = Report::recorded_padded();
-    assert_eq!(report.records.len(), 30);
     assert!(report.source.contains("H100"));
     let loops: std::collections::BTreeSet<&str> = (report.records.iter())
         .map(|r| r.spec["loop"].as_str().unwrap_or("generate"))
         .collect();
     assert_eq!(loops, ["generate", "sft", "trainer"].into());
-    assert_largest_ran_and_next_did_not(&report, 5);
-    check_report(&report);
+    check_runs_of(&report, 30, 5, |_| true);
 }
 
 /// Beam search held out (`data/hf-proof-beams-h100.json`): 4 beams of Llama 3.1 8B's widths, 5
@@ -975,14 +983,9 @@ fn every_held_out_run_of_padded_batches_the_trainer_and_the_sft_trainer_is_predi
 /// largest batch and one more.
 #[test]
 fn every_held_out_run_of_beam_search_is_predicted_within_the_margin() {
-    let report = Report::recorded_beams();
-    assert_eq!(report.records.len(), 9);
-    assert!(report
-        .records
-        .iter()
-        .all(|r| r.spec["generate"]["num_beams"].as_u64() > Some(1)));
-    assert_largest_ran_and_next_did_not(&report, 2);
-    check_report(&report);
+    check_runs_of(&Report::recorded_beams(), 9, 2, |spec| {
+        spec["generate"]["num_beams"].as_u64() > Some(1)
+    });
 }
 
 /// TRL's padding-free and packed batches held out (`data/hf-proof-padding-free-h100.json`): full
@@ -990,14 +993,10 @@ fn every_held_out_run_of_beam_search_is_predicted_within_the_margin() {
 /// with recomputation; an RTX 4090 at the planner's largest batch and one more.
 #[test]
 fn every_held_out_run_of_padding_free_batches_is_predicted_within_the_margin() {
-    let report = Report::recorded_padding_free();
-    assert_eq!(report.records.len(), 5);
-    assert!(report.records.iter().all(|r| {
-        let args = &r.spec["trainer_args"];
-        r.spec["loop"] == "sft" && (args["padding_free"] == true || args["packing"] == true)
-    }));
-    assert_largest_ran_and_next_did_not(&report, 1);
-    check_report(&report);
+    check_runs_of(&Report::recorded_padding_free(), 5, 1, |spec| {
+        let args = &spec["trainer_args"];
+        spec["loop"] == "sft" && (args["padding_free"] == true || args["packing"] == true)
+    });
 }
 
 /// Sampling held out (`data/hf-proof-sampling-h100.json`): one row, 2 to 40 rows, 130 rows (each

@@ -16,7 +16,9 @@ in the process that runs it (scripts/gpu/hf-run.py calls `loop_of(SPEC)`):
 - `loop` = `trainer` or `sft`: `transformers.Trainer` or TRL's `SFTTrainer` with the arguments of
   `trainer_args` over a tokenized dataset (right padding to the longest of each batch, sequence
   lengths cycling through `lengths`, else all `context` long; with `sequential_batches` the
-  batches taken in the dataset's order rather than shuffled), stages marked by a subclass;
+  batches taken in the dataset's order rather than shuffled; `completion_tokens` N: the loss on
+  each row's last N tokens alone, as TRL's `completion_only_loss` labels them), stages marked by
+  a subclass;
 - inference with `generate` (keyword arguments of `generate` as called: sampling, beams, a cache
   implementation) and `left_padding` (each row's count of pad tokens on the left, cycling).
 
@@ -249,17 +251,22 @@ def tokenizer_of(vocab):
     return tok
 
 
-def sft_dataset(rows):
-    """A `datasets.Dataset` of the tokenized rows (what SFTTrainer takes). Its fingerprints name
-    cache files only; they are given rather than hashed, since datasets' hashing pickles pyarrow
-    types that some pyarrow versions refuse."""
+def sft_dataset(rows, completion=None):
+    """A `datasets.Dataset` of the tokenized rows (what SFTTrainer takes); with `completion`, each
+    row's labels as TRL's preparation leaves a prompt-completion row under `completion_only_loss`
+    (its last `completion` tokens, -100 on the prompt). Its fingerprints name cache files only;
+    they are given rather than hashed, since datasets' hashing pickles pyarrow types that some
+    pyarrow versions refuse."""
     import datasets
     import datasets.arrow_dataset as arrow
     import datasets.fingerprint as fingerprint
     names = iter(range(1 << 30))
     arrow.generate_fingerprint = lambda *_: f"igl{next(names)}"
     fingerprint.update_fingerprint = lambda *_, **__: f"igl{next(names)}"
-    return datasets.Dataset.from_dict({"input_ids": rows})
+    columns = {"input_ids": rows}
+    if completion:
+        columns["labels"] = [[-100] * (len(r) - completion) + r[-completion:] for r in rows]
+    return datasets.Dataset.from_dict(columns)
 
 
 def lengths_of(spec, count):
@@ -353,7 +360,7 @@ def trainer(spec, stages, record, h):
         Marked = type("MarkedInOrder", (Marked, InOrder), {})  # noqa: N806
     if spec["loop"] == "sft":
         from trl import SFTConfig, SFTTrainer
-        data = sft_dataset(rows)
+        data = sft_dataset(rows, spec.get("completion_tokens"))
         # The dataset is tokenized already: nothing for TRL to prepare.
         config = SFTConfig(**common, dataset_kwargs={"skip_prepare_dataset": True})
         record["trainer_arguments"] = config.to_dict()

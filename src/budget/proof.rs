@@ -73,6 +73,8 @@ pub const RECORDED_PADDED: &str = include_str!("../../data/hf-proof-padded-h100.
 pub const RECORDED_BEAMS: &str = include_str!("../../data/hf-proof-beams-h100.json");
 pub const RECORDED_PADDING_FREE: &str = include_str!("../../data/hf-proof-padding-free-h100.json");
 pub const RECORDED_SAMPLING: &str = include_str!("../../data/hf-proof-sampling-h100.json");
+pub const RECORDED_COMPLETION: &str = include_str!("../../data/hf-proof-completion-h100.json");
+pub const RECORDED_NF4: &str = include_str!("../../data/hf-proof-nf4-h100.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -380,6 +382,17 @@ impl Report {
     /// The shipped held-out runs of sampling.
     pub fn recorded_sampling() -> Report {
         Report::shipped(RECORDED_SAMPLING, "data/hf-proof-sampling-h100.json")
+    }
+
+    /// The shipped held-out runs of TRL's loss on the completion alone, and Phi-3 mini's
+    /// Trainer LoRA on an L4 planned again.
+    pub fn recorded_completion() -> Report {
+        Report::shipped(RECORDED_COMPLETION, "data/hf-proof-completion-h100.json")
+    }
+
+    /// The shipped held-out runs of checkpoints saved in NF4 served by `generate`.
+    pub fn recorded_nf4() -> Report {
+        Report::shipped(RECORDED_NF4, "data/hf-proof-nf4-h100.json")
     }
 
     /// Every shipped report recorded on the H200 (what the rules were derived from and proven on

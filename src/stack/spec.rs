@@ -1,7 +1,7 @@
 //! The specification a GPU proof script runs (`scripts/gpu/hf-run.py`'s: model_type, config,
 //! mode, dtype, autocast, batch, context, generated, lora, optimizer, optimizer_impl,
 //! checkpointing, steps, loading, quantization, mask_order, for a Trainer run loop
-//! trainer_args and lengths, for `generate` left_padding and its keyword arguments
+//! trainer_args, lengths and completion_tokens, for `generate` left_padding and its keyword arguments
 //! (max_length, max_new_tokens, repetition_penalty, do_sample, temperature, top_k, top_p); the
 //! script's other fields are its own), read as a serde type and turned into the [`Run`] the
 //! emulation makes, with the H200's kernels.
@@ -76,6 +76,10 @@ pub struct Spec {
     /// position but each row's last.
     #[serde(default)]
     pub labelled: Vec<u64>,
+    /// TRL's `completion_only_loss`: each row's last N tokens labelled (every batch then has
+    /// batch × N labelled positions).
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
     /// TRL's padding-free batches: the tokens of each it drew, in order (read from the run's
     /// trace); absent, `batch × context`.
     #[serde(default)]
@@ -316,6 +320,28 @@ impl TryFrom<Spec> for Run {
                 "from 1 to batch × (context - 1) positions in each batch",
             ));
         }
+        let labelled = match s.completion_tokens {
+            None => s.labelled,
+            Some(_) if !sft => {
+                return Err(field("completion_tokens", "given to TRL's SFTTrainer only"))
+            }
+            Some(_) if !s.labelled.is_empty() => {
+                return Err(field(
+                    "completion_tokens",
+                    "given instead of labelled, not with it",
+                ))
+            }
+            Some(n) if n == 0 || n >= s.context => {
+                return Err(field(
+                    "completion_tokens",
+                    "from 1 to context - 1 tokens a row",
+                ))
+            }
+            Some(n) => {
+                let draws = s.steps * trainer.map_or(1, |t| t.accumulation);
+                vec![s.batch * n; usize::try_from(draws).unwrap_or(usize::MAX)]
+            }
+        };
         if sft && s.autocast.is_some() {
             return Err(field(
                 "autocast",
@@ -602,7 +628,7 @@ impl TryFrom<Spec> for Run {
             sharding,
             tensor_parallel,
             ddp,
-            labelled: s.labelled,
+            labelled,
             flat_tokens: s.tokens,
         })
     }

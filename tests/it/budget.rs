@@ -236,7 +236,9 @@ fn a_checkpoint_saved_in_nf4_is_served_as_saved() {
             "NF4 weights as the checkpoint saved them, bfloat16 compute",
         ))
         .stdout(contains("compute capability 9.0 with 58 multiprocessors"))
-        .stdout(contains("not yet proven on runs held out"));
+        .stdout(contains(
+            "proven on 6 runs held out (data/hf-proof-nf4-h100.json)",
+        ));
 }
 
 #[test]

@@ -851,6 +851,38 @@ fn the_sft_trainer_replays_the_runs_it_was_derived_from_to_the_byte() {
     }
 }
 
+/// A proof run's loss on the completion alone (`completion_tokens` N, as `scripts/hf-proof-plan
+/// --completion` writes it): every batch drawn has batch × N labelled positions; the field is
+/// refused beside `labelled`, outside the SFTTrainer and at a row's whole length.
+#[test]
+fn a_proof_spec_s_completion_labels_batch_times_its_tokens_in_every_batch() {
+    use iteragpu_lab::stack::run::Run;
+    let mut spec = recorded("sft-small-llama-full", false)["spec"].clone();
+    assert!(spec.get("labelled").is_none());
+    spec["completion_tokens"] = 7.into();
+    let run = Run::from_spec(&spec).unwrap();
+    let (batch, steps) = (
+        spec["batch"].as_u64().unwrap(),
+        spec["steps"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        run.labelled,
+        vec![batch * 7; usize::try_from(steps).unwrap()]
+    );
+    let context = spec["context"].clone();
+    for (field, value) in [
+        ("completion_tokens", context),
+        ("completion_tokens", 0.into()),
+        ("labelled", serde_json::json!([batch, batch])),
+        ("loop", "trainer".into()),
+    ] {
+        let mut bad = spec.clone();
+        bad[field] = value;
+        let e = Run::from_spec(&bad).unwrap_err().to_string();
+        assert!(e.contains("completion_tokens"), "{field}: {e}");
+    }
+}
+
 /// TRL's padding-free batches (`padding_free=True`, and `packing=True`, whose strategy implies
 /// it; the dataset prepared already): each batch's sequences flattened into one row, the
 /// attention under the mask of the packed sequences. Every allocation as recorded; the peaks of
@@ -996,6 +1028,47 @@ fn every_held_out_run_of_padding_free_batches_is_predicted_within_the_margin() {
     check_runs_of(&Report::recorded_padding_free(), 5, 1, |spec| {
         let args = &spec["trainer_args"];
         spec["loop"] == "sft" && (args["padding_free"] == true || args["packing"] == true)
+    });
+}
+
+/// TRL's loss on the completion alone held out (`data/hf-proof-completion-h100.json`): full
+/// training of Qwen2.5 0.5B, LoRA of Llama 3.2 1B, of Gemma 2 2B and of Mistral 7B v0.3 cut to 8
+/// layers with recomputation, each row's last 64 to 512 tokens labelled; Qwen2.5 1.5B's LoRA on an
+/// L4 at the planner's largest batch and one more; and the Phi-3 mini, LoRA of every
+/// projection with recomputation at 4 096 tokens through the Trainer, on an L4 planned again
+/// (4 ran, 5 ran out of memory).
+#[test]
+fn every_held_out_run_of_the_completion_alone_is_predicted_within_the_margin() {
+    let report = Report::recorded_completion();
+    check_runs_of(&report, 8, 2, |spec| {
+        spec["completion_tokens"].as_u64() > Some(0) || spec["model_type"] == "phi3"
+    });
+    let phi3 = (report.records.iter())
+        .filter(|r| r.spec["model_type"] == "phi3")
+        .map(|r| {
+            (
+                r.spec["loop"].as_str(),
+                r.spec["batch"].as_u64(),
+                r.outcome.as_str(),
+            )
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(
+        phi3,
+        [
+            (Some("trainer"), Some(4), "ok"),
+            (Some("trainer"), Some(5), "oom")
+        ]
+    );
+}
+
+/// Checkpoints saved in NF4 held out (`data/hf-proof-nf4-h100.json`): 8 and 1 rows decoded
+/// from Llama 3.1 8B's and Qwen2.5 7B's widths cut to 8 layers, and two cards at the planner's
+/// largest batch and one more (Llama 3.1 8B whole on an L4, Mistral 7B on an RTX 4090).
+#[test]
+fn every_held_out_run_of_a_checkpoint_saved_in_nf4_is_predicted_within_the_margin() {
+    check_runs_of(&Report::recorded_nf4(), 6, 2, |spec| {
+        spec["loading"] == "prequantized" && spec["quantization"]["method"] == "bnb4"
     });
 }
 

@@ -5,6 +5,8 @@
 //!
 //!     cargo run --release --example compare-trace -- RECORD.json[.gz] [EVENTS_AROUND]
 //!
+//! (EVENTS_AROUND, 12 unless given, also widens the stages' windows)
+//!
 //! (the recorded traces are in `tests/fixtures/hf-traces/`).
 
 use iteragpu_lab::replay::trace::{Trace, TraceEvent};
@@ -162,14 +164,20 @@ fn main() {
             None if x.len() == y.len() => {
                 println!("stage {}: {} allocations, equal", s.name, x.len())
             }
-            None => println!(
-                "stage {}: {} allocations recorded, {} emulated",
-                s.name,
-                x.len(),
-                y.len()
-            ),
+            None => {
+                let tail = |v: &[String]| v[v.len().saturating_sub(around)..].join(" ");
+                println!(
+                    "stage {}: {} allocations recorded, {} emulated, ending\n  recorded {}\n  emulated {}",
+                    s.name,
+                    x.len(),
+                    y.len(),
+                    tail(&x),
+                    tail(&y)
+                )
+            }
             Some(k) => {
-                let window = |v: &[String]| v[k.saturating_sub(6)..(k + 6).min(v.len())].join(" ");
+                let window =
+                    |v: &[String]| v[k.saturating_sub(around)..(k + around).min(v.len())].join(" ");
                 println!("stage {}: allocation {k} differs", s.name);
                 println!("  recorded {}", window(&x));
                 println!("  emulated {}", window(&y));
@@ -210,7 +218,8 @@ fn main() {
         let x = relative(&all, s.begin, s.end);
         let y = relative(&b, e.begin.saturating_sub(2), e.end.saturating_sub(2));
         if let Some(k) = x.iter().zip(&y).position(|(p, q)| p != q) {
-            let window = |v: &[String]| v[k.saturating_sub(8)..(k + 8).min(v.len())].join(" ");
+            let window =
+                |v: &[String]| v[k.saturating_sub(around)..(k + around).min(v.len())].join(" ");
             println!("  its frees part at event {k} of the stage:");
             println!("  recorded {}", window(&x));
             println!("  emulated {}", window(&y));

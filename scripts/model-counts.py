@@ -186,6 +186,13 @@ CONFIGS = [
       vocab_size=1657, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
       num_experts=3, num_local_experts=5, num_experts_per_tok=1, moe_intermediate_size=84,
       head_dim=28),
+    # ---- glm4: kv default 2, head_dim default 128, q/k/v biased by default (o never), fused
+    #      gate_up_proj, four norms per layer, partial rotary (0.5 by default)
+    c("glm4-defaults", "glm4", hidden_size=256, intermediate_size=696, vocab_size=1607,
+      num_hidden_layers=2, num_attention_heads=4, pad_token_id=0),
+    c("glm4-head-dim-no-bias-tied", "glm4", hidden_size=320, intermediate_size=872, vocab_size=1319,
+      num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1, head_dim=72,
+      attention_bias=False, partial_rotary_factor=0.75, tie_word_embeddings=True, pad_token_id=0),
     # ---- olmo2: q_norm and k_norm over whole projections, norms after attention and MLP only
     c("olmo2-gqa", "olmo2", hidden_size=256, intermediate_size=688, vocab_size=1531,
       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),

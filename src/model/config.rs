@@ -23,8 +23,8 @@ pub const MAX_SIZE: u64 = 1 << 24;
 pub enum ConfigError {
     #[error(
         "model_type `{0}` is not supported; supported: llama, mistral, mixtral, qwen2, qwen2_moe, \
-         qwen3, qwen3_moe, olmo2, granite, gemma, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, deepseek_v2, \
-         deepseek_v3"
+         qwen3, qwen3_moe, olmo2, granite, gemma, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, glm4, \
+         deepseek_v2, deepseek_v3"
     )]
     UnknownType(String),
     #[error("`model_type` is missing: a config.json names its model type")]
@@ -397,6 +397,7 @@ fn default_kv_heads(model_type: ModelType) -> Option<u64> {
         T::Qwen2Moe => Some(16),
         T::Qwen3Moe | T::Gemma2 | T::Gemma3Text => Some(4),
         T::Gemma => Some(16),
+        T::Glm4 => Some(2),
         T::DeepseekV3 => Some(128),
         T::Llama | T::Phi3 | T::DeepseekV2 | T::Granite | T::Olmo2 => None,
     }
@@ -483,7 +484,7 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         )));
     }
     let default_head_dim = match model_type {
-        T::Qwen3 => 128,
+        T::Qwen3 | T::Glm4 => 128,
         T::Gemma | T::Gemma2 | T::Gemma3Text => 256,
         _ => hidden / heads,
     };
@@ -493,7 +494,7 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         f.size_or("head_dim", default_head_dim)?
     };
     let tied_embeddings = f.flag("tie_word_embeddings", model_type.is_gemma())?;
-    let attention_bias = f.flag("attention_bias", false)?;
+    let attention_bias = f.flag("attention_bias", model_type == T::Glm4)?;
     let mlp_bias =
         matches!(model_type, T::Llama | T::DeepseekV2 | T::Granite) && f.flag("mlp_bias", false)?;
     let mut rotary_dim = head_dim;
@@ -523,10 +524,16 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
                 (b, b, false)
             }
             T::Mistral | T::Mixtral | T::Phi3 => (false, false, false),
+            T::Glm4 => (attention_bias, attention_bias, false),
             _ => (attention_bias, attention_bias, attention_bias),
         };
-        if model_type == T::Phi3 {
-            let factor = f.float("partial_rotary_factor")?.unwrap_or(1.0);
+        if matches!(model_type, T::Phi3 | T::Glm4) {
+            let factor = match f.float("partial_rotary_factor")? {
+                Some(factor) => factor,
+                // transformers 5 saves it among the rope parameters.
+                None => rope_parameter(f, "partial_rotary_factor")?
+                    .unwrap_or(if model_type == T::Glm4 { 0.5 } else { 1.0 }),
+            };
             if !(factor > 0.0 && factor <= 1.0) {
                 return Err(ConfigError::Range {
                     field: f.name("partial_rotary_factor"),
@@ -582,10 +589,18 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         tied_embeddings,
         attention,
         mlp_bias,
-        fused_gate_up: model_type == T::Phi3,
+        fused_gate_up: matches!(model_type, T::Phi3 | T::Glm4),
         rotary_dim,
         layers,
         moe,
+        bos_token: match f.object.get("bos_token_id") {
+            Some(id) => !id.is_null(),
+            // Qwen2, Qwen3, their mixtures, OLMo 2 and GLM-4 default to none.
+            None => !matches!(
+                model_type,
+                T::Qwen2 | T::Qwen2Moe | T::Qwen3 | T::Qwen3Moe | T::Olmo2 | T::Glm4
+            ),
+        },
         final_softcap: match model_type {
             T::Gemma2 => softcap(f, true)?,
             T::Gemma3Text => softcap(f, false)?,
@@ -596,6 +611,18 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         vision: None,
         window: f.optional_size("max_position_embeddings")?,
     })
+}
+
+/// A number among the `rope_parameters` (where transformers 5 saves the rotary's settings).
+fn rope_parameter(f: &Fields, field: &str) -> Result<Option<f64>, ConfigError> {
+    match f.get("rope_parameters") {
+        Some(Value::Object(object)) => Fields {
+            object,
+            prefix: "rope_parameters.",
+        }
+        .float(field),
+        _ => Ok(None),
+    }
 }
 
 /// Whether the final logits are soft-capped: `final_logit_softcapping` not null (its class's
@@ -721,7 +748,7 @@ fn windows_of(
         }
     };
     Ok(match model_type {
-        T::Llama | T::Olmo2 | T::Granite | T::Gemma | T::DeepseekV2 | T::DeepseekV3 => {
+        T::Llama | T::Olmo2 | T::Granite | T::Gemma | T::Glm4 | T::DeepseekV2 | T::DeepseekV3 => {
             vec![None; n]
         }
         T::Mistral | T::Mixtral | T::Phi3 => {

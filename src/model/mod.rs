@@ -49,6 +49,7 @@ pub enum ModelType {
     #[serde(rename = "gemma3_text")]
     Gemma3Text,
     Phi3,
+    Glm4,
     #[strum(serialize = "deepseek_v2")]
     #[serde(rename = "deepseek_v2")]
     DeepseekV2,
@@ -87,6 +88,19 @@ impl ModelType {
     /// Gemma 2's and 3's norms around the attention's and the MLP's outputs.
     pub fn has_sandwich_norms(self) -> bool {
         matches!(self, ModelType::Gemma2 | ModelType::Gemma3Text)
+    }
+
+    /// GLM-4's norms of the attention's and the MLP's outputs before each residual
+    /// (`post_self_attn_layernorm`, `post_mlp_layernorm`), beside Llama's two.
+    pub fn has_output_norms(self) -> bool {
+        self == ModelType::Glm4
+    }
+
+    /// GLM-4's rotary embedding: over the first `rotary_dim` of each head, its pairs interleaved
+    /// (`cos[..., :half].repeat_interleave(2)`, `rotate_half` of `x[..., 0::2]` and
+    /// `x[..., 1::2]` stacked).
+    pub fn has_interleaved_rotary(self) -> bool {
+        self == ModelType::Glm4
     }
 }
 
@@ -271,6 +285,10 @@ pub struct Model {
     pub moe: Option<Moe>,
     /// Gemma 2's final logit soft-capping (three more logits-sized tensors).
     pub final_softcap: bool,
+    /// The configuration names a beginning-of-sequence token (`bos_token_id` not null, its
+    /// class's default when absent): `generate` makes it a tensor.
+    #[serde(default = "crate::model::yes")]
+    pub bos_token: bool,
     /// The dtype the config names (`dtype` or `torch_dtype`).
     pub dtype: Option<crate::dtype::Dtype>,
     pub quantization: Option<Quantization>,
@@ -281,6 +299,10 @@ pub struct Model {
     /// the configuration says it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Model {

@@ -168,6 +168,10 @@ impl Model {
             p.norm(&format!("{l}.pre_feedforward_layernorm"), h);
             p.norm(&format!("{l}.post_feedforward_layernorm"), h);
         }
+        if self.model_type.has_output_norms() {
+            p.norm(&format!("{l}.post_self_attn_layernorm"), h);
+            p.norm(&format!("{l}.post_mlp_layernorm"), h);
+        }
     }
 
     /// The buffers the model holds on the GPU besides its parameters, in `named_buffers()`

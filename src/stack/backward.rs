@@ -51,23 +51,31 @@ impl Backward for Process {
                 } else {
                     (0, 1)
                 };
-                // saved: [a if b needs grad][b if a needs grad]
-                if want(b_ix) {
-                    // The weight's gradient, in the weight's layout.
-                    let meta = &inputs[b_ix];
-                    let role = if is_leaf_through_view(node, b_ix) {
-                        Role::Gradients
+                // saved: [a if b needs grad][b if a needs grad]. `MmBackward0` makes the
+                // weight's gradient first, `AddmmBackward0` the input's (the order of their
+                // formulas in PyTorch's derivatives.yaml).
+                let input_first = matches!(node.rule, Rule::Addmm);
+                for ix in if input_first {
+                    [a_ix, b_ix]
+                } else {
+                    [b_ix, a_ix]
+                } {
+                    if !want(ix) {
+                        continue;
+                    }
+                    let g = if ix == b_ix {
+                        // The weight's gradient, in the weight's layout.
+                        let role = if is_leaf_through_view(node, b_ix) {
+                            Role::Gradients
+                        } else {
+                            Role::Activations
+                        };
+                        self.in_role(role, |p| p.grad_like(&inputs[b_ix], grad.elem))
                     } else {
-                        Role::Activations
+                        self.empty(&inputs[a_ix].shape, grad.elem)
                     };
-                    let g = self.in_role(role, |p| p.grad_like(meta, grad.elem));
                     self.matmul_workspace(false);
-                    out[b_ix] = Some(g);
-                }
-                if want(a_ix) {
-                    let g = self.empty(&inputs[a_ix].shape, grad.elem);
-                    self.matmul_workspace(false);
-                    out[a_ix] = Some(g);
+                    out[ix] = Some(g);
                 }
                 if matches!(node.rule, Rule::Addmm) && want(0) {
                     out[0] = Some(grad.clone());

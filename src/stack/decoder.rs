@@ -409,6 +409,57 @@ impl Decoder<'_> {
         out
     }
 
+    /// GLM-4's `apply_rotary_pos_emb`: `cos` and `sin` halved, each entry repeated twice; the
+    /// first `rotary_dim` of each head of `q`, then of `k`, rotated pairwise; the rest of each
+    /// concatenated back once both are rotated.
+    fn pairwise_rotary(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> (Tensor, Tensor) {
+        let (d, rd) = (q.size(-1), cos.size(-1));
+        let p = &mut *self.process;
+        let [cos, sin] = [cos, sin].map(|t| {
+            let half = p.slice(t, -1, 0, rd / 2);
+            p.repeat_interleave_last(&half, 2)
+        });
+        let rd = cos.size(-1);
+        let [(q_rot, q_pass), (k_rot, k_pass)] =
+            [q, k].map(|x| (p.slice(x, -1, 0, rd), p.slice(x, -1, rd, d)));
+        let q_part = self.pairwise_embed(&q_rot, &cos, &sin);
+        let k_part = self.pairwise_embed(&k_rot, &cos, &sin);
+        let q_embed = self.process.cat(&[&q_part, &q_pass], -1);
+        drop(q_part);
+        let k_embed = self.process.cat(&[&k_part, &k_pass], -1);
+        drop(k_part);
+        // The locals go at the return in the frame's order: `cos`, then `sin`.
+        drop(cos);
+        drop(sin);
+        (q_embed, k_embed)
+    }
+
+    /// `(x * cos) + (rotate_half(x) * sin)` with GLM's `rotate_half`: `stack((-x[..., 1::2],
+    /// x[..., 0::2]), -1).flatten(-2)`.
+    fn pairwise_embed(&mut self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let a = p.mul(x, cos);
+        let x1 = p.slice_step(x, -1, 0, 2);
+        let x2 = p.slice_step(x, -1, 1, 2);
+        let neg = p.neg(&x2);
+        let stacked = p.stack_last(&[&neg, &x1]);
+        drop(neg);
+        let rotated = p.reshape(&stacked, &x.shape);
+        drop(stacked);
+        let b = p.mul(&rotated, sin);
+        drop(rotated);
+        let out = p.add(&a, &b);
+        drop(a);
+        drop(b);
+        out
+    }
+
     /// Phi-3's `qkv_proj`, sliced into queries, keys and values (views), as heads.
     fn fused_qkv(&mut self, prefix: &str, x: &Tensor) -> (Tensor, Tensor, Tensor, Tensor) {
         let m = self.model;
@@ -560,8 +611,12 @@ impl Decoder<'_> {
         };
         let cos4 = self.p().unsqueeze(cos, 1);
         let sin4 = self.p().unsqueeze(sin, 1);
-        let mut q_embed = self.rotary_part(&q, &cos4, &sin4);
-        let mut k_embed = self.rotary_part(&k, &cos4, &sin4);
+        let (mut q_embed, mut k_embed) = if m.model_type.has_interleaved_rotary() {
+            self.pairwise_rotary(&q, &k, &cos4, &sin4)
+        } else {
+            let q_embed = self.rotary_part(&q, &cos4, &sin4);
+            (q_embed, self.rotary_part(&k, &cos4, &sin4))
+        };
         if m.model_type.norms_after_blocks() {
             // OLMo 2 casts back what it rotated in float32: `q_embed.to(q_type), k_embed.to(k_type)`.
             let (qc, kc) = (self.p().to(&q_embed, q.elem), self.p().to(&k_embed, k.elem));
@@ -696,6 +751,7 @@ impl Decoder<'_> {
             Attention::Latent(_) => QkNorm::None,
         };
         let gemma = m.model_type.has_sandwich_norms();
+        let glm = m.model_type.has_output_norms();
         let weight = |name: &str| {
             self.weights
                 .get(&joined(&[&l, ".", name, ".weight"]))
@@ -709,6 +765,13 @@ impl Decoder<'_> {
             (
                 weight("pre_feedforward_layernorm"),
                 weight("post_feedforward_layernorm"),
+            )
+        });
+        // GLM-4 norms each block's output with its own weights, Llama's two norms before.
+        let output_norms = glm.then(|| {
+            (
+                weight("post_self_attn_layernorm"),
+                weight("post_mlp_layernorm"),
             )
         });
         let residual = hidden.clone();
@@ -729,6 +792,10 @@ impl Decoder<'_> {
         if gemma || after {
             // Gemma 2 and 3 and OLMo 2 normalise the attention's output before the residual.
             let n = self.norm(&attn, &post_attention);
+            attn = n;
+        }
+        if let Some((after_attention, _)) = &output_norms {
+            let n = self.norm(&attn, after_attention);
             attn = n;
         }
         // Granite's `residual + hidden_states * residual_multiplier`: the product, the sum, then
@@ -754,10 +821,9 @@ impl Decoder<'_> {
             Mlp::Experts => self.moe_block(&joined(&[&l, ".mlp"]), &normed),
         };
         drop(normed);
-        if let Some(post) = sandwich
-            .as_ref()
-            .map(|(_, post)| post)
+        if let Some(post) = (sandwich.as_ref().map(|(_, post)| post))
             .or(post_feedforward.as_ref())
+            .or(output_norms.as_ref().map(|(_, after_mlp)| after_mlp))
         {
             let n = self.norm(&out, post);
             out = n;

@@ -31,9 +31,10 @@ pub fn generate(
         false => Cache::new(&windows),
     };
     let p = &mut *d.process;
-    // The special tokens as tensors (the padding token), kept to the end.
+    // The special tokens as tensors (`_prepare_special_tokens`: the model's beginning of
+    // sequence if it names one, the padding token), kept to the end.
+    let bos = d.model.bos_token.then(|| p.empty(&[1], Dtype::Int64));
     let pad = p.empty(&[1], Dtype::Int64);
-    let pad2 = p.empty(&[1], Dtype::Int64);
     // The right-padding check: `attention_mask[:, -1] == 0`, `any`.
     let last = p.empty(&[b], Dtype::Bool);
     let any = p.empty(&[], Dtype::Bool);
@@ -59,7 +60,7 @@ pub fn generate(
         let kwargs = Kwargs::new(positions.clone(), mask.clone());
         let sequences = beams::search(d, &ids, kwargs, &mut cache, options, stages);
         d.experts_path = super::decoder::ExpertsPath::Grouped;
-        drop((pad, pad2, mask, positions));
+        drop((bos, pad, mask, positions));
         cache.drop_from_last();
         drop(ids);
         drop(sequences);
@@ -142,6 +143,6 @@ pub fn generate(
     drop(ids);
     drop(unfinished);
     drop(cache);
-    drop(pad2);
     drop(pad);
+    drop(bos);
 }

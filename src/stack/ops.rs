@@ -67,6 +67,18 @@ impl Process {
         v
     }
 
+    /// `x[..., start::step]` along `dim` (a strided view).
+    pub fn slice_step(&mut self, x: &Tensor, dim: isize, start: u64, step: u64) -> Tensor {
+        let d = x.axis(dim);
+        let mut shape = x.shape.clone();
+        let mut strides = x.strides.clone();
+        shape[d] = (x.shape[d] - start).div_ceil(step);
+        strides[d] *= step;
+        let mut v = x.restrided(shape, strides);
+        self.record(Rule::Slice, &[x], vec![], &mut v);
+        v
+    }
+
     pub fn unsqueeze(&mut self, x: &Tensor, dim: usize) -> Tensor {
         let mut shape = x.shape.clone();
         let mut strides = x.strides.clone();
@@ -311,6 +323,27 @@ impl Process {
             .record(Rule::Cat { dim: d, sizes }, &parts, vec![], &mut [&mut out]);
         self.stop_if_recomputed();
         out
+    }
+
+    /// `stack(parts, dim=-1)`: the parts unsqueezed (views) and concatenated.
+    pub fn stack_last(&mut self, parts: &[&Tensor]) -> Tensor {
+        let d = parts[0].dim();
+        let unsqueezed: Vec<Tensor> = parts.iter().map(|p| self.unsqueeze(p, d)).collect();
+        let refs: Vec<&Tensor> = unsqueezed.iter().collect();
+        self.cat(&refs, -1)
+    }
+
+    /// `x.repeat_interleave(n, dim=-1)`: unsqueezed, expanded, cloned contiguous, flattened.
+    pub fn repeat_interleave_last(&mut self, x: &Tensor, n: u64) -> Tensor {
+        let d = x.dim();
+        let unsqueezed = self.unsqueeze(x, d);
+        let mut shape = unsqueezed.shape.to_vec();
+        shape[d] = n;
+        let expanded = self.expand(&unsqueezed, &shape);
+        let copy = self.clone_contiguous(&expanded);
+        let mut flat = x.shape.to_vec();
+        flat[d - 1] *= n;
+        self.reshape(&copy, &flat)
     }
 
     // --- Products ------------------------------------------------------------------------------

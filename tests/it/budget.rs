@@ -1887,3 +1887,50 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
     .code(USAGE)
     .stderr(contains("--gpus: FSDP2 is replayed for a full training"));
 }
+
+/// A GLM-4 `config.json` as transformers 5 saves it (its partial rotary factor among the rope
+/// parameters) is read as `Glm4Config` reads it: its defaults (two key-value heads, heads of 128,
+/// biased q, k and v), the rotary over half of each head; the budget says what its replay was
+/// derived from and that no run held out proves it yet.
+#[test]
+fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model_type": "glm4", "vocab_size": 151552, "hidden_size": 4096,
+        "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
+        "max_position_embeddings": 32768, "pad_token_id": 151329, "tie_word_embeddings": false
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let out = mm()
+        .args(["budget", "--config"])
+        .arg(dir.path())
+        .args(["--mode", "inference", "--context", "1024", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let budget: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let model = &budget["budget"]["workload"]["model"];
+    assert_eq!(
+        (model["kv_heads"].as_u64(), model["head_dim"].as_u64()),
+        (Some(2), Some(128))
+    );
+    assert_eq!(model["rotary_dim"], 64);
+    assert_eq!(model["attention"]["q_bias"], true);
+    assert_eq!(model["attention"]["o_bias"], false);
+    // 9.4 billion parameters: GLM-4-9B-0414's.
+    assert_eq!(budget["budget"]["parameters"], 9_400_279_040_u64);
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(["--mode", "inference", "--context", "1024"])
+        .assert()
+        .success()
+        .stdout(contains(
+            "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-glm4.json)",
+        ));
+}

@@ -186,6 +186,12 @@ CONFIGS = [
       vocab_size=1657, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
       num_experts=3, num_local_experts=5, num_experts_per_tok=1, moe_intermediate_size=84,
       head_dim=28),
+    # ---- cohere: kv default = heads, tied by default, one norm a layer (no bias), no MLP bias
+    c("cohere-defaults", "cohere", hidden_size=256, intermediate_size=712, vocab_size=1733,
+      num_hidden_layers=2, num_attention_heads=4),
+    c("cohere-gqa-untied-bias", "cohere", hidden_size=320, intermediate_size=888, vocab_size=1291,
+      num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1, attention_bias=True,
+      tie_word_embeddings=False, logit_scale=0.25),
     # ---- glm4: kv default 2, head_dim default 128, q/k/v biased by default (o never), fused
     #      gate_up_proj, four norms per layer, partial rotary (0.5 by default)
     c("glm4-defaults", "glm4", hidden_size=256, intermediate_size=696, vocab_size=1607,

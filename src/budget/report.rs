@@ -265,16 +265,26 @@ impl Budget {
              outside the allocator) in the {} stage.",
             self.peak_stage
         )];
-        if self.workload.model.model_type == crate::model::ModelType::Glm4 {
-            notes.push(
-                "GLM-4 (its four norms a layer, fused gate_up_proj, biased q, k and v, the rotary \
-                 over part of each head with its pairs interleaved): derived from 4 traces \
-                 recorded on an H100 at 2 layers of 320 wide (served, trained fully, LoRA, LoRA \
-                 with recomputation; docs/gpu-runs/2026-12-05-h100-records), every stage's peak \
-                 of reserved replayed to the byte; not yet proven on runs held out (planned: \
-                 scripts/gpu/hf-proof-plan-glm4.json)."
-                    .into(),
-            );
+        if let Some((what, plan)) = match self.workload.model.model_type {
+            crate::model::ModelType::Glm4 => Some((
+                "GLM-4 (its four norms a layer, fused gate_up_proj, biased q, k and v, the \
+                 rotary over part of each head with its pairs interleaved)",
+                "glm4",
+            )),
+            crate::model::ModelType::Cohere => Some((
+                "Cohere (one layer norm a layer in float32, the attention and the MLP side by \
+                 side, its rotary in float32 over interleaved pairs, the logits scaled)",
+                "cohere",
+            )),
+            _ => None,
+        } {
+            notes.push(format!(
+                "{what}: derived from 4 traces recorded on an H100 at 2 layers of 320 wide \
+                 (served, trained fully, LoRA, LoRA with recomputation; \
+                 docs/gpu-runs/2026-12-05-h100-records), every stage's peak of reserved \
+                 replayed to the byte; not yet proven on runs held out (planned: \
+                 scripts/gpu/hf-proof-plan-{plan}.json)."
+            ));
         }
         if self.workload.sft {
             let w = &self.workload;

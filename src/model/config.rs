@@ -24,7 +24,7 @@ pub enum ConfigError {
     #[error(
         "model_type `{0}` is not supported; supported: llama, mistral, mixtral, qwen2, qwen2_moe, \
          qwen3, qwen3_moe, olmo2, granite, gemma, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, glm4, \
-         deepseek_v2, deepseek_v3"
+         cohere, deepseek_v2, deepseek_v3"
     )]
     UnknownType(String),
     #[error("`model_type` is missing: a config.json names its model type")]
@@ -399,7 +399,7 @@ fn default_kv_heads(model_type: ModelType) -> Option<u64> {
         T::Gemma => Some(16),
         T::Glm4 => Some(2),
         T::DeepseekV3 => Some(128),
-        T::Llama | T::Phi3 | T::DeepseekV2 | T::Granite | T::Olmo2 => None,
+        T::Llama | T::Phi3 | T::DeepseekV2 | T::Granite | T::Olmo2 | T::Cohere => None,
     }
 }
 
@@ -493,7 +493,27 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
     } else {
         f.size_or("head_dim", default_head_dim)?
     };
-    let tied_embeddings = f.flag("tie_word_embeddings", model_type.is_gemma())?;
+    let tied_embeddings = f.flag(
+        "tie_word_embeddings",
+        model_type.is_gemma() || model_type == T::Cohere,
+    )?;
+    if model_type == T::Cohere {
+        if f.flag("use_qk_norm", false)? {
+            return Err(ConfigError::Invalid(format!(
+                "`{}`: Cohere's per-head layer norms of the queries and keys (Command R+) are \
+                 not yet replayed",
+                f.name("use_qk_norm")
+            )));
+        }
+        // `logits * logit_scale`: a number (null would fail in the forward).
+        if f.object.contains_key("logit_scale") && f.float("logit_scale")?.is_none() {
+            return Err(ConfigError::Type {
+                field: f.name("logit_scale"),
+                expected: "a number",
+                found: "null".into(),
+            });
+        }
+    }
     let attention_bias = f.flag("attention_bias", model_type == T::Glm4)?;
     let mlp_bias =
         matches!(model_type, T::Llama | T::DeepseekV2 | T::Granite) && f.flag("mlp_bias", false)?;
@@ -748,7 +768,14 @@ fn windows_of(
         }
     };
     Ok(match model_type {
-        T::Llama | T::Olmo2 | T::Granite | T::Gemma | T::Glm4 | T::DeepseekV2 | T::DeepseekV3 => {
+        T::Llama
+        | T::Olmo2
+        | T::Granite
+        | T::Gemma
+        | T::Glm4
+        | T::Cohere
+        | T::DeepseekV2
+        | T::DeepseekV3 => {
             vec![None; n]
         }
         T::Mistral | T::Mixtral | T::Phi3 => {

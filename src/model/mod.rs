@@ -50,6 +50,7 @@ pub enum ModelType {
     Gemma3Text,
     Phi3,
     Glm4,
+    Cohere,
     #[strum(serialize = "deepseek_v2")]
     #[serde(rename = "deepseek_v2")]
     DeepseekV2,
@@ -77,6 +78,18 @@ impl ModelType {
     /// logits scaled by a number (each product a new tensor, whatever the number).
     pub fn has_multipliers(self) -> bool {
         self == ModelType::Granite
+    }
+
+    /// The logits multiplied by a number (Granite's `logits_scaling`, Cohere's `logit_scale`).
+    pub fn scales_logits(self) -> bool {
+        matches!(self, ModelType::Granite | ModelType::Cohere)
+    }
+
+    /// Cohere's layer: one norm (a layer norm without bias, in float32), the attention and the
+    /// MLP both on its output, their sum added to the residual; its rotary in float32 over each
+    /// head's interleaved pairs.
+    pub fn is_cohere(self) -> bool {
+        self == ModelType::Cohere
     }
 
     /// OLMo 2's layer: no norm before the attention and the MLP, one after each (before the

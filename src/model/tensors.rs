@@ -160,7 +160,9 @@ impl Model {
         if !self.model_type.norms_after_blocks() {
             p.norm(&format!("{l}.input_layernorm"), h);
         }
-        p.norm(&format!("{l}.post_attention_layernorm"), h);
+        if !self.model_type.is_cohere() {
+            p.norm(&format!("{l}.post_attention_layernorm"), h);
+        }
         if self.model_type.norms_after_blocks() {
             p.norm(&format!("{l}.post_feedforward_layernorm"), h);
         }

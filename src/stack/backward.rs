@@ -147,6 +147,14 @@ impl Backward for Process {
                     }
                 }
             }
+            Rule::Sub => {
+                if want(0) {
+                    out[0] = Some(grad.clone());
+                }
+                if want(1) {
+                    out[1] = Some(self.empty(&grad.shape, grad.elem));
+                }
+            }
             Rule::AddScalar => out[0] = Some(grad.clone()),
             Rule::ToCopy { from } => {
                 // `grad.to(self.options())`: the gradient's own layout kept (not the input's).

@@ -142,7 +142,9 @@ impl Decoder<'_> {
 
     /// The model's RMSNorm.
     pub(super) fn norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
-        if self.model.model_type.is_gemma() {
+        if self.model.model_type.is_cohere() {
+            self.cohere_norm(x, weight)
+        } else if self.model.model_type.is_gemma() {
             self.gemma_norm(x, weight)
         } else if self.model.model_type.norms_after_blocks() {
             self.olmo2_norm(x, weight)
@@ -179,6 +181,37 @@ impl Decoder<'_> {
         drop(r);
         drop(xf);
         (normed, variance)
+    }
+
+    /// `CohereLayerNorm.forward` (no bias): in float32, `x - mean` taken twice (for the variance,
+    /// then for the normalized values), times `weight` cast to float32, cast back; `mean` and
+    /// `variance` go at the return.
+    fn cohere_norm(&mut self, x: &Tensor, weight: &Tensor) -> Tensor {
+        let p = &mut *self.process;
+        let xf = p.to(x, Dtype::Float32);
+        let mean = p.mean_last(&xf);
+        let centered = p.sub(&xf, &mean);
+        let sq = p.square(&centered);
+        drop(centered);
+        let variance = p.mean_last(&sq);
+        drop(sq);
+        let centered = p.sub(&xf, &mean);
+        let shifted = p.add_scalar(&variance);
+        let r = p.rsqrt(&shifted);
+        drop(shifted);
+        let normed = p.mul(&centered, &r);
+        drop(centered);
+        drop(r);
+        drop(xf);
+        let wf = p.to(weight, Dtype::Float32);
+        let scaled = p.mul(&wf, &normed);
+        drop(wf);
+        drop(normed);
+        let out = p.to(&scaled, x.elem);
+        drop(scaled);
+        drop(mean);
+        drop(variance);
+        out
     }
 
     /// `Gemma2RMSNorm.forward`: in float32, `x * rsqrt(mean(x²) + eps) * (1 + weight)`, cast
@@ -440,7 +473,29 @@ impl Decoder<'_> {
         (q_embed, k_embed)
     }
 
-    /// `(x * cos) + (rotate_half(x) * sin)` with GLM's `rotate_half`: `stack((-x[..., 1::2],
+    /// Cohere's `apply_rotary_pos_emb`: `q` and `k` in float32, each rotated over the whole head
+    /// with the pairwise `rotate_half`, cast back; the float32 tensors go at the return.
+    fn cohere_rotary(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> (Tensor, Tensor) {
+        let qf = self.process.to(q, Dtype::Float32);
+        let kf = self.process.to(k, Dtype::Float32);
+        let q_embed = self.pairwise_embed(&qf, cos, sin);
+        let k_embed = self.pairwise_embed(&kf, cos, sin);
+        let p = &mut *self.process;
+        let out = (p.to(&q_embed, q.elem), p.to(&k_embed, k.elem));
+        drop(qf);
+        drop(kf);
+        drop(q_embed);
+        drop(k_embed);
+        out
+    }
+
+    /// `(x * cos) + (rotate_half(x) * sin)` with GLM's and Cohere's `rotate_half`: `stack((-x[..., 1::2],
     /// x[..., 0::2]), -1).flatten(-2)`.
     fn pairwise_embed(&mut self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
         let p = &mut *self.process;
@@ -613,6 +668,8 @@ impl Decoder<'_> {
         let sin4 = self.p().unsqueeze(sin, 1);
         let (mut q_embed, mut k_embed) = if m.model_type.has_interleaved_rotary() {
             self.pairwise_rotary(&q, &k, &cos4, &sin4)
+        } else if m.model_type.is_cohere() {
+            self.cohere_rotary(&q, &k, &cos4, &sin4)
         } else {
             let q_embed = self.rotary_part(&q, &cos4, &sin4);
             (q_embed, self.rotary_part(&k, &cos4, &sin4))
@@ -745,6 +802,9 @@ impl Decoder<'_> {
         cache: Option<&mut Cache>,
     ) -> Tensor {
         let m = self.model;
+        if m.model_type.is_cohere() {
+            return self.parallel_layer(layer, hidden, rope, mask, cache);
+        }
         let l = layer_prefix(self.model, layer);
         let qk_norm = match m.attention {
             Attention::Standard { qk_norm, .. } => qk_norm,
@@ -837,6 +897,33 @@ impl Decoder<'_> {
         drop(out);
         drop(residual);
         hidden
+    }
+
+    /// Cohere's layer: `residual + attention(norm(x)) + mlp(norm(x))`, the norm's output held
+    /// until the sum is made, the blocks' outputs until the return.
+    fn parallel_layer(
+        &mut self,
+        layer: usize,
+        hidden: &Tensor,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+        cache: Option<&mut Cache>,
+    ) -> Tensor {
+        let l = layer_prefix(self.model, layer);
+        let weight = self.weights_tensor(&joined(&[&l, ".input_layernorm.weight"]));
+        let normed = self.norm(hidden, &weight);
+        let Rope::Real(cos, sin) = rope else {
+            unreachable!("complex frequencies are DeepSeek-V2's")
+        };
+        let attn = self.attention(layer, &normed, cos, sin, mask, cache, QkNorm::None);
+        let mlp = self.mlp(&joined(&[&l, ".mlp"]), &normed);
+        let partial = self.process.add(hidden, &attn);
+        let out = self.process.add(&partial, &mlp);
+        drop(partial);
+        drop(normed);
+        drop(attn);
+        drop(mlp);
+        out
     }
 
     /// The model without its head (`model.model`): the embeddings, the layers, the final norm;
@@ -994,8 +1081,8 @@ impl Decoder<'_> {
             drop(stacked);
             drop(std::mem::replace(&mut logits, gathered));
         }
-        if m.model_type.has_multipliers() {
-            // Granite's `logits / logits_scaling`.
+        if m.model_type.scales_logits() {
+            // Granite's `logits / logits_scaling`, Cohere's `logits * logit_scale`.
             logits = self.process.scale(&logits);
         }
         if m.final_softcap {

@@ -182,6 +182,13 @@ impl Process {
         out
     }
 
+    /// `a - b`.
+    pub fn sub(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
+        let mut out = self.binary_out(a, b);
+        self.record(Rule::Sub, &[a, b], vec![], &mut out);
+        out
+    }
+
     /// `a + scalar` (also `1.0 + a`, `a - scalar`).
     pub fn add_scalar(&mut self, a: &Tensor) -> Tensor {
         let mut out = self.elementwise(&a.shape, a.elem, &[a]);

@@ -199,8 +199,11 @@ pub enum Rule {
     Scale,
     /// `dropout(a)` in training (saves its boolean mask): the gradient times the mask, scaled.
     Dropout,
-    /// `a + b` (or `a - b`): gradients pass through (reduced where broadcast).
+    /// `a + b`: gradients pass through (reduced where broadcast).
     Add,
+    /// `a - b`: `a`'s gradient passes through, `b`'s is the gradient negated (then reduced where
+    /// broadcast).
+    Sub,
     /// `a + scalar`: passes through.
     AddScalar,
     /// `-a`.

@@ -1934,3 +1934,34 @@ fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
             "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-glm4.json)",
         ));
 }
+
+/// A Cohere `config.json` (Aya Expanse 8B's fields) is read as `CohereConfig` reads it (tied
+/// embeddings by default, one norm a layer) and replayed, saying it is not yet proven held out;
+/// Command R+'s per-head norms, and a null `logit_scale`, are refused naming the field.
+#[test]
+fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let aya = serde_json::json!({
+        "model_type": "cohere", "vocab_size": 256000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "logit_scale": 0.125, "max_position_embeddings": 8192
+    });
+    let budget = |config: &serde_json::Value| {
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        mm().args(["budget", "--config"])
+            .arg(dir.path())
+            .args(["--mode", "inference", "--context", "1024"])
+            .assert()
+    };
+    budget(&aya).success().stdout(contains(
+        "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-cohere.json)",
+    ));
+    for (field, value) in [
+        ("use_qk_norm", serde_json::json!(true)),
+        ("logit_scale", serde_json::Value::Null),
+    ] {
+        let mut config = aya.clone();
+        config[field] = value;
+        budget(&config).code(65).stderr(contains(field));
+    }
+}

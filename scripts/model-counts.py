@@ -186,6 +186,12 @@ CONFIGS = [
       vocab_size=1657, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
       num_experts=3, num_local_experts=5, num_experts_per_tok=1, moe_intermediate_size=84,
       head_dim=28),
+    # ---- starcoder2: kv default 2, tied by default, layer norms with biases, c_fc/c_proj, use_bias
+    c("starcoder2-defaults", "starcoder2", hidden_size=256, intermediate_size=704, vocab_size=1811,
+      num_hidden_layers=2, num_attention_heads=4),
+    c("starcoder2-no-bias-untied-window", "starcoder2", hidden_size=320, intermediate_size=936,
+      vocab_size=1201, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1,
+      use_bias=False, tie_word_embeddings=False, sliding_window=64),
     # ---- cohere: kv default = heads, tied by default, one norm a layer (no bias), no MLP bias
     c("cohere-defaults", "cohere", hidden_size=256, intermediate_size=712, vocab_size=1733,
       num_hidden_layers=2, num_attention_heads=4),

@@ -271,6 +271,11 @@ impl Budget {
                  rotary over part of each head with its pairs interleaved)",
                 "glm4",
             )),
+            crate::model::ModelType::Starcoder2 => Some((
+                "StarCoder2 (layer norms with biases, a plain MLP with tanh GELU, every projection \
+                 biased)",
+                "starcoder2",
+            )),
             crate::model::ModelType::Cohere => Some((
                 "Cohere (one layer norm a layer in float32, the attention and the MLP side by \
                  side, its rotary in float32 over interleaved pairs, the logits scaled)",

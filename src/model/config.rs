@@ -24,7 +24,7 @@ pub enum ConfigError {
     #[error(
         "model_type `{0}` is not supported; supported: llama, mistral, mixtral, qwen2, qwen2_moe, \
          qwen3, qwen3_moe, olmo2, granite, gemma, gemma2, gemma3_text, gemma3 (with its vision tower), phi3, glm4, \
-         cohere, deepseek_v2, deepseek_v3"
+         cohere, starcoder2, deepseek_v2, deepseek_v3"
     )]
     UnknownType(String),
     #[error("`model_type` is missing: a config.json names its model type")]
@@ -397,7 +397,7 @@ fn default_kv_heads(model_type: ModelType) -> Option<u64> {
         T::Qwen2Moe => Some(16),
         T::Qwen3Moe | T::Gemma2 | T::Gemma3Text => Some(4),
         T::Gemma => Some(16),
-        T::Glm4 => Some(2),
+        T::Glm4 | T::Starcoder2 => Some(2),
         T::DeepseekV3 => Some(128),
         T::Llama | T::Phi3 | T::DeepseekV2 | T::Granite | T::Olmo2 | T::Cohere => None,
     }
@@ -488,14 +488,17 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
         T::Gemma | T::Gemma2 | T::Gemma3Text => 256,
         _ => hidden / heads,
     };
-    let mut head_dim = if matches!(model_type, T::Llama | T::Mistral | T::Mixtral) {
+    let mut head_dim = if matches!(
+        model_type,
+        T::Llama | T::Mistral | T::Mixtral | T::Starcoder2
+    ) {
         f.size_nullable("head_dim", default_head_dim)?
     } else {
         f.size_or("head_dim", default_head_dim)?
     };
     let tied_embeddings = f.flag(
         "tie_word_embeddings",
-        model_type.is_gemma() || model_type == T::Cohere,
+        model_type.is_gemma() || matches!(model_type, T::Cohere | T::Starcoder2),
     )?;
     if model_type == T::Cohere {
         if f.flag("use_qk_norm", false)? {
@@ -514,9 +517,16 @@ fn build(model_type: ModelType, f: &Fields) -> Result<Model, ConfigError> {
             });
         }
     }
-    let attention_bias = f.flag("attention_bias", model_type == T::Glm4)?;
-    let mlp_bias =
-        matches!(model_type, T::Llama | T::DeepseekV2 | T::Granite) && f.flag("mlp_bias", false)?;
+    let attention_bias = match model_type {
+        // StarCoder2's `use_bias`: every linear layer's, the MLP's too.
+        T::Starcoder2 => f.flag("use_bias", true)?,
+        _ => f.flag("attention_bias", model_type == T::Glm4)?,
+    };
+    let mlp_bias = match model_type {
+        T::Starcoder2 => attention_bias,
+        T::Llama | T::DeepseekV2 | T::Granite => f.flag("mlp_bias", false)?,
+        _ => false,
+    };
     let mut rotary_dim = head_dim;
     let attention = if latent {
         let m = Latent {
@@ -778,7 +788,7 @@ fn windows_of(
         | T::DeepseekV3 => {
             vec![None; n]
         }
-        T::Mistral | T::Mixtral | T::Phi3 => {
+        T::Mistral | T::Mixtral | T::Phi3 | T::Starcoder2 => {
             let default = (model_type == T::Mistral).then_some(4096);
             let window = window_field(default)?;
             match given {

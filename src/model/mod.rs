@@ -51,6 +51,7 @@ pub enum ModelType {
     Phi3,
     Glm4,
     Cohere,
+    Starcoder2,
     #[strum(serialize = "deepseek_v2")]
     #[serde(rename = "deepseek_v2")]
     DeepseekV2,
@@ -83,6 +84,12 @@ impl ModelType {
     /// The logits multiplied by a number (Granite's `logits_scaling`, Cohere's `logit_scale`).
     pub fn scales_logits(self) -> bool {
         matches!(self, ModelType::Granite | ModelType::Cohere)
+    }
+
+    /// StarCoder2's layers: layer norms with biases (`nn.LayerNorm`) and a plain MLP (`c_fc`,
+    /// tanh GELU, `c_proj`, biased as the attention is).
+    pub fn is_starcoder2(self) -> bool {
+        self == ModelType::Starcoder2
     }
 
     /// Cohere's layer: one norm (a layer norm without bias, in float32), the attention and the

@@ -142,7 +142,10 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             each_layer(p, i, layer);
         }
-        p.norm(&format!("{text}norm"), h);
+        match self.model_type.is_starcoder2() {
+            true => p.layer_norm(&format!("{text}norm"), h),
+            false => p.norm(&format!("{text}norm"), h),
+        }
         if !self.tied_embeddings {
             p.push("lm_head.weight".into(), &[v, h], TensorRole::LmHead);
         }
@@ -157,11 +160,15 @@ impl Model {
             Mlp::Dense { intermediate } => self.push_dense(p, &format!("{l}.mlp"), intermediate),
             Mlp::Experts => self.push_experts(p, &format!("{l}.mlp")),
         }
+        let norm = |p: &mut List, name: &str| match self.model_type.is_starcoder2() {
+            true => p.layer_norm(&format!("{l}.{name}"), h),
+            false => p.norm(&format!("{l}.{name}"), h),
+        };
         if !self.model_type.norms_after_blocks() {
-            p.norm(&format!("{l}.input_layernorm"), h);
+            norm(p, "input_layernorm");
         }
         if !self.model_type.is_cohere() {
-            p.norm(&format!("{l}.post_attention_layernorm"), h);
+            norm(p, "post_attention_layernorm");
         }
         if self.model_type.norms_after_blocks() {
             p.norm(&format!("{l}.post_feedforward_layernorm"), h);
@@ -388,6 +395,11 @@ impl Model {
 
     fn push_dense(&self, p: &mut List, m: &str, intermediate: u64) {
         let h = self.hidden;
+        if self.model_type.is_starcoder2() {
+            p.linear(&format!("{m}.c_fc"), intermediate, h, self.mlp_bias);
+            p.linear(&format!("{m}.c_proj"), h, intermediate, self.mlp_bias);
+            return;
+        }
         if self.fused_gate_up {
             p.linear(&format!("{m}.gate_up_proj"), 2 * intermediate, h, false);
         } else {

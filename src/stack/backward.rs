@@ -147,6 +147,38 @@ impl Backward for Process {
                     }
                 }
             }
+            Rule::LayerNorm { rows, n } => {
+                // `layer_norm_backward_cuda`: the input's gradient, the weight's and the bias's
+                // (as the input and parameters that need one).
+                for i in 0..3 {
+                    if want(i) {
+                        out[i] = Some(self.empty(&inputs[i].shape, grad.elem));
+                    }
+                }
+                // With many rows of few columns, the weight's and bias's gradients are summed
+                // from per-block partial sums (`LaunchGammaBetaBackwardCUDAKernel`, read from
+                // PyTorch's source; no recorded trace reaches it).
+                let sm = self.kernels.reduction_grid.multiprocessors;
+                if *rows > 64 * 1024 && n / 32 < sm / 2 && (want(1) || want(2)) {
+                    let blocks_x = n.div_ceil(32);
+                    let blocks_y = (32 * 1024 / blocks_x).min(rows.div_ceil(32));
+                    let parts: Vec<Option<Tensor>> = [1, 2]
+                        .map(|i| want(i).then(|| self.empty(&[blocks_y, *n], grad.elem)))
+                        .into();
+                    for (i, part) in [1, 2].into_iter().zip(&parts) {
+                        if let Some(part) = part {
+                            let sum = self.empty(&[*n], grad.elem);
+                            self.reduction_staging(
+                                super::reduce::Reduction::sum_to(&part.shape, &[*n]),
+                                grad.elem,
+                            );
+                            out[i] = Some(sum);
+                        }
+                    }
+                    // Declared gamma's first, so the beta's partial sums go first.
+                    drop(parts.into_iter().rev().collect::<Vec<_>>());
+                }
+            }
             Rule::Sub => {
                 if want(0) {
                     out[0] = Some(grad.clone());

@@ -98,6 +98,14 @@ pub enum Rope {
 }
 
 impl Rope {
+    /// `cos` and `sin` (a model of real rotary embeddings).
+    fn real(&self) -> (&Tensor, &Tensor) {
+        match self {
+            Rope::Real(cos, sin) => (cos, sin),
+            Rope::Complex(_) => unreachable!("complex frequencies are DeepSeek-V2's"),
+        }
+    }
+
     /// Its tensors (held by a checkpoint).
     pub fn tensors(&self) -> Vec<Tensor> {
         match self {
@@ -717,8 +725,18 @@ impl Decoder<'_> {
         out
     }
 
-    /// `act_fn(gate_proj(x)) * up_proj(x)` through `down_proj`.
+    /// `act_fn(gate_proj(x)) * up_proj(x)` through `down_proj` (StarCoder2's plain MLP).
     pub(super) fn mlp(&mut self, prefix: &str, x: &Tensor) -> Tensor {
+        if self.model.model_type.is_starcoder2() {
+            // StarCoder2: `c_proj(act(c_fc(x)))`, each output let go as the name is rebound
+            // (its dropout, of probability 0, makes nothing).
+            let up = self.linear(&joined(&[prefix, ".c_fc"]), x);
+            let act = self.process.gelu_tanh(&up);
+            drop(up);
+            let out = self.linear(&joined(&[prefix, ".c_proj"]), &act);
+            drop(act);
+            return out;
+        }
         if self.model.fused_gate_up && !prefix.contains("shared") {
             // Phi-3: gate_up_proj, chunked; up * act(gate).
             let gate_up = self.linear(&joined(&[prefix, ".gate_up_proj"]), x);
@@ -805,6 +823,9 @@ impl Decoder<'_> {
         if m.model_type.is_cohere() {
             return self.parallel_layer(layer, hidden, rope, mask, cache);
         }
+        if m.model_type.is_starcoder2() {
+            return self.layer_norm_layer(layer, hidden, rope, mask, cache);
+        }
         let l = layer_prefix(self.model, layer);
         let qk_norm = match m.attention {
             Attention::Standard { qk_norm, .. } => qk_norm,
@@ -843,10 +864,10 @@ impl Decoder<'_> {
             (Attention::Latent(l), _) => {
                 self.latent_attention(layer, &normed, rope, mask, cache, *l)
             }
-            (_, Rope::Real(cos, sin)) => {
+            (_, rope) => {
+                let (cos, sin) = rope.real();
                 self.attention(layer, &normed, cos, sin, mask, cache, qk_norm)
             }
-            (_, Rope::Complex(_)) => unreachable!("complex frequencies are DeepSeek-V2's"),
         };
         drop(normed);
         if gemma || after {
@@ -899,6 +920,38 @@ impl Decoder<'_> {
         hidden
     }
 
+    /// `nn.LayerNorm` `prefix` (its weight and bias) on `x`.
+    fn layer_norm(&mut self, x: &Tensor, prefix: &str) -> Tensor {
+        let w = self.weights_tensor(&joined(&[prefix, ".weight"]));
+        let b = self.weights_tensor(&joined(&[prefix, ".bias"]));
+        self.process.layer_norm(x, &w, &b)
+    }
+
+    /// StarCoder2's layer: Llama's, its norms layer norms with biases.
+    fn layer_norm_layer(
+        &mut self,
+        layer: usize,
+        hidden: &Tensor,
+        rope: &Rope,
+        mask: Option<&Tensor>,
+        cache: Option<&mut Cache>,
+    ) -> Tensor {
+        let l = layer_prefix(self.model, layer);
+        let normed = self.layer_norm(hidden, &joined(&[&l, ".input_layernorm"]));
+        let (cos, sin) = rope.real();
+        let attn = self.attention(layer, &normed, cos, sin, mask, cache, QkNorm::None);
+        drop(normed);
+        let residual = self.process.add(hidden, &attn);
+        drop(attn);
+        let normed = self.layer_norm(&residual, &joined(&[&l, ".post_attention_layernorm"]));
+        let out = self.mlp(&joined(&[&l, ".mlp"]), &normed);
+        drop(normed);
+        let hidden = self.process.add(&residual, &out);
+        drop(out);
+        drop(residual);
+        hidden
+    }
+
     /// Cohere's layer: `residual + attention(norm(x)) + mlp(norm(x))`, the norm's output held
     /// until the sum is made, the blocks' outputs until the return.
     fn parallel_layer(
@@ -912,9 +965,7 @@ impl Decoder<'_> {
         let l = layer_prefix(self.model, layer);
         let weight = self.weights_tensor(&joined(&[&l, ".input_layernorm.weight"]));
         let normed = self.norm(hidden, &weight);
-        let Rope::Real(cos, sin) = rope else {
-            unreachable!("complex frequencies are DeepSeek-V2's")
-        };
+        let (cos, sin) = rope.real();
         let attn = self.attention(layer, &normed, cos, sin, mask, cache, QkNorm::None);
         let mlp = self.mlp(&joined(&[&l, ".mlp"]), &normed);
         let partial = self.process.add(hidden, &attn);
@@ -1013,11 +1064,13 @@ impl Decoder<'_> {
             drop(sharded_input);
             hidden = hooked.unwrap_or(out);
         }
-        let w = self
-            .weights
-            .get(&joined(&[m.text_prefix(), "norm.weight"]))
-            .clone();
-        let normed = self.norm(&hidden, &w);
+        let normed = match m.model_type.is_starcoder2() {
+            true => self.layer_norm(&hidden, &joined(&[m.text_prefix(), "norm"])),
+            false => {
+                let w = self.weights_tensor(&joined(&[m.text_prefix(), "norm.weight"]));
+                self.norm(&hidden, &w)
+            }
+        };
         drop(hidden);
         // The model's locals go at its return: positions it made, the embeddings, then the
         // rotary pair (a tuple: its last item first).

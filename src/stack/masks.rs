@@ -51,9 +51,11 @@ impl Decoder<'_> {
             ),
             ModelType::Gemma2 | ModelType::Gemma3Text => (true, true, false),
             ModelType::Qwen2 | ModelType::Qwen3 => (true, sliding_window.is_some(), false),
-            ModelType::Mistral | ModelType::Mixtral | ModelType::Phi3 | ModelType::Qwen3Moe => {
-                (sliding_window.is_none(), sliding_window.is_some(), false)
-            }
+            ModelType::Mistral
+            | ModelType::Mixtral
+            | ModelType::Phi3
+            | ModelType::Qwen3Moe
+            | ModelType::Starcoder2 => (sliding_window.is_none(), sliding_window.is_some(), false),
             _ => (true, false, false),
         };
         let mut masks = Masks::default();

@@ -182,6 +182,27 @@ impl Process {
         out
     }
 
+    /// `F.layer_norm(x, [n], weight, bias)` (`native_layer_norm`): the output, then the rows'
+    /// float32 mean and reciprocal standard deviation, which the node keeps for the backward
+    /// (else they go as the call returns, the mean first).
+    pub fn layer_norm(&mut self, x: &Tensor, weight: &Tensor, bias: &Tensor) -> Tensor {
+        let n = x.size(-1);
+        let rows = x.numel() / n.max(1);
+        let mut out = self.empty(&x.shape, x.elem);
+        let mean = self.empty(&[rows], Dtype::Float32);
+        let rstd = self.empty(&[rows], Dtype::Float32);
+        let saved = self.saved_if(&[x, weight, bias], &[x, weight, bias, &mean, &rstd]);
+        self.record(
+            Rule::LayerNorm { rows, n },
+            &[x, weight, bias],
+            saved,
+            &mut out,
+        );
+        drop(mean);
+        drop(rstd);
+        out
+    }
+
     /// `a - b`.
     pub fn sub(&mut self, a: &Tensor, b: &Tensor) -> Tensor {
         let mut out = self.binary_out(a, b);

@@ -201,6 +201,9 @@ pub enum Rule {
     Dropout,
     /// `a + b`: gradients pass through (reduced where broadcast).
     Add,
+    /// `native_layer_norm(x, [n], weight, bias)` over `rows` rows of `n` (saves the input, the
+    /// weight and bias, and the rows' float32 mean and reciprocal standard deviation).
+    LayerNorm { rows: u64, n: u64 },
     /// `a - b`: `a`'s gradient passes through, `b`'s is the gradient negated (then reduced where
     /// broadcast).
     Sub,

@@ -1965,3 +1965,39 @@ fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
         budget(&config).code(65).stderr(contains(field));
     }
 }
+
+/// A StarCoder2 `config.json` (StarCoder2 3B's fields) is read as `Starcoder2Config` reads it:
+/// layer norms with biases, `c_fc` and `c_proj` biased by `use_bias`, tied embeddings; its
+/// parameters are the checkpoint's 3 030 371 328, and the budget says it is not yet proven held
+/// out.
+#[test]
+fn a_starcoder2_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({
+        "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072,
+        "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,
+        "num_key_value_heads": 2, "max_position_embeddings": 16384, "sliding_window": 4096,
+        "use_bias": true
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let run = |json: bool| {
+        let mut c = mm();
+        c.args(["budget", "--config"]).arg(dir.path()).args([
+            "--mode",
+            "lora",
+            "--context",
+            "2048",
+            "--checkpointing",
+        ]);
+        if json {
+            c.arg("--json");
+        }
+        c.assert().success()
+    };
+    let out = run(true);
+    let budget: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(budget["budget"]["parameters"], 3_030_371_328_u64);
+    run(false).stdout(contains(
+        "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-starcoder2.json)",
+    ));
+}

@@ -722,7 +722,9 @@ fn recorded_in(folder: &str, name: &str) -> serde_json::Value {
 /// GLM-4 (four norms a layer, a fused `gate_up_proj`, biased q, k and v, the rotary over half of
 /// each head with its pairs interleaved) and Cohere (one layer norm a layer in float32, the
 /// attention and the MLP side by side, its rotary in float32 over each head's interleaved pairs,
-/// the logits scaled, tied embeddings), each recorded on an H100 at 2 layers of 320 wide: served,
+/// the logits scaled, tied embeddings) and StarCoder2 (layer norms with biases, a plain MLP with
+/// tanh GELU, every projection biased, a sliding window), each recorded on an H100 at 2 layers of
+/// 320 wide: served,
 /// trained fully, with LoRA, with LoRA and recomputation. Every stage's peak of `reserved` to the
 /// byte, of `allocated` too but with recomputation: one 512-byte block apart (SDPA's 8-byte seed
 /// and offset freed in the other order), as in the other models' replays, whose first layer's
@@ -730,8 +732,8 @@ fn recorded_in(folder: &str, name: &str) -> serde_json::Value {
 /// recomputation then also stops after the attention where the run's goes on through the MLP,
 /// which no peak shows here).
 #[test]
-fn glm4_and_cohere_replay_the_runs_they_were_derived_from_to_the_byte() {
-    for model_type in ["glm4", "cohere"] {
+fn glm4_cohere_and_starcoder2_replay_the_runs_they_were_derived_from_to_the_byte() {
+    for model_type in ["glm4", "cohere", "starcoder2"] {
         for (mode, allocated_slack) in [
             ("inference", 0),
             ("full", 0),

@@ -1888,33 +1888,37 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
     .stderr(contains("--gpus: FSDP2 is replayed for a full training"));
 }
 
+/// `mesure_memoire budget --config DIR ARGS`, `config` written as DIR's `config.json`.
+fn budget_of_config(config: &serde_json::Value, args: &[&str]) -> assert_cmd::assert::Assert {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    mm().args(["budget", "--config"])
+        .arg(dir.path())
+        .args(args)
+        .assert()
+}
+
+/// The budget of `config` with `args`, in JSON (the run succeeds).
+fn budget_json_of_config(config: &serde_json::Value, args: &[&str]) -> serde_json::Value {
+    let args = [args, &["--json"]].concat();
+    let out = budget_of_config(config, &args).success();
+    serde_json::from_slice(&out.get_output().stdout).unwrap()
+}
+
 /// A GLM-4 `config.json` as transformers 5 saves it (its partial rotary factor among the rope
 /// parameters) is read as `Glm4Config` reads it: its defaults (two key-value heads, heads of 128,
 /// biased q, k and v), the rotary over half of each head; the budget says what its replay was
 /// derived from and that no run held out proves it yet.
 #[test]
 fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
-    let dir = tempfile::tempdir().unwrap();
     let config = serde_json::json!({
         "model_type": "glm4", "vocab_size": 151552, "hidden_size": 4096,
         "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
         "max_position_embeddings": 32768, "pad_token_id": 151329, "tie_word_embeddings": false
     });
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let out = mm()
-        .args(["budget", "--config"])
-        .arg(dir.path())
-        .args(["--mode", "inference", "--context", "1024", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let budget: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = ["--mode", "inference", "--context", "1024"];
+    let budget = budget_json_of_config(&config, &args);
     let model = &budget["budget"]["workload"]["model"];
     assert_eq!(
         (model["kv_heads"].as_u64(), model["head_dim"].as_u64()),
@@ -1925,14 +1929,9 @@ fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
     assert_eq!(model["attention"]["o_bias"], false);
     // 9.4 billion parameters: GLM-4-9B-0414's.
     assert_eq!(budget["budget"]["parameters"], 9_400_279_040_u64);
-    mm().args(["budget", "--config"])
-        .arg(dir.path())
-        .args(["--mode", "inference", "--context", "1024"])
-        .assert()
-        .success()
-        .stdout(contains(
-            "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-glm4.json)",
-        ));
+    budget_of_config(&config, &args).success().stdout(contains(
+        "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-glm4.json)",
+    ));
 }
 
 /// A Cohere `config.json` (Aya Expanse 8B's fields) is read as `CohereConfig` reads it (tied
@@ -1940,20 +1939,13 @@ fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
 /// Command R+'s per-head norms, and a null `logit_scale`, are refused naming the field.
 #[test]
 fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
-    let dir = tempfile::tempdir().unwrap();
     let aya = serde_json::json!({
         "model_type": "cohere", "vocab_size": 256000, "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
         "num_key_value_heads": 8, "logit_scale": 0.125, "max_position_embeddings": 8192
     });
-    let budget = |config: &serde_json::Value| {
-        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-        mm().args(["budget", "--config"])
-            .arg(dir.path())
-            .args(["--mode", "inference", "--context", "1024"])
-            .assert()
-    };
-    budget(&aya).success().stdout(contains(
+    let args = ["--mode", "inference", "--context", "1024"];
+    budget_of_config(&aya, &args).success().stdout(contains(
         "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-cohere.json)",
     ));
     for (field, value) in [
@@ -1962,7 +1954,9 @@ fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
     ] {
         let mut config = aya.clone();
         config[field] = value;
-        budget(&config).code(65).stderr(contains(field));
+        budget_of_config(&config, &args)
+            .code(65)
+            .stderr(contains(field));
     }
 }
 
@@ -1972,32 +1966,16 @@ fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
 /// out.
 #[test]
 fn a_starcoder2_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
-    let dir = tempfile::tempdir().unwrap();
     let config = serde_json::json!({
         "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072,
         "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,
         "num_key_value_heads": 2, "max_position_embeddings": 16384, "sliding_window": 4096,
         "use_bias": true
     });
-    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let run = |json: bool| {
-        let mut c = mm();
-        c.args(["budget", "--config"]).arg(dir.path()).args([
-            "--mode",
-            "lora",
-            "--context",
-            "2048",
-            "--checkpointing",
-        ]);
-        if json {
-            c.arg("--json");
-        }
-        c.assert().success()
-    };
-    let out = run(true);
-    let budget: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let args = ["--mode", "lora", "--context", "2048", "--checkpointing"];
+    let budget = budget_json_of_config(&config, &args);
     assert_eq!(budget["budget"]["parameters"], 3_030_371_328_u64);
-    run(false).stdout(contains(
+    budget_of_config(&config, &args).success().stdout(contains(
         "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-starcoder2.json)",
     ));
 }

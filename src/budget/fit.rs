@@ -14,7 +14,8 @@ use super::terms::{Place, Split};
 use super::workload::{AllocatorSetting, Workload, WorkloadError};
 use crate::catalog::{Catalog, CatalogRow, CatalogSource};
 use crate::money::Cents;
-use crate::replay::{Device, Nccl, OutsideBytes, Plan, Program};
+use crate::replay::{Device, Nccl, Outside, OutsideBytes, Plan, Program};
+use crate::stack::process::Kernels;
 use crate::stack::run::{program, replays};
 use crate::stack::tensor_parallel::TensorParallel;
 use crate::units::{Bytes, GIB};
@@ -37,8 +38,9 @@ pub const FSDP_RULE: &str = "over several GPUs, a full or LoRA training: FSDP2 a
 accelerate apply it (fully_shard on every decoder layer then the root, AdamW on the shards; the \
 model built, gathered and reduced in its weights' type, or for float32 weights under autocast, \
 built in float32, gathered in the autocast's type and reduced in float32), each rank processing \
-the batch; replayed rank by rank on the allocator model, the busier of rank 0 and the last rank, \
-proven against the H200 through PyTorch's fake process group (data/hf-proof-fsdp*-h200.json); \
+the batch; replayed rank by rank on the allocator model, the busier of rank 0 and the last rank \
+(rank 0 alone where every parameter's first dimension is a multiple of the world: every rank then \
+holds as many rows and allocates alike), proven against the H200 through PyTorch's fake process group (data/hf-proof-fsdp*-h200.json); \
 what lives outside the allocator as on one GPU with FSDP2's kernels, and NCCL's communicator \
 (as follows); a fit with less headroom than 0.9 % of a rank's need (the worst error of a rank's \
 peak reserved against the H200, on a full card) is marked within the margin. Other workloads: \
@@ -359,7 +361,8 @@ impl<'a> OneGpu<'a> {
 /// fullest without limit, or replayed on the card (the cache freed and retried when full, as on
 /// one GPU). Only for the runs these are emulated for.
 pub struct Sharded<'a> {
-    budget: &'a Budget,
+    workload: &'a Workload,
+    kernels: Kernels,
     pub strategy: Strategy,
     /// What a rank holds outside the allocator as it goes: a process's (with FSDP2's kernels
     /// under FSDP2).
@@ -424,8 +427,7 @@ impl Strategy {
 /// Whether `budget`'s workload is a full training with AdamW or a LoRA of unquantized weights,
 /// written by hand (no Trainer), of a model without a vision tower: what FSDP2 and DDP are
 /// replayed for.
-fn trained_by_hand(budget: &Budget) -> bool {
-    let w = &budget.workload;
+fn trained_by_hand(w: &Workload) -> bool {
     matches!(
         w.mode,
         super::workload::Mode::Full {
@@ -515,37 +517,52 @@ impl<'a> Sharded<'a> {
     /// for serving unquantized weights of a model it splits over two GPUs
     /// ([`TensorParallel::refusal`]).
     pub fn of(budget: &'a Budget) -> Option<Sharded<'a>> {
-        let w = &budget.workload;
+        Sharded::of_workload(&budget.workload, budget.kernels, &budget.outside)
+    }
+
+    /// As [`Sharded::of`], for a workload not budgeted on one GPU (its spread alone is asked).
+    pub fn of_workload(
+        w: &'a Workload,
+        kernels: Kernels,
+        outside: &Outside,
+    ) -> Option<Sharded<'a>> {
         let served = matches!(w.mode, super::workload::Mode::Inference { .. })
             && w.weights == super::workload::WeightFormat::Dense
             && TensorParallel { world: 2, rank: 0 }
                 .refusal(&w.model)
                 .is_none();
         if served {
-            return Some(Sharded::new(budget, Strategy::TensorParallel));
+            return Some(Sharded::new(w, kernels, outside, Strategy::TensorParallel));
         }
-        let eligible = trained_by_hand(budget)
+        let eligible = trained_by_hand(w)
             && matches!(
                 w.autocast.unwrap_or(w.dtype),
                 crate::dtype::Dtype::Bfloat16 | crate::dtype::Dtype::Float16
             )
             && !w.model.tied_embeddings;
-        eligible.then(|| Sharded::new(budget, Strategy::Fsdp2))
+        eligible.then(|| Sharded::new(w, kernels, outside, Strategy::Fsdp2))
     }
 
     /// DDP of `budget`'s workload, if emulated for it: a full training with AdamW or a LoRA of
     /// unquantized weights, written by hand (no Trainer), of a model without a vision tower.
     pub fn ddp(budget: &'a Budget) -> Option<Sharded<'a>> {
-        trained_by_hand(budget).then(|| Sharded::new(budget, Strategy::Ddp))
+        let (w, kernels) = (&budget.workload, budget.kernels);
+        trained_by_hand(w).then(|| Sharded::new(w, kernels, &budget.outside, Strategy::Ddp))
     }
 
-    fn new(budget: &'a Budget, strategy: Strategy) -> Sharded<'a> {
+    fn new(
+        workload: &'a Workload,
+        kernels: Kernels,
+        outside: &Outside,
+        strategy: Strategy,
+    ) -> Sharded<'a> {
         let outside = match strategy {
-            Strategy::Fsdp2 => budget.outside.bytes.with_fsdp2_kernels(),
-            Strategy::TensorParallel | Strategy::Ddp => budget.outside.bytes,
+            Strategy::Fsdp2 => outside.bytes.with_fsdp2_kernels(),
+            Strategy::TensorParallel | Strategy::Ddp => outside.bytes,
         };
         Sharded {
-            budget,
+            workload,
+            kernels,
             strategy,
             outside,
             ranks: Default::default(),
@@ -558,8 +575,7 @@ impl<'a> Sharded<'a> {
         if let Some(r) = self.ranks.borrow().get(&world) {
             return r.clone();
         }
-        let b = self.budget;
-        let config = [allocator_config(b.workload.allocator)];
+        let config = [allocator_config(self.workload.allocator)];
         let plan = Plan {
             keep: true,
             under: &config,
@@ -568,12 +584,12 @@ impl<'a> Sharded<'a> {
         };
         let mut runs = Vec::new();
         let replayed_ranks = match self.strategy {
-            Strategy::Fsdp2 => vec![0, world - 1],
+            Strategy::Fsdp2 if !self.fsdp_ranks_alike(world) => vec![0, world - 1],
             // Every rank allocates alike.
-            Strategy::TensorParallel | Strategy::Ddp => vec![0],
+            Strategy::Fsdp2 | Strategy::TensorParallel | Strategy::Ddp => vec![0],
         };
         for rank in replayed_ranks {
-            for mut run in b.workload.runs(b.kernels) {
+            for mut run in self.workload.runs(self.kernels) {
                 match self.strategy {
                     Strategy::TensorParallel => {
                         run.tensor_parallel = Some(TensorParallel { world, rank });
@@ -644,13 +660,25 @@ impl<'a> Sharded<'a> {
         ranks
     }
 
+    /// Whether every rank of `world` holds as many rows of each shard under FSDP2, so that they
+    /// allocate alike and rank 0 stands for all ([`crate::stack::fsdp::ranks_alike`]).
+    fn fsdp_ranks_alike(&self, world: u64) -> bool {
+        (self.workload.runs(self.kernels).iter()).all(|run| {
+            let lora = match &run.work {
+                crate::stack::run::Work::Train { lora, .. } => lora.as_ref(),
+                _ => None,
+            };
+            crate::stack::fsdp::ranks_alike(&run.model, lora, world)
+        })
+    }
+
     /// The ranks the work of `gpus` GPUs is spread over: all of them under FSDP2; under tensor
     /// parallelism the most of them that split the model evenly (at least 2, as `of` checked).
     pub fn world(&self, gpus: u64) -> u64 {
         match self.strategy {
             Strategy::Fsdp2 | Strategy::Ddp => gpus,
             Strategy::TensorParallel => {
-                crate::stack::tensor_parallel::most_ranks(&self.budget.workload.model, gpus).max(2)
+                crate::stack::tensor_parallel::most_ranks(&self.workload.model, gpus).max(2)
             }
         }
     }
@@ -669,17 +697,17 @@ impl<'a> Sharded<'a> {
     }
 
     /// For each count of GPUs (2 or more), what each GPU uses at its fullest by the ranks'
-    /// replay, beside the split rule's estimate of it.
-    pub fn spread(&self, counts: &[u64]) -> Spread {
+    /// replay, beside the split rule's estimate of it from `budget` (this workload's).
+    pub fn spread(&self, budget: &Budget, counts: &[u64]) -> Spread {
         Spread {
-            workload: self.budget.title(),
+            workload: budget.title(),
             strategy: self.strategy,
             rows: (counts.iter())
                 .map(|&gpus| SpreadRow {
                     gpus,
                     world: self.world(gpus),
                     replayed: Bytes(self.need(gpus)),
-                    split_estimate: Bytes(need_per_gpu(self.budget, gpus)),
+                    split_estimate: Bytes(need_per_gpu(budget, gpus)),
                 })
                 .collect(),
             rule: format!("{} {}.", self.strategy.rule(), Nccl::h200_nvlink().rule()),
@@ -697,12 +725,11 @@ impl<'a> Sharded<'a> {
             return v;
         }
         let ranks = self.ranks(gpus);
-        let b = self.budget;
         let fits = ranks.need() <= room || {
             let card = Device::Card {
                 room: room.saturating_sub(Nccl::h200_nvlink().bytes),
             };
-            let config = allocator_config(b.workload.allocator);
+            let config = allocator_config(self.workload.allocator);
             (ranks.programs.iter())
                 .all(|p| p.replay(config, card, self.outside).out_of_memory.is_none())
         };
@@ -1306,8 +1333,7 @@ pub fn largest_spread(
                 let Ok(w) = w.validated() else {
                     return (n, asking.into_iter().map(|i| (i, false)).collect());
                 };
-                let b = super::compute::budget_alone(&w, settings);
-                let sharded = Sharded::of(&b);
+                let sharded = Sharded::of_workload(&w, settings.kernels, &settings.outside);
                 let fits = (asking.into_iter())
                     .map(|i| {
                         let (gpus, room) = lots[i];

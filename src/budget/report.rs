@@ -736,8 +736,12 @@ impl fmt::Display for super::fit::RankBudget {
         match self.strategy {
             super::fit::Strategy::Fsdp2 => writeln!(
                 f,
-                "FSDP2 over {} GPUs, each rank running the batch (replayed rank by rank): {} per GPU",
+                "FSDP2 over {} GPUs, each rank running the batch ({}): {} per GPU",
                 self.gpus,
+                match self.ranks.len() {
+                    1 => "every rank holding as many rows of each shard, alike: rank 0 replayed",
+                    _ => "replayed rank by rank",
+                },
                 self.need_per_gpu.gib_text()
             )?,
             super::fit::Strategy::TensorParallel => writeln!(

@@ -874,7 +874,7 @@ fn the_planner_replays_each_rank_of_a_sharded_full_training() {
     assert_eq!(sharded.need(f.gpus), need);
     assert_eq!(f.need_per_gpu.0, need.min(room));
     // Its spread over several counts, the ranks' replay beside the split rule's estimate.
-    let spread = sharded.spread(&[f.gpus, 2 * f.gpus]);
+    let spread = sharded.spread(&b, &[f.gpus, 2 * f.gpus]);
     let rows: Vec<(u64, u64, u64, u64)> = (spread.rows.iter())
         .map(|r| (r.gpus, r.world, r.replayed.0, r.split_estimate.0))
         .collect();
@@ -954,4 +954,56 @@ fn the_planner_replays_a_rank_of_tensor_parallelism_serving_a_model() {
         ..w
     };
     assert!(fit::Sharded::of(&budget(&nf4, &BudgetSettings::h200())).is_none());
+}
+
+#[test]
+fn fsdp2_ranks_holding_as_many_rows_allocate_alike() {
+    // Llama-3.1 8B's first dimensions (4 096, 14 336, 1 024, 128 256) are multiples of 8: every
+    // rank of 8 holds as many rows, and rank 0's program is the last rank's, event for event (the
+    // planner replays rank 0 alone). Over 3 ranks they are not (4 096 = 3 × 1 365 + 1): the last
+    // rank holds fewer rows and allocates otherwise.
+    let settings = BudgetSettings::h200();
+    let full = preset(
+        "llama-3.1-8b",
+        Mode::Full {
+            optimizer: Optimizer::Adamw,
+        },
+        1,
+        256,
+    );
+    let lora = Workload {
+        mode: Mode::Lora {
+            rank: 8,
+            targets: vec!["q_proj".into()],
+        },
+        ..full.clone()
+    };
+    let run_of = |w: &Workload, world: u64, rank: u64| {
+        let mut run = w.runs(settings.kernels).remove(0);
+        run.sharding = Some(crate::stack::fsdp::Sharding {
+            world,
+            rank,
+            mixed_precision: false,
+        });
+        run
+    };
+    let alike = |w: &Workload, world: u64| {
+        let run = run_of(w, world, 0);
+        let lora = match &run.work {
+            crate::stack::run::Work::Train { lora, .. } => lora.clone(),
+            _ => None,
+        };
+        crate::stack::fsdp::ranks_alike(&run.model, lora.as_ref(), world)
+    };
+    let programs_equal = |w: &Workload, world: u64| {
+        let program = |rank| crate::stack::run::program(&run_of(w, world, rank)).chunks;
+        program(0) == program(world - 1)
+    };
+    for (w, world, expected) in [(&full, 8, true), (&full, 3, false), (&lora, 8, true)] {
+        assert_eq!(alike(w, world), expected, "world {world}");
+        assert_eq!(programs_equal(w, world), expected, "world {world}");
+    }
+    // LoRA's A matrices of rank 8 have 8 rows: over 16 ranks the last 8 hold none of them.
+    assert!(alike(&full, 16) && !alike(&lora, 16));
+    assert!(!programs_equal(&lora, 16));
 }

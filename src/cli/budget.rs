@@ -1071,7 +1071,7 @@ fn spread_over_gpus(
     }
     Ok(match counts {
         [gpus] => (Some(s.rank_budget(*gpus)), None),
-        _ => (None, Some(s.spread(counts))),
+        _ => (None, Some(s.spread(b, counts))),
     })
 }
 

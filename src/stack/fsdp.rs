@@ -155,6 +155,57 @@ impl Item {
 
 /// The group of what belongs to `module`: its decoder layer's (1 + layer, the number after
 /// `layers`, the layers' prefix), else the root's.
+/// Whether every rank of `world` holds as many rows of each parameter of `model` (and of
+/// `lora`'s adapters): every first dimension a multiple of the world, so that no rank's shard
+/// is short or padded and every rank allocates alike (else the last ranks hold fewer rows, or
+/// none).
+pub fn ranks_alike(model: &Model, lora: Option<&Lora>, world: u64) -> bool {
+    items(model, lora).iter().all(|item| match item {
+        Item::Buffer(_) => true,
+        Item::Param(_, shape) | Item::Adapter(_, shape, _) => {
+            shape.first().copied().unwrap_or(1) % world == 0
+        }
+    })
+}
+
+/// Parameters, adapters and buffers in the modules' order: an adapter's A and B after its
+/// linear layer's parameters, a buffer after its module's, a module's without any (the rotary
+/// embedding) before the output head.
+fn items(model: &Model, lora: Option<&Lora>) -> Vec<Item> {
+    let params = model.parameters();
+    let (head, body): (Vec<_>, Vec<_>) = params.iter().partition(|t| t.role == TensorRole::LmHead);
+    let adapted = |t: &Parameter| {
+        lora.filter(|l| t.role == TensorRole::Linear && l.targets.iter().any(|m| m == t.module()))
+    };
+    let mut items: Vec<Item> = Vec::new();
+    for (i, &t) in body.iter().enumerate() {
+        items.push(Item::Param(t.name.clone(), t.shape.clone()));
+        let module = t.name.rsplit_once('.').map_or("", |(m, _)| m);
+        let last_of_module = (body.get(i + 1))
+            .is_none_or(|n| n.name.rsplit_once('.').map_or("", |(m, _)| m) != module);
+        if let Some(l) = adapted(t).filter(|_| last_of_module) {
+            let weight = (body.iter())
+                .find(|w| w.name == format!("{module}.weight"))
+                .expect("an adapted layer's weight");
+            let (out, inp) = (weight.shape[0], weight.shape[1]);
+            items.push(Item::Adapter(module.to_string(), vec![l.rank, inp], false));
+            items.push(Item::Adapter(module.to_string(), vec![out, l.rank], true));
+        }
+    }
+    for b in model.buffers() {
+        let module = b.name.rsplit_once('.').map_or("", |(m, _)| m);
+        let at = (items.iter())
+            .rposition(|item| item.module() == module)
+            .map_or(items.len(), |i| i + 1);
+        items.insert(at, Item::Buffer(b));
+    }
+    items.extend(
+        head.iter()
+            .map(|t| Item::Param(t.name.clone(), t.shape.clone())),
+    );
+    items
+}
+
 fn group_of(layers: &str, module: &str) -> usize {
     (module.strip_prefix(layers))
         .map(|rest| rest.split_once('.').map_or(rest, |(layer, _)| layer))
@@ -229,43 +280,7 @@ impl Fsdp {
         let mut adapters: FxHashMap<String, Adapter> = FxHashMap::default();
         let mut order = Vec::new();
         let layers = format!("{}layers.", model.text_prefix());
-        // Parameters, adapters and buffers in the modules' order: an adapter's A and B after its
-        // linear layer's parameters, a buffer after its module's, a module's without any (the
-        // rotary embedding) before the output head.
-        let params = model.parameters();
-        let (head, body): (Vec<_>, Vec<_>) =
-            params.iter().partition(|t| t.role == TensorRole::LmHead);
-        let adapted = |t: &Parameter| {
-            lora.filter(|l| {
-                t.role == TensorRole::Linear && l.targets.iter().any(|m| m == t.module())
-            })
-        };
-        let mut items: Vec<Item> = Vec::new();
-        for (i, &t) in body.iter().enumerate() {
-            items.push(Item::Param(t.name.clone(), t.shape.clone()));
-            let module = t.name.rsplit_once('.').map_or("", |(m, _)| m);
-            let last_of_module = (body.get(i + 1))
-                .is_none_or(|n| n.name.rsplit_once('.').map_or("", |(m, _)| m) != module);
-            if let Some(l) = adapted(t).filter(|_| last_of_module) {
-                let weight = (body.iter())
-                    .find(|w| w.name == format!("{module}.weight"))
-                    .expect("an adapted layer's weight");
-                let (out, inp) = (weight.shape[0], weight.shape[1]);
-                items.push(Item::Adapter(module.to_string(), vec![l.rank, inp], false));
-                items.push(Item::Adapter(module.to_string(), vec![out, l.rank], true));
-            }
-        }
-        for b in model.buffers() {
-            let module = b.name.rsplit_once('.').map_or("", |(m, _)| m);
-            let at = (items.iter())
-                .rposition(|item| item.module() == module)
-                .map_or(items.len(), |i| i + 1);
-            items.insert(at, Item::Buffer(b));
-        }
-        items.extend(
-            head.iter()
-                .map(|t| Item::Param(t.name.clone(), t.shape.clone())),
-        );
+        let items = items(model, lora);
         // Each shard as `to_empty` left it (the rank's rows), until its group re-pads it.
         let mut unpadded: Vec<Vec<Option<Tensor>>> = vec![Vec::new(); groups.len()];
         let repad = |p: &mut Process, group: &mut Group, unpadded: &mut Vec<Option<Tensor>>| {

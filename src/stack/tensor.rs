@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 /// A tensor's sizes or strides, held inline (a tensor of more than six dimensions spills to the
 /// heap).
-pub type Dims = smallvec::SmallVec<[u64; 6]>;
+pub type Dims = smallvec::SmallVec<[u64; 4]>;
 
 /// A tensor: a view of a storage, and where its gradient flows.
 #[derive(Clone)]

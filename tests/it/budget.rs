@@ -1848,12 +1848,21 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
         (s["gpus"].as_u64(), s["strategy"].as_str()),
         (Some(8), Some("fsdp2"))
     );
+    // Over 8, every first dimension of Llama 3.1 8B is a multiple of the world: every rank holds
+    // as many rows, alike, and rank 0 stands for all; over 6 the last rank holds fewer.
     let ranks = s["ranks"].as_array().unwrap();
-    let numbers: Vec<u64> = ranks.iter().map(|r| r["rank"].as_u64().unwrap()).collect();
-    assert_eq!(numbers, [0, 7]);
+    let numbers = |ranks: &[serde_json::Value]| -> Vec<u64> {
+        ranks.iter().map(|r| r["rank"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(numbers(ranks), [0]);
+    let mut over_six = args.to_vec();
+    over_six[12] = "6";
+    let six = json_of(mm().args(&over_six));
+    let six_ranks = six["sharded"]["ranks"].as_array().unwrap();
+    assert_eq!(numbers(six_ranks), [0, 5]);
     let busiest = ranks.iter().map(|r| bytes(&r["need_per_gpu"])).max();
     assert_eq!(busiest, Some(bytes(&s["need_per_gpu"])));
-    for r in ranks {
+    for r in ranks.iter().chain(six_ranks) {
         let held: u64 = r["at_peak"]
             .as_array()
             .unwrap()
@@ -1867,7 +1876,10 @@ fn gpus_gives_each_rank_of_an_fsdp2_training() {
         .args(["--gpus", "8"])
         .assert()
         .success()
-        .stdout(contains("FSDP2 over 8 GPUs, each rank running the batch"));
+        .stdout(contains(
+            "FSDP2 over 8 GPUs, each rank running the batch (every rank holding as many rows \
+             of each shard, alike: rank 0 replayed)",
+        ));
     mm().args(&args[..args.len() - 1])
         .arg("1")
         .assert()

@@ -362,6 +362,9 @@ impl<'a> OneGpu<'a> {
 /// one GPU). Only for the runs these are emulated for.
 pub struct Sharded<'a> {
     workload: &'a Workload,
+    /// Its budget on one GPU, for the split rule's estimate beside the replays ([`Sharded::spread`]);
+    /// none where the spread alone is asked (a size search).
+    budget: Option<&'a Budget>,
     kernels: Kernels,
     pub strategy: Strategy,
     /// What a rank holds outside the allocator as it goes: a process's (with FSDP2's kernels
@@ -517,15 +520,15 @@ impl<'a> Sharded<'a> {
     /// for serving unquantized weights of a model it splits over two GPUs
     /// ([`TensorParallel::refusal`]).
     pub fn of(budget: &'a Budget) -> Option<Sharded<'a>> {
-        Sharded::of_workload(&budget.workload, budget.kernels, &budget.outside)
+        let sharded = Sharded::of_workload(&budget.workload, budget.kernels, &budget.outside);
+        sharded.map(|s| Sharded {
+            budget: Some(budget),
+            ..s
+        })
     }
 
     /// As [`Sharded::of`], for a workload not budgeted on one GPU (its spread alone is asked).
-    pub fn of_workload(
-        w: &'a Workload,
-        kernels: Kernels,
-        outside: &Outside,
-    ) -> Option<Sharded<'a>> {
+    fn of_workload(w: &'a Workload, kernels: Kernels, outside: &Outside) -> Option<Sharded<'a>> {
         let served = matches!(w.mode, super::workload::Mode::Inference { .. })
             && w.weights == super::workload::WeightFormat::Dense
             && TensorParallel { world: 2, rank: 0 }
@@ -547,7 +550,10 @@ impl<'a> Sharded<'a> {
     /// unquantized weights, written by hand (no Trainer), of a model without a vision tower.
     pub fn ddp(budget: &'a Budget) -> Option<Sharded<'a>> {
         let (w, kernels) = (&budget.workload, budget.kernels);
-        trained_by_hand(w).then(|| Sharded::new(w, kernels, &budget.outside, Strategy::Ddp))
+        trained_by_hand(w).then(|| Sharded {
+            budget: Some(budget),
+            ..Sharded::new(w, kernels, &budget.outside, Strategy::Ddp)
+        })
     }
 
     fn new(
@@ -562,6 +568,7 @@ impl<'a> Sharded<'a> {
         };
         Sharded {
             workload,
+            budget: None,
             kernels,
             strategy,
             outside,
@@ -697,8 +704,9 @@ impl<'a> Sharded<'a> {
     }
 
     /// For each count of GPUs (2 or more), what each GPU uses at its fullest by the ranks'
-    /// replay, beside the split rule's estimate of it from `budget` (this workload's).
-    pub fn spread(&self, budget: &Budget, counts: &[u64]) -> Spread {
+    /// replay, beside the split rule's estimate of it.
+    pub fn spread(&self, counts: &[u64]) -> Spread {
+        let budget = (self.budget).expect("a spread made by `of` or `ddp`, with its budget");
         Spread {
             workload: budget.title(),
             strategy: self.strategy,
@@ -1295,7 +1303,7 @@ pub enum Size {
 /// several GPUs as the planner spreads them ([`Sharded::of`]: FSDP2 for a training, tensor
 /// parallelism for serving), each complete on their GPU: for each lot asked (its count of GPUs
 /// and the room of each), from a size known to hold there (`start`) to `limit`. The lots are
-/// searched together in rounds, each size asked in a round budgeted and its ranks replayed once
+/// searched together in rounds, each size asked in a round spread and its ranks replayed once
 /// for every lot asking it (side by side); a lot's search doubles its size while it holds, then
 /// halves the bounds: a search takes a number of rounds logarithmic in the size it finds.
 pub fn largest_spread(

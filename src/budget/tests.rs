@@ -874,7 +874,7 @@ fn the_planner_replays_each_rank_of_a_sharded_full_training() {
     assert_eq!(sharded.need(f.gpus), need);
     assert_eq!(f.need_per_gpu.0, need.min(room));
     // Its spread over several counts, the ranks' replay beside the split rule's estimate.
-    let spread = sharded.spread(&b, &[f.gpus, 2 * f.gpus]);
+    let spread = sharded.spread(&[f.gpus, 2 * f.gpus]);
     let rows: Vec<(u64, u64, u64, u64)> = (spread.rows.iter())
         .map(|r| (r.gpus, r.world, r.replayed.0, r.split_estimate.0))
         .collect();

@@ -96,6 +96,7 @@ pub enum ParallelArg {
 pub enum CacheArg {
     Dynamic,
     Offloaded,
+    Static,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -159,8 +160,9 @@ pub struct BudgetArgs {
     #[arg(long, value_parser = values::positive_u64)]
     pub num_beams: Option<u64>,
     /// generate's cache_implementation (inference): dynamic (DynamicCache, transformers'
-    /// default) or offloaded (every full layer's keys and values on the CPU between its updates)
-    /// [default: dynamic].
+    /// default) or offloaded (every full layer's keys and values on the CPU between its updates);
+    /// static is refused: generate compiles its decoding step for it (CUDA graphs), not emulated
+    /// [default: the model's generation_config.json, else dynamic].
     #[arg(long, value_enum)]
     pub cache_implementation: Option<CacheArg>,
     /// LoRA rank (lora) [default: 16].
@@ -401,6 +403,36 @@ fn target_module(t: &str) -> String {
     }
 }
 
+/// Whether generate's cache is offloaded: as `--cache-implementation` (`flag`) says, else the
+/// model's `generation_config.json`, else dynamic; a cache whose allocations are not emulated is
+/// refused, saying why.
+fn offloaded_cache(
+    flag: Option<CacheArg>,
+    defaults: &crate::model::generation::GenerationDefaults,
+) -> Result<bool, Failure> {
+    use crate::model::generation::CacheKind;
+    let (kind, named, remedy) = match (flag, &defaults.cache_implementation) {
+        (Some(CacheArg::Dynamic), _) => (CacheKind::Dynamic, String::new(), ""),
+        (Some(CacheArg::Offloaded), _) => (CacheKind::Offloaded, String::new(), ""),
+        (Some(CacheArg::Static), _) => (
+            CacheKind::Compiled,
+            "--cache-implementation static".to_string(),
+            "budget dynamic or offloaded",
+        ),
+        (None, Some(name)) => (
+            CacheKind::of(name).unwrap_or(CacheKind::Other),
+            format!("the model's generation_config.json sets cache_implementation {name:?}"),
+            "give --cache-implementation dynamic or offloaded to budget a generate call that \
+                 names its cache (generate(..., cache_implementation=\"dynamic\"))",
+        ),
+        (None, None) => (CacheKind::Dynamic, String::new(), ""),
+    };
+    match kind.refusal() {
+        Some(why) => Err(Failure::usage_owned(format!("{named}: {why}; {remedy}"))),
+        None => Ok(kind == CacheKind::Offloaded),
+    }
+}
+
 impl BudgetArgs {
     /// Refuses the flags that do not apply to the mode, naming them.
     fn check_flags(&self, mode: ModeArg) -> Result<(), Failure> {
@@ -587,7 +619,7 @@ impl BudgetArgs {
                 },
             ),
             beams: self.num_beams.or(defaults.num_beams),
-            offloaded_cache: self.cache_implementation == Some(CacheArg::Offloaded),
+            offloaded_cache: offloaded_cache(self.cache_implementation, &defaults)?,
             generation_config: generation,
         };
         // A quantized checkpoint is refused, but what its tensors store is said.
@@ -1071,7 +1103,7 @@ fn spread_over_gpus(
     }
     Ok(match counts {
         [gpus] => (Some(s.rank_budget(*gpus)), None),
-        _ => (None, Some(s.spread(b, counts))),
+        _ => (None, Some(s.spread(counts))),
     })
 }
 

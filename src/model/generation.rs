@@ -1,6 +1,6 @@
 //! A model's `generation_config.json`: the defaults `generate` takes from it where the call
 //! gives none (sampling and its warpers, the repetition penalty, beams, the end-of-sequence
-//! tokens beam search keeps candidates for), as transformers 5.17 reads them. Fields it does not
+//! tokens beam search keeps candidates for, the cache), as transformers 5.17 reads them. Fields it does not
 //! change memory by are ignored.
 
 use super::folder::FolderError;
@@ -25,6 +25,62 @@ pub struct GenerationDefaults {
     /// How many ids `eos_token_id` names (one id or a list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_tokens: Option<u64>,
+    /// `cache_implementation`: the cache `generate` makes, by transformers' name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_implementation: Option<String>,
+}
+
+/// What `generate` makes of a `cache_implementation` in transformers 5.17
+/// (`generation/configuration_utils.py`: `ALL_CACHE_IMPLEMENTATIONS` and `"paged"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKind {
+    /// `dynamic`: a `DynamicCache`, grown at each step.
+    Dynamic,
+    /// `offloaded`: a dynamic cache whose full layers wait on the CPU.
+    Offloaded,
+    /// `static`, `offloaded_static` and the deprecated `sliding_window`, `hybrid`,
+    /// `hybrid_chunked`, `offloaded_hybrid`, `offloaded_hybrid_chunked`: a cache allocated whole
+    /// for the longest sequence, and on a GPU `generate` compiles its decoding step
+    /// (`_valid_auto_compile_criteria`: `torch.compile` in mode `reduce-overhead`, CUDA graphs).
+    Compiled,
+    /// `quantized` (a `QuantizedCache`) and `paged` (continuous batching).
+    Other,
+}
+
+impl CacheKind {
+    /// The kind of a transformers `cache_implementation` name, if it is one.
+    pub fn of(name: &str) -> Option<CacheKind> {
+        Some(match name {
+            "dynamic" => CacheKind::Dynamic,
+            "offloaded" => CacheKind::Offloaded,
+            "static"
+            | "offloaded_static"
+            | "sliding_window"
+            | "hybrid"
+            | "hybrid_chunked"
+            | "offloaded_hybrid"
+            | "offloaded_hybrid_chunked" => CacheKind::Compiled,
+            "quantized" | "paged" => CacheKind::Other,
+            _ => return None,
+        })
+    }
+
+    /// Why a cache of this kind is not budgeted (`None` where it is).
+    pub fn refusal(self) -> Option<&'static str> {
+        match self {
+            CacheKind::Dynamic | CacheKind::Offloaded => None,
+            CacheKind::Compiled => Some(
+                "generate allocates such a cache whole and compiles its decoding step on the \
+                 GPU (torch.compile in mode reduce-overhead: CUDA graphs and their private pools), \
+                 whose allocations are not emulated (traced on the H200, a 2-layer Llama's decode \
+                 reserved 140 MB where its prefill took 40 MB: \
+                 docs/gpu-runs/2026-12-04-h200-records/generate-small-llama-static.json.gz)",
+            ),
+            CacheKind::Other => {
+                Some("its allocations (a quantized cache, or continuous batching's pages) are not emulated")
+            }
+        }
+    }
 }
 
 /// `do_sample true, temperature 0.6, top_p 0.9`: the values it gives (`no value that changes
@@ -41,6 +97,7 @@ pub fn described(d: &GenerationDefaults) -> String {
         d.eos_tokens
             .filter(|&n| n > 1)
             .map(|n| format!("{n} end-of-sequence tokens")),
+        (d.cache_implementation.as_ref()).map(|c| format!("cache_implementation {c}")),
     ];
     let given: Vec<String> = parts.into_iter().flatten().collect();
     match given.is_empty() {
@@ -114,6 +171,20 @@ pub fn parse(bytes: &[u8], file: &str) -> Result<GenerationDefaults, FolderError
                 )))
             }
         },
+        cache_implementation: match field("cache_implementation") {
+            None => None,
+            Some(v) => match v.as_str().filter(|c| CacheKind::of(c).is_some()) {
+                Some(c) => Some(c.to_string()),
+                None => {
+                    return Err(bad(format!(
+                        "`cache_implementation` must be one of transformers' caches (dynamic, \
+                         offloaded, static, offloaded_static, sliding_window, hybrid, \
+                         hybrid_chunked, offloaded_hybrid, offloaded_hybrid_chunked, quantized, \
+                         paged), not {v}"
+                    )))
+                }
+            },
+        },
     })
 }
 
@@ -160,5 +231,36 @@ mod tests {
             parse(br#"{"top_k": null}"#, "g.json").unwrap(),
             GenerationDefaults::default()
         );
+    }
+
+    #[test]
+    fn a_generation_config_names_the_cache_generate_makes() {
+        // Gemma 2's, as shipped: transformers 5.17 reads "hybrid" as a static cache, and compiles.
+        let text = br#"{"bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1,
+            107], "pad_token_id": 0, "transformers_version": "4.42.0.dev0"}"#;
+        let d = parse(text, "g.json").unwrap();
+        assert_eq!(d.cache_implementation.as_deref(), Some("hybrid"));
+        assert!(described(&d).contains("cache_implementation hybrid"));
+        let kind = |name: &str| CacheKind::of(name);
+        assert_eq!(kind("hybrid"), Some(CacheKind::Compiled));
+        assert_eq!(kind("static"), Some(CacheKind::Compiled));
+        assert!(kind("static")
+            .unwrap()
+            .refusal()
+            .unwrap()
+            .contains("torch.compile"));
+        assert_eq!(kind("offloaded"), Some(CacheKind::Offloaded));
+        assert_eq!(kind("dynamic").and_then(CacheKind::refusal), None);
+        assert!(kind("quantized").unwrap().refusal().is_some());
+        for bad in [
+            &br#"{"cache_implementation": "fast"}"#[..],
+            br#"{"cache_implementation": 1}"#,
+        ] {
+            let e = parse(bad, "g.json").unwrap_err().to_string();
+            assert!(
+                e.contains("g.json") && e.contains("cache_implementation"),
+                "{e}"
+            );
+        }
     }
 }

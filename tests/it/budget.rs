@@ -1121,6 +1121,33 @@ fn a_model_folders_generation_config_gives_generate_its_defaults() {
         .success();
     let text = String::from_utf8(out.get_output().stdout.clone()).unwrap();
     assert!(!text.contains("beam search"), "{text}");
+    // Gemma 2's file names a static cache ("hybrid"): generate would compile its decoding step,
+    // which is not emulated; refused, unless the flag names the cache the call makes.
+    std::fs::write(&file, r#"{"cache_implementation": "hybrid"}"#).unwrap();
+    budget("inference", &[])
+        .assert()
+        .code(USAGE)
+        .stderr(contains(
+            "the model's generation_config.json sets cache_implementation \"hybrid\"",
+        ))
+        .stderr(contains("torch.compile"))
+        .stderr(contains("--cache-implementation dynamic"));
+    for cache in ["dynamic", "offloaded"] {
+        budget("inference", &["--cache-implementation", cache])
+            .assert()
+            .success();
+    }
+    budget("inference", &["--cache-implementation", "static"])
+        .assert()
+        .code(USAGE)
+        .stderr(contains(
+            "--cache-implementation static: generate allocates",
+        ));
+    std::fs::write(&file, r#"{"cache_implementation": "offloaded"}"#).unwrap();
+    budget("inference", &[])
+        .assert()
+        .success()
+        .stdout(contains("cache_implementation offloaded"));
 }
 
 /// `--padding-free`: TRL's collator flattens each batch into one row and the attention runs

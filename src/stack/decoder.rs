@@ -324,18 +324,22 @@ impl Decoder<'_> {
         let leaf_output = self.inputs_require_grads();
         let p = &mut *self.process;
         let e = p.embedding(weight, ids);
+        // PEFT's `enable_input_require_grads`: the embedding module's output made a leaf that
+        // requires grad (the first layer's input gradients are then computed; the leaf's own
+        // goes with the graph).
+        let leaf = |t: Tensor| match leaf_output {
+            true => super::process::Process::parameter(&t).0,
+            false => t,
+        };
         if !self.model.model_type.is_gemma() && !self.model.model_type.has_multipliers() {
-            return e;
+            return leaf(e);
         }
-        // Gemma's `* normalizer` (Gemma 2: a host scalar) or `* embed_scale` (Gemma and Gemma
-        // 3: a buffer already in the weights' type, its `.to(dtype)` a no-op), Granite's
-        // `* embedding_multiplier`: only the product.
+        // Gemma's `* embed_scale` in its embedding module (a buffer already in the weights' type,
+        // its `.to(dtype)` a no-op), Granite's `* embedding_multiplier` after it: only the product.
         let out = if self.model.model_type.has_multipliers() && leaf_output {
-            // PEFT's `enable_input_require_grads`: the embedding module's output is a leaf that
-            // requires grad, which Granite multiplies outside the module: its accumulation node
-            // holds it until the backward reaches it.
-            let (leaf, _) = super::process::Process::parameter(&e);
-            p.scale_holding(&leaf)
+            // Granite multiplies the leaf outside the module: its accumulation node holds it
+            // until the backward reaches it.
+            p.scale_holding(&leaf(e.clone()))
         } else {
             // A float32 `embed_scale` (a model built in float32, its weights gathered in
             // another type: FSDP2) is cast for the product.
@@ -346,7 +350,8 @@ impl Decoder<'_> {
                 ]))
                 .filter(|s| s.elem != e.elem)
                 .map(|_| p.empty(&[], e.elem));
-            let out = p.scale(&e);
+            // Gemma's scale is the embedding module's own: its output is the product.
+            let out = leaf(p.scale(&e));
             drop(scale);
             out
         };

@@ -551,8 +551,10 @@ fn emulate(
                             drop(scaled);
                             drop(divided);
                             trainer::check_loss(&mut p, &loss);
-                            // `tr_loss_step`, held until the next batch's.
-                            drop(last_loss.replace(loss));
+                            // `tr_loss_step` (`training_step`'s `loss.detach()`), held until
+                            // the next batch's; the graph goes with `loss`.
+                            drop(last_loss.replace(loss.detach()));
+                            drop(loss);
                             // The last step's total norm, let go once the step's batches ran.
                             if micro == args.accumulation {
                                 drop(last_norm.take());

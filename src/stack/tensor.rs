@@ -117,6 +117,14 @@ impl Tensor {
         }
     }
 
+    /// `detach()`: the same tensor outside the graph (it keeps no node alive).
+    pub fn detach(&self) -> Tensor {
+        Tensor {
+            grad_fn: None,
+            ..self.clone()
+        }
+    }
+
     /// How many tensors view this storage (Python's `storage.use_count`).
     pub fn storage_uses(&self) -> usize {
         Rc::strong_count(&self.storage)

@@ -727,10 +727,7 @@ fn recorded_in(folder: &str, name: &str) -> serde_json::Value {
 /// 320 wide: served,
 /// trained fully, with LoRA, with LoRA and recomputation. Every stage's peak of `reserved` to the
 /// byte, of `allocated` too but with recomputation: one 512-byte block apart (SDPA's 8-byte seed
-/// and offset freed in the other order), as in the other models' replays, whose first layer's
-/// input needs no gradient where PEFT's `enable_input_require_grads` gives it one (Cohere's
-/// recomputation then also stops after the attention where the run's goes on through the MLP,
-/// which no peak shows here).
+/// and offset freed in the other order), as in the other models' replays.
 #[test]
 fn glm4_cohere_and_starcoder2_replay_the_runs_they_were_derived_from_to_the_byte() {
     for model_type in ["glm4", "cohere", "starcoder2"] {
@@ -745,6 +742,74 @@ fn glm4_cohere_and_starcoder2_replay_the_runs_they_were_derived_from_to_the_byte
             assert_eq!(raw["spec"]["model_type"], model_type);
             replays_to_the_byte(&name, &raw, allocated_slack);
         }
+    }
+}
+
+/// PEFT's `enable_input_require_grads` (LoRA with recomputation): the embeddings' output is a
+/// leaf that requires grad, so the first layer's backward makes the gradients of its input too
+/// (its keys' and values' among them); the leaf's own gradient goes with the graph, before the
+/// Trainer's clip (it keeps `loss.detach()`). Every backward and clip stage of these recorded
+/// runs allocates the sizes recorded, in their order: Gemma's leaf the scaled output of its
+/// embedding module, Granite's multiplied after it, the others' the embedding itself.
+#[test]
+fn a_lora_with_recomputation_backward_allocates_what_the_run_allocated() {
+    use iteragpu_lab::replay::trace::{Trace, TraceEvent};
+    use iteragpu_lab::replay::Event;
+    for (folder, name) in [
+        (
+            "2026-12-05-h100-records",
+            "arch-small-glm4-lora-checkpointing",
+        ),
+        (
+            "2026-12-05-h100-records",
+            "arch-small-cohere-lora-checkpointing",
+        ),
+        (
+            "2026-12-05-h100-records",
+            "arch-small-starcoder2-lora-checkpointing",
+        ),
+        (
+            "2026-12-04-h200-records",
+            "arch-small-gemma-lora-checkpointing",
+        ),
+        (
+            "2026-12-04-h200-records",
+            "arch-small-granite-lora-checkpointing",
+        ),
+        (
+            "2026-12-04-h200-records",
+            "trainer-small-llama-lora-bf16-checkpointing",
+        ),
+    ] {
+        let raw = recorded_in(folder, name);
+        let trace = Trace::from_record(&raw).unwrap();
+        let run = iteragpu_lab::stack::run::Run::from_spec(&raw["spec"]).unwrap();
+        let program = iteragpu_lab::stack::run::program(&run);
+        let events: Vec<Event> = program.events().collect();
+        let stages = program.stages();
+        let mut compared = 0;
+        for (i, s) in trace.stages.iter().enumerate() {
+            if !(s.name.ends_with(".backward") || s.name.ends_with(".clip")) {
+                continue;
+            }
+            let recorded: Vec<u64> = (trace.events[s.begin..s.end].iter())
+                .filter_map(|e| match *e {
+                    TraceEvent::Alloc { bytes, .. } => Some(bytes),
+                    _ => None,
+                })
+                .collect();
+            let e = &stages[i];
+            let emulated: Vec<u64> = (events[e.begin..e.end].iter())
+                .filter_map(|e| match *e {
+                    Event::Alloc { bytes, .. } => Some(bytes),
+                    _ => None,
+                })
+                .collect();
+            assert!(!recorded.is_empty(), "{name} {}", s.name);
+            assert_eq!(emulated, recorded, "{name} {}", s.name);
+            compared += 1;
+        }
+        assert!(compared >= 2, "{name}");
     }
 }
 

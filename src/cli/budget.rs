@@ -253,8 +253,8 @@ pub struct BudgetArgs {
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Also the run spread over this many GPUs (2 to 64), rank by rank: a full or LoRA training
-    /// by FSDP2 (rank 0 and the last rank replayed) or DDP (rank 0), serving by tensor
-    /// parallelism (rank 0).
+    /// by FSDP2 (rank 0 and the last rank replayed; rank 0 alone where every rank holds as many
+    /// rows of each shard) or DDP (rank 0), serving by tensor parallelism (rank 0).
     /// Several counts (`8,16,32,64`): what each GPU needs at each, beside the split rule's
     /// estimate.
     #[arg(long, value_parser = values::positive_u64, value_delimiter = ',')]

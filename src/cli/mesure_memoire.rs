@@ -21,6 +21,17 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Weight-memory estimate, environment report and bounded GPU memory measurement.
+
+/// The runs people launch, as `budget --help` shows them.
+const BUDGET_EXAMPLES: &str = "Examples:
+  mesure_memoire budget --model Qwen/Qwen3-8B --mode inference --context 4096 --generated 512 --fit
+  # TRL's SFTTrainer, LoRA with recomputation (--trainer: transformers' Trainer)
+  mesure_memoire budget --model llama-3.1-8b --mode lora --sft --checkpointing --batch 4 --context 2048 --fit
+  # generate sampling with top_p over 16 left-padded rows
+  mesure_memoire budget --model llama-3.1-8b --mode inference --batch 16 --context 2048 --generated 256 --padded --sample --top-p 0.9 --fit
+  # a 70B full fine-tuning over 8 to 64 GPUs, FSDP2's ranks replayed
+  mesure_memoire budget --model llama-3.1-70b --mode full --checkpointing --context 1024 --gpus 8,16,32,64";
+
 #[derive(Debug, Parser)]
 #[command(name = "mesure_memoire", version)]
 pub struct Args {
@@ -43,6 +54,7 @@ pub enum Command {
     /// Predict every figure of `measure` with the allocator model, every block named (no GPU needed).
     Predict(PredictArgs),
     /// The GPU memory budget of a real model, term by term; with --fit, the packages that hold it.
+    #[command(after_help = BUDGET_EXAMPLES)]
     Budget(super::budget::BudgetArgs),
     /// Vary one dimension over a range, each point measured in a fresh process; find the limit.
     Sweep(super::sweep::SweepArgs),

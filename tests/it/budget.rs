@@ -2018,3 +2018,26 @@ fn a_starcoder2_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
         "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-starcoder2.json)",
     ));
 }
+
+/// `budget --help` ends with the runs people launch; each run from a preset works as written
+/// (the Hub id's needs the Hub).
+#[test]
+fn the_examples_of_budget_help_run_as_written() {
+    let out = mm().args(["budget", "--help"]).assert().success();
+    let help = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    let examples: Vec<Vec<&str>> = (help.lines())
+        .filter_map(|l| l.trim().strip_prefix("mesure_memoire "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(examples.len() >= 4, "{help}");
+    let mut ran = 0;
+    for args in &examples {
+        let model = args.iter().skip_while(|a| **a != "--model").nth(1).unwrap();
+        if model.contains('/') {
+            continue;
+        }
+        mm().args(args).assert().success();
+        ran += 1;
+    }
+    assert!(ran >= 3);
+}

@@ -20,8 +20,6 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Weight-memory estimate, environment report and bounded GPU memory measurement.
-
 /// The runs people launch, as `budget --help` shows them.
 const BUDGET_EXAMPLES: &str = "Examples:
   mesure_memoire budget --model Qwen/Qwen3-8B --mode inference --context 4096 --generated 512 --fit
@@ -32,6 +30,7 @@ const BUDGET_EXAMPLES: &str = "Examples:
   # a 70B full fine-tuning over 8 to 64 GPUs, FSDP2's ranks replayed
   mesure_memoire budget --model llama-3.1-70b --mode full --checkpointing --context 1024 --gpus 8,16,32,64";
 
+/// Weight-memory estimate, environment report and bounded GPU memory measurement.
 #[derive(Debug, Parser)]
 #[command(name = "mesure_memoire", version)]
 pub struct Args {

@@ -40,11 +40,11 @@ model built, gathered and reduced in its weights' type, or for float32 weights u
 built in float32, gathered in the autocast's type and reduced in float32), each rank processing \
 the batch; replayed rank by rank on the allocator model, the busier of rank 0 and the last rank \
 (rank 0 alone where every parameter's first dimension is a multiple of the world: every rank then \
-holds as many rows and allocates alike), proven against the H200 through PyTorch's fake process group (data/hf-proof-fsdp*-h200.json); \
-what lives outside the allocator as on one GPU with FSDP2's kernels, and NCCL's communicator \
-(as follows); a fit with less headroom than 0.9 % of a rank's need (the worst error of a rank's \
-peak reserved against the H200, on a full card) is marked within the margin. Other workloads: \
-the split rule's estimate.";
+holds as many rows and allocates alike), proven against the H200 through PyTorch's fake process \
+group (data/hf-proof-fsdp*-h200.json); what lives outside the allocator as on one GPU with \
+FSDP2's kernels, and NCCL's communicator (as follows); a fit with less headroom than 0.9 % of a \
+rank's need (the worst error of a rank's peak reserved against the H200, on a full card) is \
+marked within the margin. Other workloads: the split rule's estimate.";
 
 /// How a served model's rows over several GPUs are reached, stated with the plan.
 pub const TP_RULE: &str = "over several GPUs, serving: transformers' tensor parallelism \

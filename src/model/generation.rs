@@ -1,7 +1,7 @@
 //! A model's `generation_config.json`: the defaults `generate` takes from it where the call
 //! gives none (sampling and its warpers, the repetition penalty, beams, the end-of-sequence
-//! tokens beam search keeps candidates for, the cache), as transformers 5.17 reads them. Fields it does not
-//! change memory by are ignored.
+//! tokens beam search keeps candidates for, the cache), as transformers 5.17 reads them. Fields
+//! it does not change memory by are ignored.
 
 use super::folder::FolderError;
 use rust_decimal::Decimal;

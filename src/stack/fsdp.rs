@@ -153,8 +153,6 @@ impl Item {
     }
 }
 
-/// The group of what belongs to `module`: its decoder layer's (1 + layer, the number after
-/// `layers`, the layers' prefix), else the root's.
 /// Whether every rank of `world` holds as many rows of each parameter of `model` (and of
 /// `lora`'s adapters): every first dimension a multiple of the world, so that no rank's shard
 /// is short or padded and every rank allocates alike (else the last ranks hold fewer rows, or
@@ -206,6 +204,8 @@ fn items(model: &Model, lora: Option<&Lora>) -> Vec<Item> {
     items
 }
 
+/// The group of what belongs to `module`: its decoder layer's (1 + layer, the number after
+/// `layers`, the layers' prefix), else the root's.
 fn group_of(layers: &str, module: &str) -> usize {
     (module.strip_prefix(layers))
         .map(|rest| rest.split_once('.').map_or(rest, |(layer, _)| layer))

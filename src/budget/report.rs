@@ -283,12 +283,25 @@ impl Budget {
             )),
             _ => None,
         } {
+            let held_out = match plan {
+                "cohere" => "proven on 9 runs held out at public widths, every verdict on two \
+                             cards right, peaks of reserved within 0.076 % \
+                             (data/hf-proof-cohere-h100.json)"
+                    .to_string(),
+                "glm4" => "proven on the 3 runs held out that ran (GLM-4 9B on two cards, every \
+                           verdict right, peaks to the byte: data/hf-proof-glm4-h100.json); the \
+                           rest of scripts/gpu/hf-proof-plan-glm4.json not yet run"
+                    .to_string(),
+                _ => format!(
+                    "not yet proven on runs held out (planned: \
+                     scripts/gpu/hf-proof-plan-{plan}.json)"
+                ),
+            };
             notes.push(format!(
                 "{what}: derived from 4 traces recorded on an H100 at 2 layers of 320 wide \
                  (served, trained fully, LoRA, LoRA with recomputation; \
                  docs/gpu-runs/2026-12-05-h100-records), every stage's peak of reserved \
-                 replayed to the byte; not yet proven on runs held out (planned: \
-                 scripts/gpu/hf-proof-plan-{plan}.json)."
+                 replayed to the byte; {held_out}."
             ));
         }
         if self.workload.sft {

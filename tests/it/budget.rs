@@ -1969,12 +1969,12 @@ fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
     // 9.4 billion parameters: GLM-4-9B-0414's.
     assert_eq!(budget["budget"]["parameters"], 9_400_279_040_u64);
     budget_of_config(&config, &args).success().stdout(contains(
-        "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-glm4.json)",
+        "proven on the 3 runs held out that ran (GLM-4 9B on two cards",
     ));
 }
 
 /// A Cohere `config.json` (Aya Expanse 8B's fields) is read as `CohereConfig` reads it (tied
-/// embeddings by default, one norm a layer) and replayed, saying it is not yet proven held out;
+/// embeddings by default, one norm a layer) and replayed, saying it is proven held out;
 /// Command R+'s per-head norms, and a null `logit_scale`, are refused naming the field.
 #[test]
 fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
@@ -1985,7 +1985,7 @@ fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
     });
     let args = ["--mode", "inference", "--context", "1024"];
     budget_of_config(&aya, &args).success().stdout(contains(
-        "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-cohere.json)",
+        "proven on 9 runs held out at public widths, every verdict on two cards right",
     ));
     for (field, value) in [
         ("use_qk_norm", serde_json::json!(true)),

@@ -828,9 +828,6 @@ impl Decoder<'_> {
         if m.model_type.is_cohere() {
             return self.parallel_layer(layer, hidden, rope, mask, cache);
         }
-        if m.model_type.is_starcoder2() {
-            return self.layer_norm_layer(layer, hidden, rope, mask, cache);
-        }
         let l = layer_prefix(self.model, layer);
         let qk_norm = match m.attention {
             Attention::Standard { qk_norm, .. } => qk_norm,
@@ -862,7 +859,7 @@ impl Decoder<'_> {
         });
         let residual = hidden.clone();
         let normed = match &input_norm {
-            Some(w) => self.norm(&residual, w),
+            Some(w) => self.block_norm(&residual, &l, "input_layernorm", w),
             None => residual.clone(),
         };
         let mut attn = match (&m.attention, rope) {
@@ -900,7 +897,12 @@ impl Decoder<'_> {
         let normed = match (&sandwich, after) {
             (Some((pre, _)), _) => self.norm(&residual, &pre.clone()),
             (None, true) => residual.clone(),
-            (None, false) => self.norm(&residual, &post_attention.clone()),
+            (None, false) => self.block_norm(
+                &residual,
+                &l,
+                "post_attention_layernorm",
+                &post_attention.clone(),
+            ),
         };
         let mut out = match m.layers[layer].mlp {
             Mlp::Dense { .. } => self.mlp(&joined(&[&l, ".mlp"]), &normed),
@@ -932,29 +934,19 @@ impl Decoder<'_> {
         self.process.layer_norm(x, &w, &b)
     }
 
-    /// StarCoder2's layer: Llama's, its norms layer norms with biases.
-    fn layer_norm_layer(
+    /// The norm of a layer's block input named `name` (its `weight`): StarCoder2's a layer norm
+    /// with its bias, the others' as [`Decoder::norm`] makes them.
+    fn block_norm(
         &mut self,
-        layer: usize,
-        hidden: &Tensor,
-        rope: &Rope,
-        mask: Option<&Tensor>,
-        cache: Option<&mut Cache>,
+        x: &Tensor,
+        layer_prefix: &str,
+        name: &str,
+        weight: &Tensor,
     ) -> Tensor {
-        let l = layer_prefix(self.model, layer);
-        let normed = self.layer_norm(hidden, &joined(&[&l, ".input_layernorm"]));
-        let (cos, sin) = rope.real();
-        let attn = self.attention(layer, &normed, cos, sin, mask, cache, QkNorm::None);
-        drop(normed);
-        let residual = self.process.add(hidden, &attn);
-        drop(attn);
-        let normed = self.layer_norm(&residual, &joined(&[&l, ".post_attention_layernorm"]));
-        let out = self.mlp(&joined(&[&l, ".mlp"]), &normed);
-        drop(normed);
-        let hidden = self.process.add(&residual, &out);
-        drop(out);
-        drop(residual);
-        hidden
+        match self.model.model_type.is_starcoder2() {
+            true => self.layer_norm(x, &joined(&[layer_prefix, ".", name])),
+            false => self.norm(x, weight),
+        }
     }
 
     /// Cohere's layer: `residual + attention(norm(x)) + mlp(norm(x))`, the norm's output held

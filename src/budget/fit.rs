@@ -371,6 +371,9 @@ pub struct Sharded<'a> {
     /// under FSDP2).
     outside: crate::replay::OutsideBytes,
     ranks: std::cell::RefCell<HashMap<u64, std::rc::Rc<Ranks>>>,
+    /// The programs of the ranks of a world emulated for a verdict alone (not replayed without
+    /// limit).
+    programs: std::cell::RefCell<HashMap<u64, std::rc::Rc<Vec<Program>>>>,
     verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
 }
 
@@ -573,22 +576,14 @@ impl<'a> Sharded<'a> {
             strategy,
             outside,
             ranks: Default::default(),
+            programs: Default::default(),
             verdicts: Default::default(),
         }
     }
 
-    fn ranks(&self, gpus: u64) -> std::rc::Rc<Ranks> {
-        let world = self.world(gpus);
-        if let Some(r) = self.ranks.borrow().get(&world) {
-            return r.clone();
-        }
-        let config = [allocator_config(self.workload.allocator)];
-        let plan = Plan {
-            keep: true,
-            under: &config,
-            outside: self.outside,
-            watch: None,
-        };
+    /// The runs of the ranks of `world` that are replayed: rank 0 and the last rank, or rank 0
+    /// alone where every rank allocates alike.
+    fn rank_runs(&self, world: u64) -> Vec<crate::stack::run::Run> {
         let mut runs = Vec::new();
         let replayed_ranks = match self.strategy {
             Strategy::Fsdp2 if !self.fsdp_ranks_alike(world) => vec![0, world - 1],
@@ -629,6 +624,22 @@ impl<'a> Sharded<'a> {
                 runs.push(run);
             }
         }
+        runs
+    }
+
+    fn ranks(&self, gpus: u64) -> std::rc::Rc<Ranks> {
+        let world = self.world(gpus);
+        if let Some(r) = self.ranks.borrow().get(&world) {
+            return r.clone();
+        }
+        let config = [allocator_config(self.workload.allocator)];
+        let plan = Plan {
+            keep: true,
+            under: &config,
+            outside: self.outside,
+            watch: None,
+        };
+        let runs = self.rank_runs(world);
         // The ranks side by side, one a core.
         let replayed: Vec<_> = std::thread::scope(|s| {
             let handles: Vec<_> = (runs.iter())
@@ -727,22 +738,46 @@ impl<'a> Sharded<'a> {
         self.ranks(gpus).need()
     }
 
-    /// Whether every rank completes on GPUs whose room is `room`.
+    /// Whether every rank completes on GPUs whose room is `room`: by the ranks' replay without
+    /// limit where it was made and shows them within the room, else by their replay on the card
+    /// (emulated for it alone where no replay was made: a size search asks verdicts only).
     pub fn fits(&self, gpus: u64, room: u64) -> bool {
         if let Some(&v) = self.verdicts.borrow().get(&(gpus, room)) {
             return v;
         }
-        let ranks = self.ranks(gpus);
-        let fits = ranks.need() <= room || {
-            let card = Device::Card {
-                room: room.saturating_sub(Nccl::h200_nvlink().bytes),
-            };
-            let config = allocator_config(self.workload.allocator);
-            (ranks.programs.iter())
-                .all(|p| p.replay(config, card, self.outside).out_of_memory.is_none())
+        let world = self.world(gpus);
+        let replayed = self.ranks.borrow().get(&world).cloned();
+        let fits = match replayed {
+            Some(ranks) if ranks.need() <= room => true,
+            Some(ranks) => self.complete_on_card(&ranks.programs, room),
+            None => self.complete_on_card(&self.programs(world), room),
         };
         self.verdicts.borrow_mut().insert((gpus, room), fits);
         fits
+    }
+
+    /// The programs of the ranks of `world`, emulated alone, side by side.
+    fn programs(&self, world: u64) -> std::rc::Rc<Vec<Program>> {
+        use rayon::prelude::*;
+        let known = self.programs.borrow().get(&world).cloned();
+        known.unwrap_or_else(|| {
+            let runs = self.rank_runs(world);
+            let programs = std::rc::Rc::new(runs.par_iter().map(program).collect::<Vec<_>>());
+            self.programs.borrow_mut().insert(world, programs.clone());
+            programs
+        })
+    }
+
+    /// Whether every program completes on a GPU whose room is `room` (NCCL's communicator held
+    /// outside the allocator beside it), replayed side by side.
+    fn complete_on_card(&self, programs: &[Program], room: u64) -> bool {
+        use rayon::prelude::*;
+        let card = Device::Card {
+            room: room.saturating_sub(Nccl::h200_nvlink().bytes),
+        };
+        let config = allocator_config(self.workload.allocator);
+        let outside = self.outside;
+        (programs.par_iter()).all(|p| p.replay(config, card, outside).out_of_memory.is_none())
     }
 }
 
@@ -787,8 +822,8 @@ pub fn plan(budget: &Budget, catalog: &Catalog, max_gpus: u64) -> Result<FitPlan
     // it), whether it fits, and on what basis.
     let several = |gpus: u64, room: u64| match &sharded {
         Some(s) if gpus > 1 => {
-            let fits = s.fits(gpus, room);
             let need = s.need(gpus);
+            let fits = s.fits(gpus, room);
             // As on one GPU, a fit closer than the proof's margin (a rank's) is flagged.
             let margin = need / 1_000_000 * s.strategy.margin_ppm();
             let basis = s.strategy.basis(fits && need.saturating_add(margin) > room);

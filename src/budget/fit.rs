@@ -371,9 +371,6 @@ pub struct Sharded<'a> {
     /// under FSDP2).
     outside: crate::replay::OutsideBytes,
     ranks: std::cell::RefCell<HashMap<u64, std::rc::Rc<Ranks>>>,
-    /// The programs of the ranks of a world emulated for a verdict alone (not replayed without
-    /// limit).
-    programs: std::cell::RefCell<HashMap<u64, std::rc::Rc<Vec<Program>>>>,
     verdicts: std::cell::RefCell<HashMap<(u64, u64), bool>>,
 }
 
@@ -576,7 +573,6 @@ impl<'a> Sharded<'a> {
             strategy,
             outside,
             ranks: Default::default(),
-            programs: Default::default(),
             verdicts: Default::default(),
         }
     }
@@ -738,34 +734,21 @@ impl<'a> Sharded<'a> {
         self.ranks(gpus).need()
     }
 
-    /// Whether every rank completes on GPUs whose room is `room`: by the ranks' replay without
-    /// limit where it was made and shows them within the room, else by their replay on the card
-    /// (emulated for it alone where no replay was made: a size search asks verdicts only).
+    /// Whether every rank completes on GPUs whose room is `room`.
     pub fn fits(&self, gpus: u64, room: u64) -> bool {
         if let Some(&v) = self.verdicts.borrow().get(&(gpus, room)) {
             return v;
         }
-        let world = self.world(gpus);
-        let replayed = self.ranks.borrow().get(&world).cloned();
-        let fits = match replayed {
-            Some(ranks) if ranks.need() <= room => true,
-            Some(ranks) => self.complete_on_card(&ranks.programs, room),
-            None => self.complete_on_card(&self.programs(world), room),
-        };
+        let ranks = self.ranks(gpus);
+        let fits = ranks.need() <= room || self.complete_on_card(&ranks.programs, room);
         self.verdicts.borrow_mut().insert((gpus, room), fits);
         fits
     }
 
-    /// The programs of the ranks of `world`, emulated alone, side by side.
-    fn programs(&self, world: u64) -> std::rc::Rc<Vec<Program>> {
+    /// The programs of the ranks of `world` replayed, emulated side by side (none replayed).
+    fn emulated_ranks(&self, world: u64) -> Vec<Program> {
         use rayon::prelude::*;
-        let known = self.programs.borrow().get(&world).cloned();
-        known.unwrap_or_else(|| {
-            let runs = self.rank_runs(world);
-            let programs = std::rc::Rc::new(runs.par_iter().map(program).collect::<Vec<_>>());
-            self.programs.borrow_mut().insert(world, programs.clone());
-            programs
-        })
+        self.rank_runs(world).par_iter().map(program).collect()
     }
 
     /// Whether every program completes on a GPU whose room is `room` (NCCL's communicator held
@@ -1337,10 +1320,12 @@ pub enum Size {
 /// The largest values of a workload's size (`batch` or `context`) whose ranks, spread over
 /// several GPUs as the planner spreads them ([`Sharded::of`]: FSDP2 for a training, tensor
 /// parallelism for serving), each complete on their GPU: for each lot asked (its count of GPUs
-/// and the room of each), from a size known to hold there (`start`) to `limit`. The lots are
-/// searched together in rounds, each size asked in a round spread and its ranks replayed once
-/// for every lot asking it (side by side); a lot's search doubles its size while it holds, then
-/// halves the bounds: a search takes a number of rounds logarithmic in the size it finds.
+/// and the room of each), from a size known to hold there (`start`) to `limit`. Each lot is
+/// searched on its own, the lots side by side: its size doubles while it holds, then the bounds
+/// are halved (a number of sizes logarithmic in the size found). A size asked is spread alone
+/// (no budget on one GPU); its ranks' programs are emulated once for every lot of its count of
+/// GPUs and replayed on each lot's card alone: a verdict needs no replay without limit (one that
+/// completes on the card is that replay, one that does not stops where the card is full).
 pub fn largest_spread(
     workload: &Workload,
     settings: &BudgetSettings,
@@ -1350,50 +1335,45 @@ pub fn largest_spread(
     lots: &[(u64, u64)],
 ) -> Vec<u64> {
     use rayon::prelude::*;
-    // Each lot's largest size found to hold, and the smallest found not to.
-    let mut bounds: Vec<(u64, Option<u64>)> = vec![(start, None); lots.len()];
-    loop {
-        let mut asked: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-        for (i, &(good, bad)) in bounds.iter().enumerate() {
-            let next = match bad {
-                Some(b) if b - good > 1 => good + (b - good) / 2,
-                None if good < limit => good.saturating_mul(2).min(limit),
-                _ => continue,
-            };
-            asked.entry(next).or_default().push(i);
+    use std::sync::{Mutex, OnceLock};
+    // The programs of each size's ranks over each world, emulated by the first lot asking them.
+    type Emulated = Arc<OnceLock<Vec<Program>>>;
+    let emulated: Mutex<HashMap<(u64, u64), Emulated>> = Mutex::default();
+    let holds = |n: u64, gpus: u64, room: u64| -> bool {
+        let mut w = workload.clone();
+        match size {
+            Size::Batch => w.batch = n,
+            Size::Context => w.context = n,
         }
-        if asked.is_empty() {
-            return bounds.into_iter().map(|(good, _)| good).collect();
-        }
-        let verdicts: Vec<(u64, Vec<(usize, bool)>)> = (asked.into_iter().collect::<Vec<_>>())
-            .into_par_iter()
-            .map(|(n, asking)| {
-                let mut w = workload.clone();
-                match size {
-                    Size::Batch => w.batch = n,
-                    Size::Context => w.context = n,
-                }
-                let Ok(w) = w.validated() else {
-                    return (n, asking.into_iter().map(|i| (i, false)).collect());
+        let Ok(w) = w.validated() else {
+            return false;
+        };
+        let Some(sharded) = Sharded::of_workload(&w, settings.kernels, &settings.outside) else {
+            return false;
+        };
+        let world = sharded.world(gpus);
+        let cell = (emulated.lock().expect("no search panicked"))
+            .entry((n, world))
+            .or_default()
+            .clone();
+        let programs = cell.get_or_init(|| sharded.emulated_ranks(world));
+        sharded.complete_on_card(programs, room)
+    };
+    (lots.par_iter())
+        .map(|&(gpus, room)| {
+            // The largest size found to hold, and the smallest found not to.
+            let (mut good, mut bad) = (start, None::<u64>);
+            loop {
+                let next = match bad {
+                    Some(b) if b - good > 1 => good + (b - good) / 2,
+                    None if good < limit => good.saturating_mul(2).min(limit),
+                    _ => return good,
                 };
-                let sharded = Sharded::of_workload(&w, settings.kernels, &settings.outside);
-                let fits = (asking.into_iter())
-                    .map(|i| {
-                        let (gpus, room) = lots[i];
-                        (i, sharded.as_ref().is_some_and(|s| s.fits(gpus, room)))
-                    })
-                    .collect();
-                (n, fits)
-            })
-            .collect();
-        for (n, fits) in verdicts {
-            for (i, fits) in fits {
-                let (good, bad) = &mut bounds[i];
-                match fits {
-                    true => *good = n,
-                    false => *bad = Some(n),
+                match holds(next, gpus, room) {
+                    true => good = next,
+                    false => bad = Some(next),
                 }
             }
-        }
-    }
+        })
+        .collect()
 }

@@ -75,10 +75,14 @@ pub const RECORDED_PADDING_FREE: &str = include_str!("../../data/hf-proof-paddin
 pub const RECORDED_SAMPLING: &str = include_str!("../../data/hf-proof-sampling-h100.json");
 pub const RECORDED_COMPLETION: &str = include_str!("../../data/hf-proof-completion-h100.json");
 pub const RECORDED_NF4: &str = include_str!("../../data/hf-proof-nf4-h100.json");
-/// Cohere and GLM-4 at public widths, held out from the traces their rules were derived from
-/// (`scripts/gpu/hf-proof-plan-cohere.json`, `…-glm4.json`: GLM-4's first three runs).
+/// The rest of the NF4 plan (`…-nf4-rest.json`): QLoRA from a checkpoint saved in NF4, and the
+/// decodes of Mistral 7B and Gemma 2 2B.
+pub const RECORDED_NF4_REST: &str = include_str!("../../data/hf-proof-nf4-rest-h100.json");
+/// Cohere, GLM-4 and StarCoder2 at public widths, held out from the traces their rules were
+/// derived from (`scripts/gpu/hf-proof-plan-cohere.json`, `…-glm4.json`, `…-starcoder2.json`).
 pub const RECORDED_COHERE: &str = include_str!("../../data/hf-proof-cohere-h100.json");
 pub const RECORDED_GLM4: &str = include_str!("../../data/hf-proof-glm4-h100.json");
+pub const RECORDED_STARCODER2: &str = include_str!("../../data/hf-proof-starcoder2-h100.json");
 
 /// One stage of a recorded run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -399,14 +403,24 @@ impl Report {
         Report::shipped(RECORDED_NF4, "data/hf-proof-nf4-h100.json")
     }
 
+    /// The shipped held-out runs of the NF4 plan's last four runs.
+    pub fn recorded_nf4_rest() -> Report {
+        Report::shipped(RECORDED_NF4_REST, "data/hf-proof-nf4-rest-h100.json")
+    }
+
     /// The shipped held-out runs of Cohere (Aya Expanse 8B, Command R).
     pub fn recorded_cohere() -> Report {
         Report::shipped(RECORDED_COHERE, "data/hf-proof-cohere-h100.json")
     }
 
-    /// The shipped held-out runs of GLM-4 9B (the plan's first three).
+    /// The shipped held-out runs of GLM-4 (9B, 32B's widths).
     pub fn recorded_glm4() -> Report {
         Report::shipped(RECORDED_GLM4, "data/hf-proof-glm4-h100.json")
+    }
+
+    /// The shipped held-out runs of StarCoder2 (3B, 7B).
+    pub fn recorded_starcoder2() -> Report {
+        Report::shipped(RECORDED_STARCODER2, "data/hf-proof-starcoder2-h100.json")
     }
 
     /// Every shipped report recorded on the H200 (what the rules were derived from and proven on

@@ -1947,9 +1947,9 @@ fn budget_json_of_config(config: &serde_json::Value, args: &[&str]) -> serde_jso
 /// A GLM-4 `config.json` as transformers 5 saves it (its partial rotary factor among the rope
 /// parameters) is read as `Glm4Config` reads it: its defaults (two key-value heads, heads of 128,
 /// biased q, k and v), the rotary over half of each head; the budget says what its replay was
-/// derived from and that no run held out proves it yet.
+/// derived from and the runs held out that prove it.
 #[test]
-fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
+fn a_glm4_config_is_replayed_and_says_its_replay_is_proven() {
     let config = serde_json::json!({
         "model_type": "glm4", "vocab_size": 151552, "hidden_size": 4096,
         "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
@@ -1969,7 +1969,8 @@ fn a_glm4_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
     // 9.4 billion parameters: GLM-4-9B-0414's.
     assert_eq!(budget["budget"]["parameters"], 9_400_279_040_u64);
     budget_of_config(&config, &args).success().stdout(contains(
-        "proven on the 3 runs held out that ran (GLM-4 9B on two cards",
+        "every verdict on two cards right, peaks of reserved to the byte \
+         (data/hf-proof-glm4-h100.json)",
     ));
 }
 
@@ -1985,7 +1986,8 @@ fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
     });
     let args = ["--mode", "inference", "--context", "1024"];
     budget_of_config(&aya, &args).success().stdout(contains(
-        "proven on 9 runs held out at public widths, every verdict on two cards right",
+        "every verdict on two cards right, peaks of reserved within 0.076 % \
+         (data/hf-proof-cohere-h100.json)",
     ));
     for (field, value) in [
         ("use_qk_norm", serde_json::json!(true)),
@@ -2001,10 +2003,10 @@ fn a_cohere_config_is_replayed_and_its_unreplayed_variants_refused() {
 
 /// A StarCoder2 `config.json` (StarCoder2 3B's fields) is read as `Starcoder2Config` reads it:
 /// layer norms with biases, `c_fc` and `c_proj` biased by `use_bias`, tied embeddings; its
-/// parameters are the checkpoint's 3 030 371 328, and the budget says it is not yet proven held
-/// out.
+/// parameters are the checkpoint's 3 030 371 328, and the budget says the runs held out that
+/// prove it.
 #[test]
-fn a_starcoder2_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
+fn a_starcoder2_config_is_replayed_and_says_its_replay_is_proven() {
     let config = serde_json::json!({
         "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072,
         "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,
@@ -2015,7 +2017,9 @@ fn a_starcoder2_config_is_replayed_and_says_its_replay_is_not_yet_proven() {
     let budget = budget_json_of_config(&config, &args);
     assert_eq!(budget["budget"]["parameters"], 3_030_371_328_u64);
     budget_of_config(&config, &args).success().stdout(contains(
-        "not yet proven on runs held out (planned: scripts/gpu/hf-proof-plan-starcoder2.json)",
+        "proven on 9 runs held out at public widths \
+         (scripts/gpu/hf-proof-plan-starcoder2.json, written before any run), every verdict on \
+         two cards right, peaks of reserved within 0.018 % (data/hf-proof-starcoder2-h100.json)",
     ));
 }
 

@@ -574,24 +574,30 @@ impl Decoder<'_> {
         d: u64,
         norm: Option<&str>,
     ) -> Tensor {
-        let (b, t) = (x.shape[0], x.shape[1]);
         let projected = self.linear(&joined(&[attn, ".", proj]), x);
-        // OLMo 2 norms the whole projection before its heads are viewed.
-        let whole = matches!(
-            self.model.attention,
-            Attention::Standard {
-                qk_norm: QkNorm::Projection,
-                ..
-            }
-        );
-        let projected = match norm.filter(|_| whole) {
-            Some(norm) => self.head_norm(attn, norm, projected),
-            None => projected,
-        };
+        self.heads(projected, heads, d, norm.map(|n| (attn, n)))
+    }
+
+    /// OLMo 2's projection of `x` normed whole (`q_norm(q_proj(x))`), its heads not yet viewed.
+    fn normed_projection(&mut self, (attn, proj): (&str, &str), x: &Tensor, norm: &str) -> Tensor {
+        let projected = self.linear(&joined(&[attn, ".", proj]), x);
+        self.head_norm(attn, norm, projected)
+    }
+
+    /// `projected [b, t, heads · d]` viewed as heads and transposed to `[b, heads, t, d]`, each
+    /// head normed before the transpose by the attention's `norm` where given.
+    fn heads(
+        &mut self,
+        projected: Tensor,
+        heads: u64,
+        d: u64,
+        norm: Option<(&str, &str)>,
+    ) -> Tensor {
+        let (b, t) = (projected.shape[0], projected.shape[1]);
         let viewed = self.p().reshape(&projected, &[b, t, heads, d]);
         drop(projected);
-        let viewed = match norm.filter(|_| !whole) {
-            Some(norm) => self.head_norm(attn, norm, viewed),
+        let viewed = match norm {
+            Some((attn, norm)) => self.head_norm(attn, norm, viewed),
             None => viewed,
         };
         self.p().transpose(&viewed, 1, 2)
@@ -662,19 +668,31 @@ impl Decoder<'_> {
             (q, k, v)
         } else {
             // Qwen3 norms each projection's heads before the transpose, Gemma 3 once all three
-            // are projected and transposed.
-            let before = |norm| {
-                matches!(qk_norm, QkNorm::BeforeTranspose | QkNorm::Projection).then_some(norm)
-            };
-            let q = self.projected_heads((&a, "q_proj"), x, m.heads, d, before("q_norm"));
-            let k = self.projected_heads((&a, "k_proj"), x, m.kv_heads, d, before("k_norm"));
-            let v = self.projected_heads((&a, "v_proj"), x, m.kv_heads, d, None);
+            // are projected and transposed; OLMo 2 each whole projection, the three projected
+            // before any is viewed as heads (so their views come after in the backward's order).
+            let before = |norm| (qk_norm == QkNorm::BeforeTranspose).then_some(norm);
             match qk_norm {
-                QkNorm::AfterTranspose => {
-                    let q = self.head_norm(&a, "q_norm", q);
-                    (q, self.head_norm(&a, "k_norm", k), v)
+                QkNorm::Projection => {
+                    let q = self.normed_projection((&a, "q_proj"), x, "q_norm");
+                    let k = self.normed_projection((&a, "k_proj"), x, "k_norm");
+                    let v = self.linear(&joined(&[&a, ".v_proj"]), x);
+                    let q = self.heads(q, m.heads, d, None);
+                    let k = self.heads(k, m.kv_heads, d, None);
+                    (q, k, self.heads(v, m.kv_heads, d, None))
                 }
-                _ => (q, k, v),
+                _ => {
+                    let q = self.projected_heads((&a, "q_proj"), x, m.heads, d, before("q_norm"));
+                    let k =
+                        self.projected_heads((&a, "k_proj"), x, m.kv_heads, d, before("k_norm"));
+                    let v = self.projected_heads((&a, "v_proj"), x, m.kv_heads, d, None);
+                    match qk_norm {
+                        QkNorm::AfterTranspose => {
+                            let q = self.head_norm(&a, "q_norm", q);
+                            (q, self.head_norm(&a, "k_norm", k), v)
+                        }
+                        _ => (q, k, v),
+                    }
+                }
             }
         };
         let cos4 = self.p().unsqueeze(cos, 1);

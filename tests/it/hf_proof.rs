@@ -750,7 +750,9 @@ fn glm4_cohere_and_starcoder2_replay_the_runs_they_were_derived_from_to_the_byte
 /// (its keys' and values' among them); the leaf's own gradient goes with the graph, before the
 /// Trainer's clip (it keeps `loss.detach()`). Every backward and clip stage of these recorded
 /// runs allocates the sizes recorded, in their order: Gemma's leaf the scaled output of its
-/// embedding module, Granite's multiplied after it, the others' the embedding itself.
+/// embedding module, Granite's multiplied after it, the others' the embedding itself; OLMo 2's
+/// queries, keys and values projected and normed before any is viewed as heads (their views'
+/// backward, a copy of the queries' gradient, comes before the values' projection's).
 #[test]
 fn a_lora_with_recomputation_backward_allocates_what_the_run_allocated() {
     use iteragpu_lab::replay::trace::{Trace, TraceEvent};
@@ -775,6 +777,10 @@ fn a_lora_with_recomputation_backward_allocates_what_the_run_allocated() {
         (
             "2026-12-04-h200-records",
             "arch-small-granite-lora-checkpointing",
+        ),
+        (
+            "2026-12-04-h200-records",
+            "arch-small-olmo2-lora-checkpointing",
         ),
         (
             "2026-12-04-h200-records",

@@ -293,6 +293,11 @@ def generate_set():
     add("small-llama-static", generate=dict(cache_implementation="static"))
     add("small-llama-offloaded", generate=dict(cache_implementation="offloaded"))
     add("small-llama-max-length", generate=dict(max_length=44))
+    # A user's end of sequence: one id or a list (the model's generation config), checked each step.
+    add("small-llama-eos", generate=dict(eos_token_id=[1157, 1158, 1159]))
+    add("small-llama-eos-one", generate=dict(eos_token_id=1159))
+    add("small-llama-eos-sample", generate=dict(sample, eos_token_id=[1157, 1158, 1159]))
+    add("small-llama-eos-padded", generate=dict(eos_token_id=[1157, 1158, 1159]), left_padding=[0, 7, 13])
     add("small-gemma2-sample-padded", mt="gemma2", config=small("gemma2"), generate=sample,
         left_padding=[0, 5, 9])
     mt, c8 = layers("llama-3.1-8b", 2)

@@ -324,11 +324,17 @@ impl Workload {
         self.beams.unwrap_or(1)
     }
 
-    /// The candidates beam search keeps for each beam: `max(2, 1 + end-of-sequence tokens)`,
-    /// the tokens the model's generation config names (none read: one at most).
+    /// The end-of-sequence tokens `generate` checks each new token against: those the model's
+    /// generation config names (none read: none).
+    pub fn eos_tokens(&self) -> u64 {
+        (self.generation_config.as_ref())
+            .and_then(|g| g.eos_tokens)
+            .unwrap_or(0)
+    }
+
+    /// The candidates beam search keeps for each beam: `max(2, 1 + end-of-sequence tokens)`.
     pub fn candidates_per_beam(&self) -> u64 {
-        let eos = (self.generation_config.as_ref()).and_then(|g| g.eos_tokens);
-        (1 + eos.unwrap_or(0)).max(2)
+        (1 + self.eos_tokens()).max(2)
     }
 
     /// PEFT's dropout probability where it runs a dropout (above 0; at 0 an `nn.Identity`).
@@ -777,7 +783,7 @@ impl Workload {
                 repetition_penalty: self.applied_repetition_penalty().is_some(),
                 sampling: self.sample.as_ref().map(SampleArgs::warpers),
                 beams: self.beams(),
-                candidates_per_beam: self.candidates_per_beam(),
+                eos_tokens: self.eos_tokens(),
                 offloaded_cache: self.offloaded_cache,
             },
             Mode::Lora { rank, targets } => Work::Train {

@@ -33,7 +33,7 @@ pub(super) fn search(
     let new = options.new_tokens;
     let length = t + new;
     // beams_to_keep: max(2, 1 + end-of-sequence tokens) candidates for each beam.
-    let keep = options.candidates_per_beam * beams;
+    let keep = (1 + options.eos_tokens).max(2) * beams;
     let merged = beams + keep;
     let p = &mut *d.process;
     let e = |p: &Process, shape: &[u64], elem| p.empty(shape, elem);

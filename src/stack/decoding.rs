@@ -27,8 +27,8 @@ pub struct Options {
     pub sampling: Option<Sampling>,
     /// `num_beams` (1: no beam search).
     pub beams: u64,
-    /// The candidates beam search keeps for each beam (`max(2, 1 + end-of-sequence tokens)`).
-    pub candidates_per_beam: u64,
+    /// The end-of-sequence tokens (`eos_token_id`: one id or a list; 0 for none).
+    pub eos_tokens: u64,
     /// `cache_implementation="offloaded"`: the cache's full layers on the CPU between their
     /// updates.
     pub offloaded_cache: bool,

@@ -32,8 +32,9 @@ pub enum Work {
         repetition_penalty: bool,
         sampling: Option<super::sampling::Sampling>,
         beams: u64,
-        /// The candidates beam search keeps for each beam.
-        candidates_per_beam: u64,
+        /// The end-of-sequence tokens `generate` checks each new token against (its generation
+        /// config's `eos_token_id`: one id, a list, or none).
+        eos_tokens: u64,
         /// `cache_implementation="offloaded"`.
         offloaded_cache: bool,
     },
@@ -228,7 +229,7 @@ fn emulate(
             repetition_penalty,
             sampling,
             beams,
-            candidates_per_beam,
+            eos_tokens,
             offloaded_cache,
         } => {
             p.autograd.enabled = false;
@@ -261,7 +262,7 @@ fn emulate(
                 repetition_penalty: *repetition_penalty,
                 sampling: *sampling,
                 beams: *beams,
-                candidates_per_beam: *candidates_per_beam,
+                eos_tokens: *eos_tokens,
                 offloaded_cache: *offloaded_cache,
             };
             generate::generate(&mut d, &ids, &mask, options, &mut marks);

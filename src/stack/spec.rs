@@ -353,7 +353,8 @@ impl TryFrom<Spec> for Run {
         }
         // `generate`'s keyword arguments: its length, a repetition penalty, sampling.
         let kwargs = s.generate.clone().unwrap_or_default();
-        const KNOWN: [&str; 9] = [
+        const KNOWN: [&str; 10] = [
+            "eos_token_id",
             "max_length",
             "max_new_tokens",
             "repetition_penalty",
@@ -432,6 +433,20 @@ impl TryFrom<Spec> for Run {
                 ))
             }
         };
+        // `eos_token_id`: one id, a list of them, or none.
+        let eos_tokens = match kwargs.get("eos_token_id") {
+            None | Some(serde_json::Value::Null) => 0,
+            Some(v) if v.is_u64() => 1,
+            Some(serde_json::Value::Array(ids)) if ids.iter().all(|i| i.is_u64()) => {
+                ids.len() as u64
+            }
+            _ => {
+                return Err(field(
+                    "generate",
+                    "eos_token_id a token id or a list of them",
+                ))
+            }
+        };
         let beams = match whole("num_beams") {
             None => 1,
             Some(Some(n)) => n,
@@ -489,8 +504,7 @@ impl TryFrom<Spec> for Run {
                 repetition_penalty,
                 sampling,
                 beams,
-                // The recorded runs named at most one end-of-sequence token.
-                candidates_per_beam: 2,
+                eos_tokens,
                 offloaded_cache,
             },
             SpecMode::Full => train(None),

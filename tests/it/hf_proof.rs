@@ -988,6 +988,30 @@ fn a_proof_spec_s_completion_labels_batch_times_its_tokens_in_every_batch() {
     }
 }
 
+/// A proof run's `eos_token_id` (one id, or a list as a model's generation config names them)
+/// gives `generate` its count of end-of-sequence tokens; anything else is refused naming it.
+#[test]
+fn a_proof_spec_s_end_of_sequence_ids_are_counted() {
+    use iteragpu_lab::stack::run::{Run, Work};
+    let spec = recorded_in("2026-12-04-h200-records", "generate-small-llama-beams")["spec"].clone();
+    let eos_of = |ids: serde_json::Value| {
+        let mut s = spec.clone();
+        s["generate"]["eos_token_id"] = ids;
+        Run::from_spec(&s).map(|run| match run.work {
+            Work::Generate { eos_tokens, .. } => eos_tokens,
+            Work::Train { .. } => unreachable!("a generate spec"),
+        })
+    };
+    assert_eq!(eos_of(serde_json::Value::Null).unwrap(), 0);
+    assert_eq!(eos_of(1159.into()).unwrap(), 1);
+    assert_eq!(
+        eos_of(serde_json::json!([128001, 128008, 128009])).unwrap(),
+        3
+    );
+    let e = eos_of("</s>".into()).unwrap_err().to_string();
+    assert!(e.contains("eos_token_id"), "{e}");
+}
+
 /// TRL's padding-free batches (`padding_free=True`, and `packing=True`, whose strategy implies
 /// it; the dataset prepared already): each batch's sequences flattened into one row, the
 /// attention under the mask of the packed sequences. Every allocation as recorded; the peaks of

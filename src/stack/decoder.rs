@@ -440,19 +440,34 @@ impl Decoder<'_> {
         out
     }
 
-    /// The rotary embedding on `x`; Phi-3 rotates the first `rotary_dim` of each head and
-    /// concatenates the rest back (a concatenation even when the rest is empty).
-    fn rotary_part(&mut self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    /// The rotary embedding on the queries and the keys; Phi-3 rotates the first `rotary_dim` of
+    /// each head and concatenates the rest back (a concatenation even when the rest is empty),
+    /// both sliced before either is rotated.
+    fn rotary_pair(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> (Tensor, Tensor) {
         if self.model.model_type != crate::model::ModelType::Phi3 {
-            return self.apply_rotary(x, cos, sin);
+            let q_embed = self.apply_rotary(q, cos, sin);
+            return (q_embed, self.apply_rotary(k, cos, sin));
         }
-        let (d, rd) = (x.size(-1), cos.size(-1));
-        let rot = self.process.slice(x, -1, 0, rd);
-        let pass = self.process.slice(x, -1, rd, d);
-        let embedded = self.apply_rotary(&rot, cos, sin);
-        let out = self.process.cat(&[&embedded, &pass], -1);
-        drop(embedded);
-        out
+        let (d, rd) = (q.size(-1), cos.size(-1));
+        let [(q_rot, q_pass), (k_rot, k_pass)] = [q, k].map(|x| {
+            (
+                self.process.slice(x, -1, 0, rd),
+                self.process.slice(x, -1, rd, d),
+            )
+        });
+        let [q_embed, k_embed] = [(q_rot, q_pass), (k_rot, k_pass)].map(|(rot, pass)| {
+            let embedded = self.apply_rotary(&rot, cos, sin);
+            let out = self.process.cat(&[&embedded, &pass], -1);
+            drop(embedded);
+            out
+        });
+        (q_embed, k_embed)
     }
 
     /// GLM-4's `apply_rotary_pos_emb`: `cos` and `sin` halved, each entry repeated twice; the
@@ -534,20 +549,19 @@ impl Decoder<'_> {
         let (b, t, d) = (x.shape[0], x.shape[1], m.head_dim);
         let (q_width, kv_width) = (m.heads * d, m.kv_heads * d);
         let qkv = self.linear(prefix, x);
-        let mut parts = Vec::new();
-        for (start, width, heads) in [
+        // The three sliced first, then each viewed as heads (so the views come first in the
+        // backward's order, the slices' after).
+        let parts = [
             (0, q_width, m.heads),
             (q_width, kv_width, m.kv_heads),
             (q_width + kv_width, kv_width, m.kv_heads),
-        ] {
-            let part = self.process.slice(&qkv, -1, start, start + width);
+        ]
+        .map(|(start, width, heads)| (self.process.slice(&qkv, -1, start, start + width), heads));
+        let [q, k, v] = parts.map(|(part, heads)| {
             let viewed = self.process.reshape(&part, &[b, t, heads, d]);
             drop(part);
-            parts.push(self.process.transpose(&viewed, 1, 2));
-        }
-        let v = parts.pop().expect("three parts");
-        let k = parts.pop().expect("three parts");
-        let q = parts.pop().expect("three parts");
+            self.process.transpose(&viewed, 1, 2)
+        });
         (qkv, q, k, v)
     }
 
@@ -702,8 +716,7 @@ impl Decoder<'_> {
         } else if m.model_type.is_cohere() {
             self.cohere_rotary(&q, &k, &cos4, &sin4)
         } else {
-            let q_embed = self.rotary_part(&q, &cos4, &sin4);
-            (q_embed, self.rotary_part(&k, &cos4, &sin4))
+            self.rotary_pair(&q, &k, &cos4, &sin4)
         };
         if m.model_type.norms_after_blocks() {
             // OLMo 2 casts back what it rotated in float32: `q_embed.to(q_type), k_embed.to(k_type)`.

@@ -752,7 +752,9 @@ fn glm4_cohere_and_starcoder2_replay_the_runs_they_were_derived_from_to_the_byte
 /// runs allocates the sizes recorded, in their order: Gemma's leaf the scaled output of its
 /// embedding module, Granite's multiplied after it, the others' the embedding itself; OLMo 2's
 /// queries, keys and values projected and normed before any is viewed as heads (their views'
-/// backward, a copy of the queries' gradient, comes before the values' projection's).
+/// backward, a copy of the queries' gradient, comes before the values' projection's), Phi-3's
+/// sliced from the fused projection before any is viewed, and its queries and keys both sliced
+/// for the rotary before either is rotated (the Phi-3 mini Trainer LoRA at 4 × 4 096).
 #[test]
 fn a_lora_with_recomputation_backward_allocates_what_the_run_allocated() {
     use iteragpu_lab::replay::trace::{Trace, TraceEvent};
@@ -781,6 +783,10 @@ fn a_lora_with_recomputation_backward_allocates_what_the_run_allocated() {
         (
             "2026-12-04-h200-records",
             "arch-small-olmo2-lora-checkpointing",
+        ),
+        (
+            "2026-12-04-h200-records",
+            "trainer-medium-phi-3-mini-lora-checkpointing-4096",
         ),
         (
             "2026-12-04-h200-records",

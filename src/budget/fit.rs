@@ -745,7 +745,8 @@ impl<'a> Sharded<'a> {
         fits
     }
 
-    /// The programs of the ranks of `world` replayed, emulated side by side (none replayed).
+    /// The programs of the ranks [`Sharded::rank_runs`] gives for `world`, emulated side by side
+    /// (not yet replayed).
     fn emulated_ranks(&self, world: u64) -> Vec<Program> {
         use rayon::prelude::*;
         self.rank_runs(world).par_iter().map(program).collect()

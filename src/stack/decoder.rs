@@ -37,6 +37,12 @@ pub(super) fn joined(parts: &[&str]) -> String {
     out
 }
 
+/// `x[..., :rd]` and `x[..., rd:]`: the part of each head the rotary embedding turns, and the
+/// rest (views).
+fn rotated_and_rest(p: &mut Process, x: &Tensor, rd: u64) -> (Tensor, Tensor) {
+    (p.slice(x, -1, 0, rd), p.slice(x, -1, rd, x.size(-1)))
+}
+
 /// The prefix of layer `layer`'s modules: `model.layers.{layer}` (in a model with a vision
 /// tower, `model.language_model.layers.{layer}`).
 pub(super) fn layer_prefix(model: &Model, layer: usize) -> String {
@@ -454,13 +460,9 @@ impl Decoder<'_> {
             let q_embed = self.apply_rotary(q, cos, sin);
             return (q_embed, self.apply_rotary(k, cos, sin));
         }
-        let (d, rd) = (q.size(-1), cos.size(-1));
-        let [(q_rot, q_pass), (k_rot, k_pass)] = [q, k].map(|x| {
-            (
-                self.process.slice(x, -1, 0, rd),
-                self.process.slice(x, -1, rd, d),
-            )
-        });
+        let rd = cos.size(-1);
+        let [(q_rot, q_pass), (k_rot, k_pass)] =
+            [q, k].map(|x| rotated_and_rest(self.process, x, rd));
         let [q_embed, k_embed] = [(q_rot, q_pass), (k_rot, k_pass)].map(|(rot, pass)| {
             let embedded = self.apply_rotary(&rot, cos, sin);
             let out = self.process.cat(&[&embedded, &pass], -1);
@@ -480,15 +482,14 @@ impl Decoder<'_> {
         cos: &Tensor,
         sin: &Tensor,
     ) -> (Tensor, Tensor) {
-        let (d, rd) = (q.size(-1), cos.size(-1));
+        let rd = cos.size(-1);
         let p = &mut *self.process;
         let [cos, sin] = [cos, sin].map(|t| {
             let half = p.slice(t, -1, 0, rd / 2);
             p.repeat_interleave_last(&half, 2)
         });
         let rd = cos.size(-1);
-        let [(q_rot, q_pass), (k_rot, k_pass)] =
-            [q, k].map(|x| (p.slice(x, -1, 0, rd), p.slice(x, -1, rd, d)));
+        let [(q_rot, q_pass), (k_rot, k_pass)] = [q, k].map(|x| rotated_and_rest(p, x, rd));
         let q_part = self.pairwise_embed(&q_rot, &cos, &sin);
         let k_part = self.pairwise_embed(&k_rot, &cos, &sin);
         let q_embed = self.process.cat(&[&q_part, &q_pass], -1);
